@@ -1,0 +1,397 @@
+"""The reducer: ``apply(state, envelope)`` folds one logged event into the state.
+
+It mutates ``state`` in place (and returns it) for speed; it is deterministic and touches
+nothing outside ``state``. An event that no longer fits the state (a late report about a job
+that already ended, an unknown node) changes nothing: terminal job states are never undone.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from . import events as ev
+from .arrays import parse_array
+from .state import (
+    CANCELLED, NODE_FAIL, PENDING, RUNNING, TERMINAL_STATES, Job, Node, State, node_from_config,
+)
+
+SYSTEM = "rota"
+
+
+def apply(state: State, env: ev.Envelope) -> State:
+    """Apply one envelope to ``state`` and return it."""
+    event = env.event
+    handler = _HANDLERS.get(type(event))
+    if handler is not None:
+        handler(state, env, event)
+    state.seq = env.seq
+    if env.ts > state.now:
+        state.now = env.ts
+    return state
+
+
+def fold(envelopes, state: State | None = None) -> State:
+    """Apply every envelope in order, starting from ``state`` (or an empty one)."""
+    st = State() if state is None else state
+    handlers = _HANDLERS
+    for env in envelopes:
+        event = env.event
+        handler = handlers.get(type(event))
+        if handler is not None:
+            handler(st, env, event)
+        st.seq = env.seq
+        if env.ts > st.now:
+            st.now = env.ts
+    return st
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _release(state: State, job: Job, ts: int) -> None:
+    nodes = state.nodes
+    jid = job.job_id
+    for a in job.alloc:
+        node = nodes.get(a.node)
+        if node is None:
+            continue
+        node.alloc_cpus -= a.cpus
+        node.alloc_mem -= a.mem
+        owner = node.gpu_owner
+        for g in a.gpus:
+            if 0 <= g < len(owner) and owner[g] == jid:
+                owner[g] = 0
+        if jid in node.jobs:
+            node.jobs.remove(jid)
+        node.last_busy = ts
+    state.running.pop(jid, None)
+
+
+def _finish(state: State, job: Job, end_state: str, ts: int) -> None:
+    if job.state == RUNNING:
+        _release(state, job, ts)
+    state.pending.pop(job.job_id, None)
+    job.state = end_state
+    job.end_time = ts
+    if job.start_time and not job.elapsed:
+        job.elapsed = max(0, ts - job.start_time)
+
+
+def _requeue(state: State, job: Job, ts: int, hold: bool) -> None:
+    if job.state == RUNNING:
+        _release(state, job, ts)
+    job.state = PENDING
+    job.restarts += 1
+    job.alloc = ()
+    job.start_time = job.end_time = job.elapsed = 0
+    job.exit_code = job.signal = job.max_rss = 0
+    job.cancel_by = None
+    if hold:
+        job.hold = "admin"
+    job.eligible_time = ts
+    state.pending[job.job_id] = None
+
+
+def _node_failed(state: State, node: Node, ts: int) -> None:
+    """A DOWN node kills its jobs: NODE_FAIL, or back to the queue when they asked to requeue."""
+    for jid in list(node.jobs):
+        job = state.jobs.get(jid)
+        if job is None or job.state != RUNNING:
+            continue
+        if job.spec.requeue:
+            _requeue(state, job, ts, hold=False)
+        else:
+            _finish(state, job, NODE_FAIL, ts)
+
+
+# ---------------------------------------------------------------- handlers
+
+
+def _cluster_configured(state: State, env: ev.Envelope, e: ev.ClusterConfigured) -> None:
+    old = state.nodes
+    new: dict[str, Node] = {}
+    for i, nc in enumerate(e.config.nodes):
+        prev = old.get(nc.name)
+        if prev is None:
+            node = node_from_config(nc, i)
+        else:
+            node = prev
+            node.index = i
+            node.cpus, node.memory, node.features, node.weight = nc.cpus, nc.memory, nc.features, nc.weight
+            types = node_from_config(nc, i).gpu_types
+            if len(types) != len(node.gpu_types):
+                node.gpu_owner = (node.gpu_owner + [0] * len(types))[: len(types)]
+            node.gpu_types = types
+        new[nc.name] = node
+    for name, node in old.items():
+        if name not in new:
+            _node_failed(state, node, env.ts)
+            for jid in list(node.jobs):
+                job = state.jobs.get(jid)
+                if job is not None and job.state == RUNNING:
+                    _finish(state, job, NODE_FAIL, env.ts)
+    state.nodes = new
+    state.config = e.config
+    state.config_seq = env.seq
+
+
+def _controller_started(state: State, env: ev.Envelope, e: ev.ControllerStarted) -> None:
+    state.controller_version = e.version
+
+
+def _job_submitted(state: State, env: ev.Envelope, e: ev.JobSubmitted) -> None:
+    if e.job_id in state.jobs:
+        return
+    spec = e.spec
+    cfg = state.config
+    partition = spec.partitions[0] if spec.partitions else ""
+    if not partition and cfg is not None:
+        dp = cfg.default_partition()
+        partition = dp.name if dp is not None else ""
+    job = Job(job_id=e.job_id, spec=spec, submit_seq=env.seq, submit_time=env.ts,
+              hold="user" if spec.hold else None, nice=spec.nice, time_limit=spec.time_limit,
+              partition=partition, eligible_time=max(env.ts, spec.begin or 0))
+    if spec.array:
+        max_size = cfg.scheduler.max_array_size if cfg is not None else 1001
+        arr = parse_array(spec.array, max_size)
+        job.array_job_id = e.job_id
+        job.array_pending = list(arr.indices)
+        job.array_throttle = arr.throttle
+    state.jobs[e.job_id] = job
+    state.pending[e.job_id] = None
+    if e.job_id >= state.next_job_id:
+        state.next_job_id = e.job_id + 1
+
+
+def _array_members(state: State, job_id: int) -> list[Job]:
+    """The job itself, or for an array id every task record and the pending remainder."""
+    job = state.jobs.get(job_id)
+    if job is None:
+        return []
+    if job.array_job_id == job_id:
+        members = [state.jobs[t] for t in state.array_tasks.get(job_id, ()) if t in state.jobs]
+        if job not in members:
+            members.append(job)
+        return members
+    return [job]
+
+
+def _job_cancelled(state: State, env: ev.Envelope, e: ev.JobCancelled) -> None:
+    job = state.jobs.get(e.job_id)
+    if job is None:
+        return
+    if e.tasks is not None and job.array_pending is not None:
+        drop = set(e.tasks)
+        job.array_pending = [i for i in job.array_pending if i not in drop]
+        for tid in state.array_tasks.get(e.job_id, ()):
+            task = state.jobs[tid]
+            if task.array_task_id in drop and task.state == RUNNING:
+                task.cancel_by = e.by_uid
+        if not job.array_pending:
+            job.cancel_by = e.by_uid
+            _finish(state, job, CANCELLED, env.ts)
+        return
+    for member in _array_members(state, e.job_id):
+        if member.state == PENDING:
+            member.cancel_by = e.by_uid
+            _finish(state, member, CANCELLED, env.ts)
+        elif member.state == RUNNING:
+            member.cancel_by = e.by_uid   # the agent kills it and reports CANCELLED
+
+
+def _job_held(state: State, env: ev.Envelope, e: ev.JobHeld) -> None:
+    for member in _array_members(state, e.job_id):
+        if member.state == PENDING:
+            member.hold = "admin" if e.admin else "user"
+
+
+def _job_released(state: State, env: ev.Envelope, e: ev.JobReleased) -> None:
+    for member in _array_members(state, e.job_id):
+        if member.state == PENDING and member.hold is not None:
+            member.hold = None
+            member.eligible_time = max(env.ts, member.spec.begin or 0)
+
+
+def _job_updated(state: State, env: ev.Envelope, e: ev.JobUpdated) -> None:
+    for member in _array_members(state, e.job_id):
+        if member.state in TERMINAL_STATES:
+            continue
+        if e.time_limit is not None:
+            member.time_limit = e.time_limit
+        if e.priority is not None:
+            member.priority_override = e.priority
+        if e.nice is not None:
+            member.nice = e.nice
+
+
+def _job_requeued(state: State, env: ev.Envelope, e: ev.JobRequeued) -> None:
+    job = state.jobs.get(e.job_id)
+    if job is None or job.state == PENDING or job.array_pending is not None:
+        return
+    _requeue(state, job, env.ts, e.hold)
+
+
+def _jobs_started(state: State, env: ev.Envelope, e: ev.JobsStarted) -> None:
+    jobs, nodes = state.jobs, state.nodes
+    now = e.now
+    for s in e.starts:
+        jid = s.job_id
+        if s.array_job_id is not None:
+            master = jobs.get(s.array_job_id)
+            if master is None or master.array_pending is None or s.array_task_id not in master.array_pending:
+                continue
+            master.array_pending.remove(s.array_task_id)
+            if jid == master.job_id:
+                job = master
+                job.array_pending = None
+            else:
+                if jid in jobs:
+                    continue
+                job = Job(job_id=jid, spec=master.spec, submit_seq=master.submit_seq,
+                          submit_time=master.submit_time, nice=master.nice,
+                          priority_override=master.priority_override,
+                          eligible_time=master.eligible_time, array_job_id=master.job_id,
+                          array_throttle=master.array_throttle)
+                jobs[jid] = job
+            job.array_task_id = s.array_task_id
+            state.array_tasks.setdefault(s.array_job_id, []).append(jid)
+            if jid >= state.next_job_id:
+                state.next_job_id = jid + 1
+        else:
+            job = jobs.get(jid)
+            if job is None or job.state != PENDING:
+                continue
+        job.state = RUNNING
+        job.partition = s.partition
+        job.time_limit = s.time_limit
+        job.start_time = now
+        job.alloc = s.alloc
+        job.backfilled = s.backfilled
+        job.start_cycle = e.cycle
+        for a in s.alloc:
+            node = nodes[a.node]
+            node.alloc_cpus += a.cpus
+            node.alloc_mem += a.mem
+            owner = node.gpu_owner
+            for g in a.gpus:
+                owner[g] = jid
+            node.jobs.append(jid)
+        state.pending.pop(jid, None)
+        state.running[jid] = None
+    state.cycle = e.cycle
+
+
+def _job_exited(state: State, env: ev.Envelope, e: ev.JobExited) -> None:
+    job = state.jobs.get(e.job_id)
+    if job is None or job.state != RUNNING:
+        return
+    job.exit_code, job.signal, job.max_rss = e.exit_code, e.signal, e.max_rss
+    job.elapsed = e.elapsed or max(0, env.ts - job.start_time)
+    _finish(state, job, e.state, env.ts)
+
+
+def _set_reason(node: Node, reason: str, by: str, ts: int) -> None:
+    node.reason, node.reason_by, node.reason_time = reason, by, ts
+
+
+def _node_registered(state: State, env: ev.Envelope, e: ev.NodeRegistered) -> None:
+    node = state.nodes.get(e.node)
+    if node is None:
+        return
+    node.registered = True
+    node.boot_time = e.boot_time
+    node.reported_gpus = len(e.gpus)
+    if node.not_responding:
+        node.not_responding = False
+    if node.down and node.reason == "Not responding":
+        node.down = False
+        node.reason = node.reason_by = None
+    problems: list[str] = []
+    if len(e.gpus) < node.gpu_count:
+        problems.append(f"gres/gpu count reported lower than configured ({len(e.gpus)} < {node.gpu_count})")
+    if e.memory < node.memory:
+        problems.append(f"Low RealMemory (reported:{e.memory} < 100.00% of configured:{node.memory})")
+    if e.cpus < node.cpus:
+        problems.append("Low CPUs")
+    if problems:
+        node.invalid_reg = True
+        if not node.drain:
+            node.drain = True
+            _set_reason(node, ", ".join(problems), SYSTEM, env.ts)
+    else:
+        node.invalid_reg = False
+    if e.running is not None:
+        reported = set(e.running)
+        for jid in list(node.jobs):
+            if jid not in reported:
+                job = state.jobs.get(jid)
+                if job is not None and job.state == RUNNING:
+                    if job.spec.requeue:
+                        _requeue(state, job, env.ts, hold=False)
+                    else:
+                        _finish(state, job, NODE_FAIL, env.ts)
+
+
+def _node_drained(state: State, env: ev.Envelope, e: ev.NodeDrained) -> None:
+    node = state.nodes.get(e.node)
+    if node is None:
+        return
+    node.drain = True
+    _set_reason(node, e.reason, e.by, env.ts)
+
+
+def _node_resumed(state: State, env: ev.Envelope, e: ev.NodeResumed) -> None:
+    node = state.nodes.get(e.node)
+    if node is None:
+        return
+    node.drain = False
+    node.invalid_reg = False
+    if not e.undrain_only:
+        node.down = False
+    if not node.down:
+        node.reason = node.reason_by = None
+        node.reason_time = 0
+
+
+def _node_down(state: State, env: ev.Envelope, e: ev.NodeDown) -> None:
+    node = state.nodes.get(e.node)
+    if node is None:
+        return
+    node.down = True
+    _set_reason(node, e.reason, e.by, env.ts)
+    _node_failed(state, node, env.ts)
+
+
+def _node_not_responding(state: State, env: ev.Envelope, e: ev.NodeNotResponding) -> None:
+    node = state.nodes.get(e.node)
+    if node is None:
+        return
+    node.not_responding = True
+
+
+def _health_fault(state: State, env: ev.Envelope, e: ev.HealthFault) -> None:
+    node = state.nodes.get(e.node)
+    if node is None:
+        return
+    if not node.drain:
+        node.drain = True
+        _set_reason(node, e.reason, SYSTEM, env.ts)
+
+
+_HANDLERS: dict[type, Callable[[State, ev.Envelope, object], None]] = {
+    ev.ClusterConfigured: _cluster_configured,
+    ev.ControllerStarted: _controller_started,
+    ev.JobSubmitted: _job_submitted,
+    ev.JobCancelled: _job_cancelled,
+    ev.JobHeld: _job_held,
+    ev.JobReleased: _job_released,
+    ev.JobUpdated: _job_updated,
+    ev.JobRequeued: _job_requeued,
+    ev.JobsStarted: _jobs_started,
+    ev.JobExited: _job_exited,
+    ev.NodeRegistered: _node_registered,
+    ev.NodeDrained: _node_drained,
+    ev.NodeResumed: _node_resumed,
+    ev.NodeDown: _node_down,
+    ev.NodeNotResponding: _node_not_responding,
+    ev.HealthFault: _health_fault,
+}  # type: ignore[dict-item]

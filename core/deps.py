@@ -1,0 +1,118 @@
+"""Job dependencies: ``afterok:1:2,afterany:3``, ``?``-lists, ``singleton`` (pure)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .state import COMPLETED, PENDING, RUNNING, TERMINAL_STATES, State
+
+DEP_TYPES = ("after", "afterany", "afterok", "afternotok", "singleton", "aftercorr")
+
+OK, WAIT, NEVER = "ok", "wait", "never"
+
+
+class DependencySpecError(ValueError):
+    """A --dependency value Slurm would reject."""
+
+
+@dataclass(frozen=True, slots=True)
+class DepTerm:
+    kind: str
+    job_id: int = 0
+    delay: int = 0   # seconds, for after:id+min
+
+
+@dataclass(frozen=True, slots=True)
+class Dependency:
+    terms: tuple[DepTerm, ...]
+    any_of: bool     # "?" separated
+
+
+def parse_dependency(text: str) -> Dependency:
+    """Parse a ``--dependency`` string; ``,`` means all, ``?`` means any (not mixed)."""
+    raw = text.strip()
+    if "," in raw and "?" in raw:
+        raise DependencySpecError("dependency list cannot mix ',' and '?'")
+    any_of = "?" in raw
+    terms: list[DepTerm] = []
+    for item in raw.split("?" if any_of else ","):
+        item = item.strip()
+        if item == "singleton":
+            terms.append(DepTerm("singleton"))
+            continue
+        kind, colon, rest = item.partition(":")
+        if kind not in DEP_TYPES or not colon or not rest:
+            raise DependencySpecError(f"invalid dependency {item!r}: use TYPE:JOBID[:JOBID...]")
+        for ident in rest.split(":"):
+            jid_s, plus, delay_s = ident.partition("+")
+            jid_s = jid_s.split("_")[0]
+            if not jid_s.isdigit() or (plus and not delay_s.isdigit()):
+                raise DependencySpecError(f"invalid job id {ident!r} in dependency {item!r}")
+            terms.append(DepTerm(kind, int(jid_s), int(delay_s) * 60 if plus else 0))
+    return Dependency(tuple(terms), any_of)
+
+
+def _members(state: State, job_id: int):
+    job = state.jobs.get(job_id)
+    if job is None:
+        return None
+    if job.array_job_id == job_id:
+        out = [state.jobs[t] for t in state.array_tasks.get(job_id, ())]
+        if job.array_pending or job.array_task_id is not None or not out:
+            if job not in out:
+                out.append(job)
+        return out
+    return [job]
+
+
+def _term_status(state: State, term: DepTerm, job_id: int, now: int) -> str:
+    if term.kind == "singleton":
+        me = state.jobs[job_id]
+        for other_id in list(state.running) + list(state.pending):
+            if other_id == job_id:
+                continue
+            o = state.jobs[other_id]
+            if o.spec.user == me.spec.user and o.spec.name == me.spec.name:
+                if o.state == RUNNING or o.submit_seq < me.submit_seq:
+                    return WAIT
+        return OK
+    members = _members(state, term.job_id)
+    if members is None:
+        return NEVER
+    statuses = []
+    for m in members:
+        pending_tasks = m.array_pending is not None and len(m.array_pending) > 0
+        if term.kind == "after":
+            if m.state == PENDING or pending_tasks:
+                statuses.append(WAIT)
+            elif m.state == RUNNING and now < m.start_time + term.delay:
+                statuses.append(WAIT)
+            else:
+                statuses.append(OK)
+            continue
+        if m.state not in TERMINAL_STATES or pending_tasks:
+            statuses.append(WAIT)
+            continue
+        good = m.state == COMPLETED and m.exit_code == 0
+        if term.kind in ("afterany", "aftercorr"):
+            statuses.append(OK)
+        elif term.kind == "afterok":
+            statuses.append(OK if good else NEVER)
+        else:  # afternotok
+            statuses.append(NEVER if good else OK)
+    if NEVER in statuses:
+        return NEVER
+    if WAIT in statuses:
+        return WAIT
+    return OK
+
+
+def dependency_status(state: State, dep: Dependency, job_id: int, now: int) -> str:
+    """``ok``, ``wait`` or ``never`` for job ``job_id``'s dependency."""
+    results = [_term_status(state, t, job_id, now) for t in dep.terms]
+    if dep.any_of:
+        if OK in results:
+            return OK
+        return NEVER if all(r == NEVER for r in results) else WAIT
+    if NEVER in results:
+        return NEVER
+    return OK if all(r == OK for r in results) else WAIT

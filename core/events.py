@@ -1,0 +1,391 @@
+"""The events of rota's log: a pydantic v2 discriminated union on ``type``.
+
+Every event carries ``v`` (its schema version). Events evolve by adding fields with defaults;
+an older version is upcast on read by :func:`upcast` (never rewritten in the log). The
+:class:`Envelope` adds what the log knows: sequence, append time, actor and idempotency id.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Callable, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+
+class Model(BaseModel):
+    """Base of every event payload: immutable, unknown fields rejected."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# ---------------------------------------------------------------- cluster configuration
+
+
+class GpuConfig(Model):
+    type: str = ""          # "" = untyped
+    count: int = 0
+
+
+class NodeConfig(Model):
+    name: str
+    cpus: int
+    memory: int             # MiB (RealMemory)
+    gpus: tuple[GpuConfig, ...] = ()
+    features: tuple[str, ...] = ()
+    weight: int = 1
+    state: str = "UNKNOWN"  # configured State= (UNKNOWN, DOWN, DRAIN, ...)
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(g.count for g in self.gpus)
+
+
+class PartitionConfig(Model):
+    name: str
+    nodes: tuple[str, ...]
+    max_time: int = 0                 # seconds, 0 = UNLIMITED
+    default_time: int | None = None   # seconds; None = use max_time
+    priority_tier: int = 1
+    priority_job_factor: int = 1
+    state: Literal["UP", "DOWN", "DRAIN", "INACTIVE"] = "UP"
+    allow_accounts: tuple[str, ...] = ("ALL",)
+    default: bool = False
+    max_nodes: int = 0                # 0 = unlimited
+    min_nodes: int = 1
+
+
+class PriorityWeights(Model):
+    age: int = 1000
+    fairshare: int = 0
+    job_size: int = 0
+    partition: int = 1000
+    qos: int = 0
+    max_age: int = 7 * 86400          # PriorityMaxAge, seconds
+    favor_small: bool = False
+
+
+class SchedulerParams(Model):
+    policy: Literal["fifo", "easy", "conservative"] = "conservative"
+    bf_window: int = 1440 * 60        # seconds
+    bf_resolution: int = 60           # seconds
+    bf_max_job_test: int = 0          # 0 = every pending job
+    max_array_size: int = 1001
+    enforce_part_limits: Literal["NO", "ANY", "ALL"] = "NO"
+    min_job_age: int = 300
+
+
+class QosConfig(Model):
+    name: str
+    priority: int = 0
+
+
+class ClusterConfig(Model):
+    cluster_name: str = "rota"
+    nodes: tuple[NodeConfig, ...]
+    partitions: tuple[PartitionConfig, ...]
+    scheduler: SchedulerParams = SchedulerParams()
+    priority: PriorityWeights = PriorityWeights()
+    qos: tuple[QosConfig, ...] = (QosConfig(name="normal"),)
+    gres_types: tuple[str, ...] = ("gpu",)
+
+    def default_partition(self) -> PartitionConfig | None:
+        for p in self.partitions:
+            if p.default:
+                return p
+        return self.partitions[0] if self.partitions else None
+
+
+# ---------------------------------------------------------------- job request
+
+
+class JobSpec(Model):
+    """What the user asked for, as validated at submit (Slurm's option names in comments)."""
+
+    name: str = "sbatch"                  # --job-name
+    user: str = "root"
+    uid: int = 0
+    gid: int = 0
+    account: str = ""                     # --account
+    qos: str = "normal"                   # --qos
+    partitions: tuple[str, ...] = ()      # --partition (empty = default partition)
+    nodes: int = 1                        # --nodes (minimum)
+    nodes_given: bool = False
+    ntasks: int = 1                       # --ntasks
+    ntasks_given: bool = False
+    ntasks_per_node: int | None = None    # --ntasks-per-node
+    cpus_per_task: int = 1                # --cpus-per-task
+    cpus_per_task_given: bool = False
+    mem_per_node: int | None = None       # --mem, MiB; 0 = whole node
+    mem_per_cpu: int | None = None        # --mem-per-cpu, MiB
+    gpus_per_node: int = 0                # --gres=gpu[:type]:N / --gpus-per-node
+    gpus_total: int | None = None         # --gpus
+    gpu_type: str | None = None
+    time_limit: int | None = None         # --time, seconds; 0 = UNLIMITED; None = partition default
+    time_min: int | None = None
+    constraint: str | None = None         # --constraint: "a&b", "a|b", "a,b"
+    nodelist: tuple[str, ...] = ()        # --nodelist (required nodes)
+    exclude: tuple[str, ...] = ()         # --exclude
+    exclusive: bool = False
+    begin: int | None = None              # --begin, epoch seconds
+    hold: bool = False                    # --hold
+    dependency: str | None = None         # --dependency, raw
+    array: str | None = None              # --array, raw
+    requeue: bool = False
+    nice: int = 0
+    script: str = ""
+    argv: tuple[str, ...] = ()
+    workdir: str = "/"
+    env: dict[str, str] = Field(default_factory=dict)
+    output: str | None = None
+    error: str | None = None
+    input: str | None = None
+    open_mode: Literal["append", "truncate"] = "truncate"
+    comment: str | None = None
+    signal: str | None = None
+    submit_host: str = ""
+    submit_line: str = ""
+    gpu_given: bool = False
+
+
+# ---------------------------------------------------------------- allocations
+
+
+class NodeAlloc(Model):
+    node: str
+    cpus: int
+    mem: int                      # MiB
+    gpus: tuple[int, ...] = ()    # concrete GPU indices on the node
+
+
+class Start(Model):
+    job_id: int                   # the running job's own id (a new id for split array tasks)
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    partition: str
+    alloc: tuple[NodeAlloc, ...]
+    time_limit: int               # effective seconds, 0 = UNLIMITED
+    backfilled: bool = False
+
+
+# ---------------------------------------------------------------- the events
+
+
+class ClusterConfigured(Model):
+    type: Literal["cluster.configured"] = "cluster.configured"
+    v: int = 1
+    config: ClusterConfig
+    source: str = ""              # file name / "auto"
+
+
+class ControllerStarted(Model):
+    type: Literal["controller.started"] = "controller.started"
+    v: int = 1
+    version: str
+    policy: str
+    host: str = ""
+
+
+class JobSubmitted(Model):
+    type: Literal["job.submitted"] = "job.submitted"
+    v: int = 1
+    job_id: int
+    spec: JobSpec
+
+
+class JobCancelled(Model):
+    type: Literal["job.cancelled"] = "job.cancelled"
+    v: int = 1
+    job_id: int
+    tasks: tuple[int, ...] | None = None   # array task indices; None = the whole job
+    by_uid: int = 0
+    signal: int = 15
+
+
+class JobHeld(Model):
+    type: Literal["job.held"] = "job.held"
+    v: int = 1
+    job_id: int
+    admin: bool = False
+
+
+class JobReleased(Model):
+    type: Literal["job.released"] = "job.released"
+    v: int = 1
+    job_id: int
+
+
+class JobUpdated(Model):
+    type: Literal["job.updated"] = "job.updated"
+    v: int = 1
+    job_id: int
+    time_limit: int | None = None
+    priority: int | None = None
+    nice: int | None = None
+
+
+class JobRequeued(Model):
+    type: Literal["job.requeued"] = "job.requeued"
+    v: int = 1
+    job_id: int
+    hold: bool = False
+
+
+class JobsStarted(Model):
+    """One scheduling cycle's decisions (only cycles that started something are logged)."""
+
+    type: Literal["jobs.started"] = "jobs.started"
+    v: int = 1
+    cycle: int
+    now: int
+    policy: str
+    starts: tuple[Start, ...]
+
+
+JobEndState = Literal["COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "CANCELLED", "NODE_FAIL"]
+
+
+class JobExited(Model):
+    type: Literal["job.exited"] = "job.exited"
+    v: int = 1
+    job_id: int
+    state: JobEndState
+    exit_code: int = 0
+    signal: int = 0
+    max_rss: int = 0              # KiB
+    elapsed: int = 0              # seconds
+    node: str = ""
+
+
+class GpuInfo(Model):
+    index: int
+    uuid: str = ""
+    model: str = ""
+    type: str = ""
+    memory: int = 0               # MiB
+
+
+class NodeRegistered(Model):
+    type: Literal["node.registered"] = "node.registered"
+    v: int = 1
+    node: str
+    cpus: int
+    memory: int
+    gpus: tuple[GpuInfo, ...] = ()
+    agent_version: str = ""
+    boot_time: int = 0
+    running: tuple[int, ...] | None = None   # job ids the agent still runs (None = not reported)
+
+
+class NodeDrained(Model):
+    type: Literal["node.drained"] = "node.drained"
+    v: int = 1
+    node: str
+    reason: str
+    by: str = "root"
+
+
+class NodeResumed(Model):
+    type: Literal["node.resumed"] = "node.resumed"
+    v: int = 1
+    node: str
+    by: str = "root"
+    undrain_only: bool = False
+
+
+class NodeDown(Model):
+    type: Literal["node.down"] = "node.down"
+    v: int = 1
+    node: str
+    reason: str
+    by: str = "root"
+
+
+class NodeNotResponding(Model):
+    type: Literal["node.not_responding"] = "node.not_responding"
+    v: int = 1
+    node: str
+    reason: str = "Not responding"
+
+
+class HealthFault(Model):
+    type: Literal["node.health_fault"] = "node.health_fault"
+    v: int = 1
+    node: str
+    reason: str                   # readable, e.g. "gpu 2: xid 79 (fell off the bus)"
+    gpu_index: int | None = None
+    code: str = ""                # "xid:79", "ecc", "lost", "healthcheck"
+
+
+EVENT_TYPES: tuple[type[Model], ...] = (
+    ClusterConfigured, ControllerStarted, JobSubmitted, JobCancelled, JobHeld, JobReleased,
+    JobUpdated, JobRequeued, JobsStarted, JobExited, NodeRegistered, NodeDrained,
+    NodeResumed, NodeDown, NodeNotResponding, HealthFault,
+)
+
+Event = Annotated[Union[EVENT_TYPES], Field(discriminator="type")]  # type: ignore[valid-type]
+
+
+class Envelope(Model):
+    """An event as the log holds it."""
+
+    seq: int                      # log sequence number (1-based)
+    ts: int                       # seconds since the epoch, stamped by the controller on append
+    actor: str = "system"         # authenticated sender
+    idem: str = ""                # idempotency id (Nats-Msg-Id)
+    event: Event
+
+
+EVENT_ADAPTER: TypeAdapter[Any] = TypeAdapter(Event)
+ENVELOPE_ADAPTER: TypeAdapter[Envelope] = TypeAdapter(Envelope)
+
+# ---------------------------------------------------------------- upcasting
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+_UPCASTERS: dict[tuple[str, int], Upcaster] = {}
+CURRENT_VERSIONS: dict[str, int] = {
+    t.model_fields["type"].default: t.model_fields["v"].default for t in EVENT_TYPES
+}
+
+
+def register_upcaster(event_type: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
+    """Register a function turning ``event_type`` version N (a dict) into version N+1."""
+
+    def deco(fn: Upcaster) -> Upcaster:
+        _UPCASTERS[(event_type, from_version)] = fn
+        return fn
+
+    return deco
+
+
+def upcast(raw: dict[str, Any]) -> dict[str, Any]:
+    """Bring a raw event dict up to its current schema version."""
+    etype = raw.get("type")
+    v = raw.get("v", 1)
+    target = CURRENT_VERSIONS.get(etype, v)  # type: ignore[arg-type]
+    while v < target:
+        fn = _UPCASTERS.get((etype, v))  # type: ignore[arg-type]
+        if fn is None:
+            raise ValueError(f"no upcaster for {etype} v{v}")
+        raw = fn(dict(raw))
+        v += 1
+        raw["v"] = v
+    return raw
+
+
+def decode_event(raw: dict[str, Any]) -> Any:
+    """Validate a raw dict (any known version) into an event model."""
+    return EVENT_ADAPTER.validate_python(upcast(raw))
+
+
+def encode_envelope(env: Envelope) -> bytes:
+    return ENVELOPE_ADAPTER.dump_json(env)
+
+
+def decode_envelope(data: bytes | str) -> Envelope:
+    """Decode one stored envelope, upcasting an older event version first."""
+    import json
+
+    raw = json.loads(data)
+    event = raw.get("event")
+    if isinstance(event, dict) and event.get("v", 1) < CURRENT_VERSIONS.get(event.get("type"), 1):
+        raw["event"] = upcast(event)
+    return ENVELOPE_ADAPTER.validate_python(raw)

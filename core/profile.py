@@ -1,0 +1,247 @@
+"""Per-node availability over time, and the earliest-start searches backfill is built on (pure).
+
+A :class:`Timeline` is a step function of a node's free CPUs, memory and GPUs from ``now`` on:
+``times[i]`` starts segment ``i`` whose free amounts are ``fc[i]``, ``fm[i]``, ``fg[i]``; the
+last segment lasts forever. Reservations subtract from it; ``version`` counts changes so cached
+search results can be checked for staleness.
+
+:class:`ShapeSearch` answers "where and when can the next job of this exact shape start?" for
+many jobs of one shape in priority order. It keeps a heap of per-node earliest starts that are
+recomputed lazily when a node's timeline changed. Two facts make it fast and exact:
+capacity only ever shrinks during a cycle (so a cached earliest start is a lower bound), and a
+later job of the same shape and duration can never start before an earlier one (so the last
+placement is a lower bound for the next).
+"""
+from __future__ import annotations
+
+from bisect import bisect_right
+from heapq import heapify, heappop, heappush
+
+INF = 1 << 62
+UNLIMITED_DURATION = 1 << 60
+
+
+class Timeline:
+    __slots__ = ("name", "idx", "weight", "cap_c", "cap_m", "cap_g", "times", "fc", "fm", "fg",
+                 "fgt", "version", "items")
+
+    def __init__(self, name: str, idx: int, weight: int, cap_c: int, cap_m: int, cap_g: int,
+                 now: int, free_c: int, free_m: int, free_g: int,
+                 free_by_type: dict[str, int] | None,
+                 releases: list[tuple[int, int, int, int, dict[str, int] | None]]) -> None:
+        self.name, self.idx, self.weight = name, idx, weight
+        self.cap_c, self.cap_m, self.cap_g = cap_c, cap_m, cap_g
+        self.version = 0
+        self.items: list[tuple[int, int, int, str]] | None = None   # (start, end, job, kind)
+        times = [now]
+        fc, fm, fg = [free_c], [free_m], [free_g]
+        fgt = None if free_by_type is None else {t: [v] for t, v in free_by_type.items()}
+        releases.sort(key=lambda r: r[0])
+        for end, c, m, g, by_type in releases:
+            if end <= now:
+                end = now + 1   # still running past its limit: free "soon", never "now"
+            if end != times[-1]:
+                times.append(end)
+                fc.append(fc[-1])
+                fm.append(fm[-1])
+                fg.append(fg[-1])
+                if fgt is not None:
+                    for arr in fgt.values():
+                        arr.append(arr[-1])
+            fc[-1] += c
+            fm[-1] += m
+            fg[-1] += g
+            if fgt is not None and by_type:
+                for t, v in by_type.items():
+                    fgt[t][-1] += v
+        self.times, self.fc, self.fm, self.fg, self.fgt = times, fc, fm, fg, fgt
+
+    def gpu_array(self, gpu_type: str | None) -> list[int]:
+        if gpu_type is None or self.fgt is None:
+            return self.fg
+        return self.fgt[gpu_type]
+
+    def earliest(self, c: int, m: int, g: int, garr: list[int], d: int, t0: int, tmax: int) -> int:
+        """Earliest start >= t0 (and <= tmax) of a window of length d that fits; -1 if none."""
+        times, fc, fm = self.times, self.fc, self.fm
+        n = len(times)
+        i = bisect_right(times, t0) - 1
+        start = t0
+        while True:
+            if fc[i] >= c and fm[i] >= m and garr[i] >= g:
+                i += 1
+                if i >= n or times[i] - start >= d:
+                    return start
+            else:
+                i += 1
+                if i >= n:
+                    return -1
+                start = times[i]
+                if start > tmax:
+                    return -1
+
+    def fits_at(self, c: int, m: int, g: int, garr: list[int], d: int, t: int) -> bool:
+        """Whether the window [t, t+d) fits."""
+        times, fc, fm = self.times, self.fc, self.fm
+        n = len(times)
+        i = bisect_right(times, t) - 1
+        end = t + d
+        while True:
+            if fc[i] < c or fm[i] < m or garr[i] < g:
+                return False
+            i += 1
+            if i >= n or times[i] >= end:
+                return True
+
+    def free_at(self, t: int) -> tuple[int, int, int]:
+        i = bisect_right(self.times, t) - 1
+        return self.fc[i], self.fm[i], self.fg[i]
+
+    def _split(self, t: int) -> int:
+        times = self.times
+        i = bisect_right(times, t)
+        if times[i - 1] == t:
+            return i - 1
+        times.insert(i, t)
+        self.fc.insert(i, self.fc[i - 1])
+        self.fm.insert(i, self.fm[i - 1])
+        self.fg.insert(i, self.fg[i - 1])
+        if self.fgt is not None:
+            for arr in self.fgt.values():
+                arr.insert(i, arr[i - 1])
+        return i
+
+    def reserve(self, start: int, end: int, c: int, m: int, g: int, gpu_type: str | None,
+                job_id: int = 0, kind: str = "resv") -> None:
+        """Take c CPUs, m MiB, g GPUs over [start, end)."""
+        i = self._split(start)
+        j = self._split(end) if end < INF else len(self.times)
+        fc, fm, fg = self.fc, self.fm, self.fg
+        for k in range(i, j):
+            fc[k] -= c
+            fm[k] -= m
+            fg[k] -= g
+        if self.fgt is not None and g:
+            arr = self.fgt.get(gpu_type) if gpu_type else None
+            if arr is None:   # untyped request on a mixed node: charge the type with most free
+                arr = max(self.fgt.values(), key=lambda a: a[i])
+            for k in range(i, j):
+                arr[k] -= g
+        self.version += 1
+        if self.items is not None:
+            self.items.append((start, end, job_id, kind))
+
+
+class ShapeSearch:
+    """Earliest-start search for jobs of one shape (per-node request, node count, duration)."""
+
+    __slots__ = ("tls", "c", "m", "g", "gtype", "whole_c", "whole_m", "whole_g", "d", "k",
+                 "tmax", "heap", "lower", "exhausted")
+
+    def __init__(self, timelines: list[Timeline], c: int, m: int, g: int, gtype: str | None,
+                 whole_c: bool, whole_m: bool, whole_g: bool, d: int, k: int, lower: int,
+                 tmax: int) -> None:
+        self.c, self.m, self.g, self.gtype = c, m, g, gtype
+        self.whole_c, self.whole_m, self.whole_g = whole_c, whole_m, whole_g
+        self.d, self.k, self.tmax, self.lower = d, k, tmax, lower
+        self.exhausted = False
+        self.tls = timelines
+        heap = []
+        for pos, tl in enumerate(timelines):
+            c_, m_, g_ = self._req(tl)
+            if c_ > tl.cap_c or m_ > tl.cap_m or g_ > tl.cap_g:
+                continue
+            t = tl.earliest(c_, m_, g_, tl.gpu_array(gtype), d, lower, tmax)
+            if t >= 0:
+                heap.append(self._entry(tl, pos, t, c_, g_))
+        heapify(heap)
+        self.heap = heap
+
+    def _req(self, tl: Timeline) -> tuple[int, int, int]:
+        return (tl.cap_c if self.whole_c else self.c, tl.cap_m if self.whole_m else self.m,
+                tl.cap_g if self.whole_g else self.g)
+
+    def request_on(self, tl: Timeline) -> tuple[int, int, int]:
+        """The CPUs, MiB and GPUs this shape takes on node ``tl``."""
+        return self._req(tl)
+
+    def _entry(self, tl: Timeline, pos: int, t: int, c: int, g: int) -> tuple:
+        fc, _fm, fg = tl.free_at(t)
+        # earliest first; then lighter node weight; then best fit (least left over)
+        return (t, tl.weight, fg - g, fc - c, tl.idx, pos, tl.version)
+
+    def _peek_fresh(self) -> tuple | None:
+        """Make the heap's top entry exact for the current timelines; return it (or None)."""
+        heap, lower = self.heap, self.lower
+        while heap:
+            top = heap[0]
+            tl = self.tls[top[5]]
+            if top[6] == tl.version and top[0] >= lower:
+                return top
+            heappop(heap)
+            c, m, g = self._req(tl)
+            t = tl.earliest(c, m, g, tl.gpu_array(self.gtype), self.d, max(top[0], lower), self.tmax)
+            if t >= 0:
+                heappush(heap, self._entry(tl, top[5], t, c, g))
+        return None
+
+    def find(self) -> tuple[int, list[Timeline]] | None:
+        """The earliest start and the best nodes for the next job of this shape, or None.
+
+        Leaves the search as it was (apart from refreshed cache entries).
+        """
+        if self.exhausted:
+            return None
+        k, d, gtype, tls, tmax = self.k, self.d, self.gtype, self.tls, self.tmax
+        popped: list[tuple] = []
+        retry: list[tuple] = []     # nodes that stopped fitting, with their next possible start
+        keep: list[tuple] = []
+        result = None
+        while True:
+            top = self._peek_fresh()
+            if retry and (top is None or retry[0] < top):
+                entry = heappop(retry)
+            elif top is not None:
+                entry = heappop(self.heap)
+                popped.append(entry)
+            else:
+                break
+            t = entry[0]
+            if t > tmax:
+                break
+            if keep:
+                still = []
+                for e in keep:
+                    tl = tls[e[5]]
+                    c, m, g = self._req(tl)
+                    garr = tl.gpu_array(gtype)
+                    if tl.fits_at(c, m, g, garr, d, t):
+                        still.append(e)
+                    else:
+                        t2 = tl.earliest(c, m, g, garr, d, t, tmax)
+                        if t2 >= 0:
+                            heappush(retry, self._entry(tl, e[5], t2, c, g))
+                keep = still
+            keep.append(entry)
+            if len(keep) >= k:
+                if k == 1:
+                    result = (t, [tls[entry[5]]])
+                else:
+                    ranked = []
+                    for e in keep:
+                        tl = tls[e[5]]
+                        c, _m, g = self._req(tl)
+                        ranked.append(self._entry(tl, e[5], t, c, g))
+                    ranked.sort()
+                    result = (t, [tls[e[5]] for e in ranked[:k]])
+                break
+        for e in popped:
+            heappush(self.heap, e)
+        if result is None:
+            self.exhausted = True
+        return result
+
+    def placed(self, t: int) -> None:
+        """Record that a job of this shape was placed at ``t`` (a lower bound for the next)."""
+        if t > self.lower:
+            self.lower = t

@@ -1,0 +1,209 @@
+"""rota's state: plain slotted dataclasses, built only by :func:`rota.core.apply.apply`.
+
+``State`` holds primary facts (what a snapshot stores) and a few derived indexes
+(rebuilt by :meth:`State.rebuild_indexes`, never stored).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from .events import ClusterConfig, JobSpec, NodeAlloc, NodeConfig
+
+PENDING = "PENDING"
+RUNNING = "RUNNING"
+COMPLETED = "COMPLETED"
+FAILED = "FAILED"
+TIMEOUT = "TIMEOUT"
+OUT_OF_MEMORY = "OUT_OF_MEMORY"
+CANCELLED = "CANCELLED"
+NODE_FAIL = "NODE_FAIL"
+TERMINAL_STATES = frozenset({COMPLETED, FAILED, TIMEOUT, OUT_OF_MEMORY, CANCELLED, NODE_FAIL})
+ACTIVE_STATES = frozenset({PENDING, RUNNING})
+
+STATE_CODES = {
+    PENDING: "PD", RUNNING: "R", COMPLETED: "CD", FAILED: "F", TIMEOUT: "TO",
+    OUT_OF_MEMORY: "OOM", CANCELLED: "CA", NODE_FAIL: "NF", "COMPLETING": "CG",
+    "REQUEUED": "RQ", "SUSPENDED": "S",
+}
+
+
+@dataclass(slots=True)
+class Job:
+    job_id: int
+    spec: JobSpec
+    submit_seq: int
+    submit_time: int
+    state: str = PENDING
+    hold: str | None = None                 # None, "user" or "admin"
+    priority_override: int | None = None    # set by an admin update
+    nice: int = 0
+    time_limit: int | None = None           # explicit limit (spec or update); None = partition default
+    partition: str = ""                     # chosen partition once started; first requested before
+    eligible_time: int = 0
+    start_time: int = 0
+    end_time: int = 0
+    alloc: tuple[NodeAlloc, ...] = ()
+    exit_code: int = 0
+    signal: int = 0
+    max_rss: int = 0                        # KiB
+    elapsed: int = 0
+    array_job_id: int | None = None         # set on array records and tasks
+    array_task_id: int | None = None        # set on started tasks
+    array_pending: list[int] | None = None  # pending indices of the array's remainder record
+    array_throttle: int = 0
+    restarts: int = 0
+    cancel_by: int | None = None            # uid that cancelled it
+    backfilled: bool = False
+    start_cycle: int = 0
+
+    @property
+    def is_array_remainder(self) -> bool:
+        return self.array_pending is not None
+
+
+@dataclass(slots=True)
+class Node:
+    name: str
+    index: int
+    cpus: int
+    memory: int
+    gpu_types: list[str]                    # type of each GPU slot, by index
+    features: tuple[str, ...]
+    weight: int = 1
+    alloc_cpus: int = 0
+    alloc_mem: int = 0
+    gpu_owner: list[int] = field(default_factory=list)   # job id holding each GPU index, 0 = free
+    jobs: list[int] = field(default_factory=list)        # running job ids, in start order
+    drain: bool = False
+    down: bool = False
+    not_responding: bool = False
+    invalid_reg: bool = False
+    registered: bool = False
+    reason: str | None = None
+    reason_by: str | None = None
+    reason_time: int = 0
+    last_busy: int = 0
+    boot_time: int = 0
+    reported_gpus: int | None = None
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpu_types)
+
+    @property
+    def free_gpus(self) -> int:
+        return self.gpu_owner.count(0)
+
+    @property
+    def usable(self) -> bool:
+        """Can take new work: not drained, down or unresponsive."""
+        return not (self.drain or self.down or self.not_responding)
+
+    def display_state(self) -> str:
+        """Slurm-like state, e.g. IDLE, MIXED, ALLOCATED, DRAINING, DRAINED, DOWN."""
+        if self.down:
+            return "DOWN"
+        if self.drain:
+            return "DRAINING" if self.jobs else "DRAINED"
+        if not self.jobs:
+            return "IDLE"
+        full = self.alloc_cpus >= self.cpus or (self.gpu_owner and 0 not in self.gpu_owner)
+        return "ALLOCATED" if full else "MIXED"
+
+
+def node_from_config(cfg: NodeConfig, index: int) -> Node:
+    types: list[str] = []
+    for g in cfg.gpus:
+        types.extend([g.type] * g.count)
+    node = Node(name=cfg.name, index=index, cpus=cfg.cpus, memory=cfg.memory, gpu_types=types,
+                features=cfg.features, weight=cfg.weight, gpu_owner=[0] * len(types))
+    st = cfg.state.upper()
+    if st in ("DOWN", "FAIL"):
+        node.down, node.reason, node.reason_by = True, "configured down", "slurm.conf"
+    elif st == "DRAIN":
+        node.drain, node.reason, node.reason_by = True, "configured drain", "slurm.conf"
+    return node
+
+
+@dataclass(slots=True)
+class State:
+    config: ClusterConfig | None = None
+    config_seq: int = 0
+    seq: int = 0                            # last applied log sequence
+    now: int = 0                            # latest log timestamp seen
+    next_job_id: int = 1
+    cycle: int = 0                          # last logged scheduling cycle
+    controller_version: str = ""
+    jobs: dict[int, Job] = field(default_factory=dict)
+    nodes: dict[str, Node] = field(default_factory=dict)
+    # derived indexes (rebuilt, not stored):
+    pending: dict[int, None] = field(default_factory=dict)
+    running: dict[int, None] = field(default_factory=dict)
+    array_tasks: dict[int, list[int]] = field(default_factory=dict)
+
+    def rebuild_indexes(self) -> None:
+        """Recompute the derived indexes from the primary facts."""
+        self.pending = {}
+        self.running = {}
+        self.array_tasks = {}
+        for jid, job in self.jobs.items():
+            if job.state == PENDING:
+                self.pending[jid] = None
+            elif job.state == RUNNING:
+                self.running[jid] = None
+            if job.array_job_id is not None and job.array_task_id is not None:
+                self.array_tasks.setdefault(job.array_job_id, []).append(jid)
+
+    def partition(self, name: str):  # -> PartitionConfig | None
+        if self.config is None:
+            return None
+        for p in self.config.partitions:
+            if p.name == name:
+                return p
+        return None
+
+
+# ---------------------------------------------------------------- snapshots
+
+_SNAPSHOT_FIELDS = ("config", "config_seq", "seq", "now", "next_job_id", "cycle",
+                    "controller_version", "jobs", "nodes")
+
+
+@dataclass(slots=True)
+class _Snapshot:
+    config: ClusterConfig | None
+    config_seq: int
+    seq: int
+    now: int
+    next_job_id: int
+    cycle: int
+    controller_version: str
+    jobs: dict[int, Job]
+    nodes: dict[str, Node]
+
+
+SNAPSHOT_VERSION = 1
+_SNAP_ADAPTER: TypeAdapter[_Snapshot] = TypeAdapter(_Snapshot)
+
+
+def dump_snapshot(state: State) -> bytes:
+    """Serialise the primary facts of ``state`` as JSON bytes."""
+    snap = _Snapshot(**{k: getattr(state, k) for k in _SNAPSHOT_FIELDS})
+    body = _SNAP_ADAPTER.dump_json(snap)
+    return b'{"snapshot_version":%d,"state":' % SNAPSHOT_VERSION + body + b"}"
+
+
+def load_snapshot(data: bytes) -> State:
+    """Load a snapshot written by :func:`dump_snapshot`; the result equals the dumped state."""
+    import json
+
+    raw: dict[str, Any] = json.loads(data)
+    if raw.get("snapshot_version") != SNAPSHOT_VERSION:
+        raise ValueError(f"unsupported snapshot version {raw.get('snapshot_version')!r}")
+    snap = _SNAP_ADAPTER.validate_python(raw["state"])
+    state = State(**{k: getattr(snap, k) for k in _SNAPSHOT_FIELDS})
+    state.rebuild_indexes()
+    return state

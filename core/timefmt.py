@@ -1,0 +1,88 @@
+"""Slurm time-limit and duration syntax (pure).
+
+Durations are integer seconds. ``UNLIMITED`` is represented by :data:`UNLIMITED` (0), which
+is also what ``--time=0`` means to Slurm.
+"""
+from __future__ import annotations
+
+UNLIMITED = 0
+"""A time limit of 0 seconds means no limit, as ``--time=0`` does in Slurm."""
+
+_INFINITE_WORDS = {"unlimited", "infinite", "-1"}
+
+
+class TimeSpecError(ValueError):
+    """A time string that Slurm's syntax does not allow."""
+
+
+def _int(part: str, text: str) -> int:
+    if not part.isdigit():
+        raise TimeSpecError(f"invalid time specification {text!r}")
+    return int(part)
+
+
+def parse_time_limit(text: str) -> int:
+    """Parse ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S`` or UNLIMITED into seconds.
+
+    Seconds round up to the next whole minute, as Slurm's resolution is one minute.
+    Returns :data:`UNLIMITED` for ``0``/``UNLIMITED``/``INFINITE``/``-1``.
+    """
+    raw = text.strip()
+    if raw.lower() in _INFINITE_WORDS:
+        return UNLIMITED
+    if not raw:
+        raise TimeSpecError("empty time specification")
+    days = hours = minutes = seconds = 0
+    if "-" in raw:
+        day_part, _, rest = raw.partition("-")
+        days = _int(day_part, text)
+        fields = rest.split(":") if rest else []
+        if len(fields) > 3 or not fields:
+            raise TimeSpecError(f"invalid time specification {text!r}")
+        values = [_int(f, text) for f in fields] + [0] * (3 - len(fields))
+        hours, minutes, seconds = values
+    else:
+        fields = raw.split(":")
+        if len(fields) == 3:
+            hours, minutes, seconds = (_int(f, text) for f in fields)
+        elif len(fields) == 2:
+            minutes, seconds = (_int(f, text) for f in fields)
+        elif len(fields) == 1:
+            minutes = _int(fields[0], text)
+        else:
+            raise TimeSpecError(f"invalid time specification {text!r}")
+    total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    return (total + 59) // 60 * 60
+
+
+def format_duration(seconds: int) -> str:
+    """sacct/scontrol style: ``HH:MM:SS`` or ``D-HH:MM:SS``."""
+    seconds = max(0, int(seconds))
+    days, rem = divmod(seconds, 86400)
+    h, rem = divmod(rem, 3600)
+    m, s = divmod(rem, 60)
+    if days:
+        return f"{days}-{h:02d}:{m:02d}:{s:02d}"
+    return f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def format_squeue_time(seconds: int) -> str:
+    """squeue %M/%l style: ``M:SS``, ``H:MM:SS`` or ``D-HH:MM:SS``."""
+    seconds = max(0, int(seconds))
+    days, rem = divmod(seconds, 86400)
+    h, rem = divmod(rem, 3600)
+    m, s = divmod(rem, 60)
+    if days:
+        return f"{days}-{h:02d}:{m:02d}:{s:02d}"
+    if h:
+        return f"{h}:{m:02d}:{s:02d}"
+    return f"{m}:{s:02d}"
+
+
+def format_limit(seconds: int | None) -> str:
+    """A time limit as squeue prints it (UNLIMITED for 0)."""
+    if seconds is None:
+        return "NOT_SET"
+    if seconds == UNLIMITED:
+        return "UNLIMITED"
+    return format_squeue_time(seconds)

@@ -1,0 +1,1 @@
+"""rota.projections."""
