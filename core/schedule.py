@@ -436,7 +436,7 @@ def _start(cy: _Cycle, decision: Decision, job: Job, task: int | None, tasks: li
     if backfilled and cy.explain:
         names = {tl.name for tl in tls}
         decision.checked[run_id] = tuple(r.job_id for r in decision.reservations.values()
-                                         if names.intersection(r.nodes) and r.start < now + d)
+                                         if names.intersection(r.nodes))
 
 
 def _explain_pending(cy: _Cycle, job: Job, parts: list[str], pend: Pending,

@@ -1,0 +1,181 @@
+"""Commands: check a request against the current state and return the events it causes (pure).
+
+A rejected request raises :class:`Rejected` carrying Slurm's error text, so the CLI can print
+exactly what ``sbatch`` or ``scontrol`` would.
+"""
+from __future__ import annotations
+
+from . import events as ev
+from .arrays import ArraySpecError, parse_array
+from .deps import DependencySpecError, parse_dependency
+from .request import constraint_matches, default_mem_per_cpu, node_request
+from .state import PENDING, RUNNING, TERMINAL_STATES, State
+
+
+class Rejected(Exception):
+    """A request the controller refuses. ``lines`` are Slurm-style error lines, last = summary."""
+
+    def __init__(self, *lines: str, code: str = "invalid") -> None:
+        super().__init__(lines[-1])
+        self.lines = lines
+        self.code = code
+
+
+NODE_CONFIG_UNAVAILABLE = "Requested node configuration is not available"
+
+
+def submit(state: State, spec: ev.JobSpec, job_id: int) -> ev.JobSubmitted:
+    """Validate a submission; return its event or raise :class:`Rejected`."""
+    cfg = state.config
+    if cfg is None:
+        raise Rejected("the cluster has no configuration yet", code="unconfigured")
+    parts_by_name = {p.name: p for p in cfg.partitions}
+    names = list(spec.partitions)
+    if not names:
+        dp = cfg.default_partition()
+        if dp is None:
+            raise Rejected("No partition specified or system default partition", code="partition")
+        names = [dp.name]
+    for n in names:
+        if n not in parts_by_name:
+            raise Rejected(f"invalid partition specified: {n}", "Invalid partition name specified",
+                           code="partition")
+    if spec.array:
+        try:
+            parse_array(spec.array, cfg.scheduler.max_array_size)
+        except ArraySpecError:
+            raise Rejected("Invalid job array specification", code="array") from None
+    if spec.dependency:
+        try:
+            parse_dependency(spec.dependency)
+        except DependencySpecError:
+            raise Rejected("Job dependency problem", code="dependency") from None
+    if spec.gpu_type is not None and spec.gpu_type == "":
+        raise Rejected("Invalid generic resource (gres) specification", code="gres")
+    enforce = cfg.scheduler.enforce_part_limits
+    problems: list[Rejected] = []
+    for n in names:
+        try:
+            _check_partition(state, spec, parts_by_name[n], enforce)
+        except Rejected as r:
+            problems.append(r)
+    if problems and (enforce == "ALL" or len(problems) == len(names)):
+        raise problems[0]
+    return ev.JobSubmitted(job_id=job_id, spec=spec)
+
+
+def _check_partition(state: State, spec: ev.JobSpec, part: ev.PartitionConfig, enforce: str) -> None:
+    if part.state in ("DRAIN", "INACTIVE"):
+        raise Rejected("Required partition not available (inactive or drain)", code="partition")
+    if spec.account and "ALL" not in part.allow_accounts and spec.account not in part.allow_accounts:
+        raise Rejected("Invalid account or account/partition combination specified", code="account")
+    nodes = [state.nodes[n] for n in part.nodes if n in state.nodes]
+    req = node_request(spec, nodes, default_mem_per_cpu(nodes))
+    if enforce != "NO":
+        limit = spec.time_limit
+        if part.max_time and limit is not None and (limit == 0 or limit > part.max_time):
+            raise Rejected("Requested time limit is invalid (missing or exceeds some limit)", code="time")
+        if req.nnodes > len(nodes) or (part.max_nodes and req.nnodes > part.max_nodes):
+            raise Rejected("Node count specification invalid", code="nodes")
+    if spec.constraint and not any(constraint_matches(spec.constraint, n.features) for n in nodes):
+        raise Rejected("Invalid feature specification", code="constraint")
+    if spec.nodelist:
+        unknown = [n for n in spec.nodelist if n not in state.nodes]
+        if unknown:
+            raise Rejected(f"Invalid node name specified: {unknown[0]}", code="nodelist")
+        nodes = [n for n in nodes if n.name in set(spec.nodelist)]
+        if not nodes:
+            raise Rejected("Requested node configuration is not available", code="nodelist")
+    if spec.exclude:
+        nodes = [n for n in nodes if n.name not in set(spec.exclude)]
+    if spec.constraint:
+        nodes = [n for n in nodes if constraint_matches(spec.constraint, n.features)]
+    if req.gpus or spec.gpu_type:
+        typed = [n for n in nodes if spec.gpu_type is None or spec.gpu_type in n.gpu_types]
+        if not typed or not any(
+                (sum(1 for t in n.gpu_types if spec.gpu_type in (None, t))) >= req.gpus for n in typed):
+            raise Rejected(NODE_CONFIG_UNAVAILABLE, code="gres")
+        nodes = typed
+    if not any(n.cpus >= req.cpus for n in nodes):
+        raise Rejected("CPU count per node can not be satisfied", NODE_CONFIG_UNAVAILABLE, code="cpus")
+    if not any(n.memory >= req.mem for n in nodes):
+        raise Rejected("Memory specification can not be satisfied", NODE_CONFIG_UNAVAILABLE, code="memory")
+    fits = [n for n in nodes if n.cpus >= req.cpus and n.memory >= req.mem and
+            sum(1 for t in n.gpu_types if spec.gpu_type in (None, t)) >= req.gpus]
+    if not fits:
+        raise Rejected(NODE_CONFIG_UNAVAILABLE, code="nodes")
+
+
+def _job(state: State, job_id: int):
+    job = state.jobs.get(job_id)
+    if job is None:
+        raise Rejected("Invalid job id specified", code="no_job")
+    return job
+
+
+def cancel(state: State, job_id: int, by_uid: int, tasks: tuple[int, ...] | None = None) -> ev.JobCancelled:
+    job = _job(state, job_id)
+    if job.state in TERMINAL_STATES and job.array_pending is None:
+        raise Rejected("Job/step already completing or completed", code="finished")
+    return ev.JobCancelled(job_id=job_id, by_uid=by_uid, tasks=tasks)
+
+
+def hold(state: State, job_id: int, admin: bool) -> ev.JobHeld:
+    job = _job(state, job_id)
+    if job.state != PENDING:
+        raise Rejected("Job is no longer pending execution", code="not_pending")
+    return ev.JobHeld(job_id=job_id, admin=admin)
+
+
+def release(state: State, job_id: int, by_admin: bool) -> ev.JobReleased:
+    job = _job(state, job_id)
+    if job.state != PENDING:
+        raise Rejected("Job is no longer pending execution", code="not_pending")
+    if job.hold == "admin" and not by_admin:
+        raise Rejected("Access/permission denied", code="permission")
+    return ev.JobReleased(job_id=job_id)
+
+
+def update_job(state: State, job_id: int, *, time_limit: int | None = None,
+               priority: int | None = None, by_admin: bool = True) -> ev.JobUpdated:
+    job = _job(state, job_id)
+    if job.state in TERMINAL_STATES:
+        raise Rejected("Job has already finished", code="finished")
+    if time_limit is not None and job.state == RUNNING and not by_admin:
+        current = job.time_limit or 0
+        if time_limit == 0 or (current and time_limit > current):
+            raise Rejected("Access/permission denied", code="permission")
+    if priority is not None and not by_admin:
+        raise Rejected("Access/permission denied", code="permission")
+    return ev.JobUpdated(job_id=job_id, time_limit=time_limit, priority=priority)
+
+
+def _node(state: State, name: str):
+    node = state.nodes.get(name)
+    if node is None:
+        raise Rejected(f"Invalid node name specified: {name}", code="no_node")
+    return node
+
+
+def drain(state: State, node: str, reason: str, by: str) -> ev.NodeDrained:
+    _node(state, node)
+    if not reason.strip():
+        raise Rejected("You must specify a reason when DOWNING or DRAINING a node. Request denied",
+                       code="reason")
+    return ev.NodeDrained(node=node, reason=reason, by=by)
+
+
+def down(state: State, node: str, reason: str, by: str) -> ev.NodeDown:
+    _node(state, node)
+    if not reason.strip():
+        raise Rejected("You must specify a reason when DOWNING or DRAINING a node. Request denied",
+                       code="reason")
+    return ev.NodeDown(node=node, reason=reason, by=by)
+
+
+def resume(state: State, node: str, by: str, undrain_only: bool = False) -> ev.NodeResumed:
+    n = _node(state, node)
+    if not (n.drain or n.down or n.invalid_reg):
+        raise Rejected(f"Invalid node state transition requested: {node} is not drained or down",
+                       code="state")
+    return ev.NodeResumed(node=node, by=by, undrain_only=undrain_only)

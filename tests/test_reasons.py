@@ -1,0 +1,129 @@
+"""One test per pending reason: each scenario's answer is known."""
+from rota.core import events as ev
+from rota.core.schedule import REQ_NODE_NOT_AVAIL_ALL
+from rota.core.testing import Harness, make_cluster
+
+
+def reason(h, jid):
+    return h.cycle().pending[jid].reason
+
+
+def fill_cluster(h, minutes=30):
+    ids = [h.submit(name=f"fill{i}", gpus_per_node=8, time_limit=minutes * 60) for i in range(4)]
+    d = h.cycle()
+    assert len(d.starts) == 4
+    return ids
+
+
+def test_resources_for_the_next_job_and_priority_behind_it(h):
+    fill_cluster(h)
+    first = h.submit(name="wants-gpu-1", gpus_per_node=1)
+    second = h.submit(name="wants-gpu-2", gpus_per_node=1)
+    d = h.cycle()
+    assert d.pending[first].reason == "Resources"
+    assert d.pending[second].reason == "Priority"
+    assert d.pending[first].rank < d.pending[second].rank
+    # both get an expected start when the fillers end
+    assert d.pending[first].start == h.now + 1800
+
+
+def test_priority_when_a_reservation_holds_what_it_needs():
+    h = Harness(make_cluster(nodes=2))
+    h.submit(name="half", gpus_per_node=8, time_limit=1200)
+    h.cycle()
+    big = h.submit(name="big", nodes=2, gpus_per_node=8, time_limit=3000)
+    small = h.submit(name="small", gpus_per_node=8, time_limit=3000)
+    d = h.cycle()
+    # gpu02 is free now, but big's reservation needs it in 1200 s and small would run 3000 s
+    assert d.pending[big].reason == "Resources"
+    assert d.pending[small].reason == "Priority"
+    assert small not in {s.job_id for s in d.starts}
+    assert d.pending[small].start >= d.pending[big].start + 3000
+
+
+def test_partition_time_limit(h):
+    jid = h.submit(name="too-long", time_limit=7200)
+    assert reason(h, jid) == "PartitionTimeLimit"
+
+
+def test_partition_node_limit(h):
+    jid = h.submit(name="five-nodes", nodes=5)
+    assert reason(h, jid) == "PartitionNodeLimit"
+
+
+def test_req_node_not_avail_for_a_drained_required_node(h):
+    h.put(ev.NodeDrained(node="gpu04", reason="maintenance", by="root"))
+    jid = h.submit(name="wants-gpu04", nodelist=("gpu04",))
+    d = h.cycle()
+    assert d.pending[jid].reason == "ReqNodeNotAvail"
+    assert d.pending[jid].display == "ReqNodeNotAvail, UnavailableNodes:gpu04"
+
+
+def test_req_node_not_avail_when_every_node_is_drained(h):
+    for n in ("gpu01", "gpu02", "gpu03", "gpu04"):
+        h.put(ev.NodeDrained(node=n, reason="maintenance", by="root"))
+    jid = h.submit(name="any")
+    d = h.cycle()
+    assert d.pending[jid].reason == "ReqNodeNotAvail"
+    assert d.pending[jid].display == REQ_NODE_NOT_AVAIL_ALL
+
+
+def test_partition_down():
+    part = ev.PartitionConfig(name="maint", nodes=("gpu01",), state="DOWN")
+    h = Harness(make_cluster(extra_partitions=(part,)))
+    jid = h.submit(partitions=("maint",))
+    assert reason(h, jid) == "PartitionDown"
+
+
+def test_held_by_user_and_by_admin(h):
+    user = h.submit(name="held-by-user", hold=True)
+    admin = h.submit(name="held-by-admin")
+    h.put(ev.JobHeld(job_id=admin, admin=True))
+    d = h.cycle()
+    assert d.pending[user].reason == "JobHeldUser"
+    assert d.pending[admin].reason == "JobHeldAdmin"
+    h.put(ev.JobReleased(job_id=user))
+    assert user in {s.job_id for s in h.cycle().starts}
+
+
+def test_begin_time(h):
+    jid = h.submit(name="begins-later", begin=h.now + 600)
+    assert reason(h, jid) == "BeginTime"
+    h.advance(600)
+    assert jid in {s.job_id for s in h.cycle().starts}
+
+
+def test_dependency_then_start(h):
+    blocker = h.submit(name="blocker")
+    h.cycle()
+    after = h.submit(name="after-blocker", dependency=f"afterok:{blocker}")
+    assert reason(h, after) == "Dependency"
+    h.finish(blocker)
+    assert after in {s.job_id for s in h.cycle().starts}
+
+
+def test_dependency_never_satisfied(h):
+    blocker = h.submit(name="blocker")
+    h.cycle()
+    after = h.submit(name="after-blocker", dependency=f"afterok:{blocker}")
+    h.finish(blocker, state="FAILED", exit_code=3)
+    assert reason(h, after) == "DependencyNeverSatisfied"
+    unknown = h.submit(name="after-unknown", dependency="afterok:999999")
+    assert reason(h, unknown) == "DependencyNeverSatisfied"
+
+
+def test_job_array_task_limit(h):
+    arr = h.submit(name="arr", array="0-7%2", gpus_per_node=1)
+    d = h.cycle()
+    assert [s.array_task_id for s in d.starts] == [0, 1]
+    assert d.pending[arr].reason == "JobArrayTaskLimit"
+    assert reason(h, arr) == "JobArrayTaskLimit"
+
+
+def test_bad_constraints_after_a_config_change():
+    h = Harness(make_cluster(features=("ib",)))
+    jid = h.submit(name="needs-ib", constraint="ib")
+    h.put(ev.JobHeld(job_id=jid, admin=True))
+    h.put(ev.ClusterConfigured(config=make_cluster(features=())))
+    h.put(ev.JobReleased(job_id=jid))
+    assert reason(h, jid) == "BadConstraints"
