@@ -64,7 +64,7 @@ class PriorityWeights(Model):
 
 
 class SchedulerParams(Model):
-    policy: Literal["fifo", "easy", "conservative"] = "conservative"
+    policy: Literal["fifo", "easy", "easy_strict", "conservative"] = "conservative"
     bf_window: int = 1440 * 60        # seconds
     bf_resolution: int = 60           # seconds
     bf_max_job_test: int = 0          # 0 = every pending job

@@ -219,7 +219,7 @@ class ShapeSearch:
                         still.append(e)
                     else:
                         t2 = tl.earliest(c, m, g, garr, d, t, tmax)
-                        if t2 >= 0:
+                        if t2 > t:
                             heappush(retry, self._entry(tl, e[5], t2, c, g))
                 keep = still
             keep.append(entry)

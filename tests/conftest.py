@@ -7,3 +7,13 @@ from rota.core.testing import Harness, make_cluster
 def h() -> Harness:
     """Four nodes gpu01..gpu04, 64 CPUs, 257000 MiB, 8 A100 each; partition short (1 h)."""
     return Harness(make_cluster())
+
+# `HYPOTHESIS_PROFILE=noshrink pytest ...` reports the first failing example without shrinking
+# (useful when checking that a deliberately broken scheduler is caught quickly).
+import os
+
+from hypothesis import Phase, settings
+
+settings.register_profile("noshrink", phases=[Phase.explicit, Phase.reuse, Phase.generate])
+if os.environ.get("HYPOTHESIS_PROFILE"):
+    settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])
