@@ -8,7 +8,7 @@ from __future__ import annotations
 from . import events as ev
 from .arrays import ArraySpecError, parse_array
 from .deps import DependencySpecError, parse_dependency
-from .request import constraint_matches, default_mem_per_cpu, node_request
+from .request import constraint_matches, node_request, partition_shape
 from .state import PENDING, RUNNING, TERMINAL_STATES, State
 
 
@@ -70,7 +70,7 @@ def _check_partition(state: State, spec: ev.JobSpec, part: ev.PartitionConfig, e
     if spec.account and "ALL" not in part.allow_accounts and spec.account not in part.allow_accounts:
         raise Rejected("Invalid account or account/partition combination specified", code="account")
     nodes = [state.nodes[n] for n in part.nodes if n in state.nodes]
-    req = node_request(spec, nodes, default_mem_per_cpu(nodes))
+    req = node_request(spec, partition_shape(nodes))
     if enforce != "NO":
         limit = spec.time_limit
         if part.max_time and limit is not None and (limit == 0 or limit > part.max_time):

@@ -7,13 +7,15 @@ how rota places multi-node jobs. ``whole_*`` flags mean "all of the node's CPUs 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .events import JobSpec, PartitionConfig
 from .state import Node
 
 
-@dataclass(frozen=True, slots=True)
-class NodeRequest:
+class NodeRequest(NamedTuple):
+    """What a job needs on each of its nodes (a tuple: cheap to hash as a cache key)."""
+
     nnodes: int
     cpus: int
     mem: int
@@ -39,42 +41,52 @@ def default_mem_per_cpu(nodes: list[Node]) -> int:
     return min(ratios) if ratios else 0
 
 
-def node_request(spec: JobSpec, nodes: list[Node], def_mem_per_cpu: int) -> NodeRequest:
-    """The per-node request of ``spec`` on a partition whose nodes are ``nodes``."""
-    max_cpus = max((n.cpus for n in nodes), default=1) or 1
-    cpt = max(1, spec.cpus_per_task)
-    ntasks = max(1, spec.ntasks)
+@dataclass(frozen=True, slots=True)
+class PartitionShape:
+    """What a partition's nodes look like, for turning options into per-node requests."""
+
+    max_cpus: int
+    max_gpus: int
+    def_mem_per_cpu: int
+
+
+def partition_shape(nodes: list[Node]) -> PartitionShape:
+    return PartitionShape(max((n.cpus for n in nodes), default=1) or 1,
+                          max((n.gpu_count for n in nodes), default=0), default_mem_per_cpu(nodes))
+
+
+def node_request(spec: JobSpec, shape: PartitionShape) -> NodeRequest:
+    """The per-node request of ``spec`` on a partition of the given shape."""
+    cpt = spec.cpus_per_task if spec.cpus_per_task > 1 else 1
+    ntasks = spec.ntasks if spec.ntasks > 1 else 1
+    tpn = spec.ntasks_per_node
     if spec.nodes_given:
-        nnodes = max(1, spec.nodes)
-    elif spec.ntasks_per_node:
-        nnodes = _ceil_div(ntasks, spec.ntasks_per_node)
+        nnodes = spec.nodes if spec.nodes > 1 else 1
+    elif tpn:
+        nnodes = _ceil_div(ntasks, tpn)
     else:
-        nnodes = max(1, _ceil_div(ntasks * cpt, max_cpus))
-        if spec.gpus_total:
-            max_gpus = max((n.gpu_count for n in nodes), default=0)
-            if max_gpus:
-                nnodes = max(nnodes, _ceil_div(spec.gpus_total, max_gpus))
-    if spec.ntasks_per_node:
-        tasks_per_node = spec.ntasks_per_node
+        nnodes = _ceil_div(ntasks * cpt, shape.max_cpus)
+        if spec.gpus_total and shape.max_gpus:
+            nnodes = max(nnodes, _ceil_div(spec.gpus_total, shape.max_gpus))
+    if tpn:
+        tasks_per_node = tpn
         if not spec.ntasks_given:
-            ntasks = tasks_per_node * nnodes
+            ntasks = tpn * nnodes
+    elif nnodes == 1:
+        tasks_per_node = ntasks
     else:
-        tasks_per_node = _ceil_div(ntasks, nnodes) if (spec.ntasks_given or ntasks > 1) else 1
+        tasks_per_node = _ceil_div(ntasks, nnodes)
     cpus = tasks_per_node * cpt
-    gpus = spec.gpus_per_node
-    if spec.gpus_total:
-        gpus = _ceil_div(spec.gpus_total, nnodes)
+    gpus = _ceil_div(spec.gpus_total, nnodes) if spec.gpus_total else spec.gpus_per_node
     if spec.mem_per_node is not None:
         mem = spec.mem_per_node
     elif spec.mem_per_cpu is not None:
         mem = spec.mem_per_cpu * cpus
     else:
-        mem = def_mem_per_cpu * cpus
-    return NodeRequest(
-        nnodes=nnodes, cpus=cpus, mem=mem, gpus=gpus, gpu_type=spec.gpu_type,
-        whole_cpus=spec.exclusive, whole_mem=spec.exclusive or spec.mem_per_node == 0,
-        whole_gpus=spec.exclusive, ntasks=ntasks,
-    )
+        mem = shape.def_mem_per_cpu * cpus
+    exclusive = spec.exclusive
+    return NodeRequest(nnodes, cpus, mem, gpus, spec.gpu_type, exclusive,
+                       exclusive or spec.mem_per_node == 0, exclusive, ntasks)
 
 
 def constraint_matches(constraint: str | None, features: tuple[str, ...]) -> bool:

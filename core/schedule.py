@@ -22,7 +22,7 @@ from .deps import NEVER, OK, parse_dependency, dependency_status
 from .hostlist import compress
 from .priority import PriorityContext, job_priority
 from .profile import INF, UNLIMITED_DURATION, ShapeSearch, Timeline
-from .request import NodeRequest, constraint_matches, default_mem_per_cpu, effective_time_limit, node_request
+from .request import NodeRequest, constraint_matches, effective_time_limit, node_request, partition_shape
 from .state import RUNNING, Job, Node, State
 
 POLICIES = ("fifo", "easy", "easy_strict", "conservative")
@@ -94,12 +94,14 @@ class _Cycle:
         self.part_nodes: dict[str, list[Node]] = {
             p.name: [state.nodes[n] for n in p.nodes if n in state.nodes] for p in cfg.partitions
         }
-        self.def_mpc = {name: default_mem_per_cpu(ns) for name, ns in self.part_nodes.items()}
+        self.part_shapes = {name: partition_shape(ns) for name, ns in self.part_nodes.items()}
         self.timelines: dict[str, Timeline] = {}
         self._build_timelines()
         self.filters: dict[tuple, tuple[list[Timeline], list[Node]]] = {}
         self.searches: dict[tuple, ShapeSearch] = {}
-        self.requests: dict[tuple[int, str], NodeRequest] = {}
+        self.requests: dict[str, dict[int, NodeRequest]] = {}
+        self.fit_counts: dict[tuple, tuple[int, int]] = {}
+        self.verdicts: dict[tuple, tuple[str, str, str] | None] = {}
         self.gpu_owner: dict[str, list[int]] = {}
         self.next_id = state.next_job_id
         self.prio_ctx = PriorityContext(cfg, sum(n.cpus for n in state.nodes.values()))
@@ -165,11 +167,14 @@ class _Cycle:
         return tls, nodes
 
     def request(self, job: Job, part: str) -> NodeRequest:
-        key = (job.job_id, part)
-        req = self.requests.get(key)
+        """The job's per-node request in ``part`` (computed once per cycle)."""
+        cache = self.requests.get(part)
+        if cache is None:
+            cache = self.requests[part] = {}
+        req = cache.get(job.job_id)
         if req is None:
-            req = node_request(job.spec, self.part_nodes.get(part, []), self.def_mpc.get(part, 0))
-            self.requests[key] = req
+            shape = self.part_shapes.get(part) or partition_shape([])
+            req = cache[job.job_id] = node_request(job.spec, shape)
         return req
 
     def search(self, job: Job, part: str, d: int, tmax: int) -> ShapeSearch:
@@ -183,6 +188,17 @@ class _Cycle:
                             req.whole_mem, req.whole_gpus, d, req.nnodes, self.now, tmax)
             self.searches[key] = s
         return s
+
+    def fit_counts_for(self, spec: ev.JobSpec, part: str, req: NodeRequest) -> tuple[int, int]:
+        """How many candidate nodes could ever hold one node's share, and how many are usable."""
+        key = (part, spec.constraint, spec.nodelist, spec.exclude, req)
+        hit = self.fit_counts.get(key)
+        if hit is None:
+            _tls, cands = self.eligible(spec, part)
+            fit_all = [n for n in cands if _node_can_ever_fit(n, req)]
+            hit = (len(fit_all), sum(1 for n in fit_all if n.usable))
+            self.fit_counts[key] = hit
+        return hit
 
     def pick_gpus(self, node_name: str, count: int, gpu_type: str | None, job_id: int) -> tuple[int, ...]:
         owner = self.gpu_owner.get(node_name)
@@ -204,79 +220,97 @@ class _Cycle:
 # ---------------------------------------------------------------- static reasons
 
 
+def _partition_reason(cy: _Cycle, job: Job, pname: str) -> Pending | None:
+    """Why ``job`` cannot run in partition ``pname`` whatever the load; None if it can."""
+    p = cy.parts.get(pname)
+    if p is None:
+        return Pending("PartitionConfig", detail=f"partition {pname} no longer exists")
+    if p.state == "DOWN":
+        return Pending("PartitionDown", detail=f"partition {pname} is DOWN")
+    if p.state == "INACTIVE":
+        return Pending("PartitionInactive", detail=f"partition {pname} is INACTIVE")
+    limit = job.time_limit
+    if p.max_time and limit is not None and (limit == 0 or limit > p.max_time):
+        return Pending("PartitionTimeLimit",
+                       detail=f"time limit {limit}s exceeds partition {pname} MaxTime {p.max_time}s")
+    spec = job.spec
+    req = cy.request(job, pname)
+    key = (pname, spec.constraint, spec.nodelist, spec.exclude, req)
+    if key not in cy.verdicts:
+        cy.verdicts[key] = _capacity_verdict(cy, spec, pname, p, req)
+    verdict = cy.verdicts[key]
+    return None if verdict is None else Pending(*verdict)
+
+
+def _capacity_verdict(cy: _Cycle, spec: ev.JobSpec, pname: str, p: ev.PartitionConfig,
+                      req: NodeRequest) -> tuple[str, str, str] | None:
+    """(reason, text, detail) when no set of usable nodes can ever hold this request."""
+    nodes_in_part = cy.part_nodes[pname]
+    if req.nnodes > len(nodes_in_part) or (p.max_nodes and req.nnodes > p.max_nodes) \
+            or req.nnodes < p.min_nodes:
+        return ("PartitionNodeLimit", "",
+                f"needs {req.nnodes} nodes; partition {pname} has {len(nodes_in_part)}")
+    if spec.constraint and not any(constraint_matches(spec.constraint, n.features) for n in nodes_in_part):
+        return ("BadConstraints", "", f"no node in {pname} has features {spec.constraint}")
+    if spec.nodelist:
+        _tls, cands = cy.eligible(spec, pname)
+        names = {c.name for c in cands}
+        bad = [n.name for n in cands if not n.usable] + [n for n in spec.nodelist if n not in names]
+        if bad:
+            listed = compress(bad)
+            return ("ReqNodeNotAvail", "ReqNodeNotAvail, UnavailableNodes:" + listed,
+                    f"required nodes {listed} are not available")
+    n_fit, n_usable = cy.fit_counts_for(spec, pname, req)
+    if n_usable < req.nnodes:
+        if n_fit >= req.nnodes:
+            return ("ReqNodeNotAvail", REQ_NODE_NOT_AVAIL_ALL,
+                    f"needs {req.nnodes} node(s) able to hold it; {n_usable} of {n_fit} are usable "
+                    "(the rest are down or drained)")
+        return ("Resources", "", "no node in the partition is large enough")
+    return None
+
+
 def _static_reason(cy: _Cycle, job: Job, parts: list[str]) -> Pending | None:
-    """The reason a job cannot be considered this cycle, before capacity; None if it can."""
-    state, now, spec = cy.state, cy.now, job.spec
-    first: Pending | None = None
-    usable_parts: list[str] = []
-    for pname in parts:
-        p = cy.parts.get(pname)
-        why: Pending | None = None
-        if p is None:
-            why = Pending("PartitionConfig", detail=f"partition {pname} no longer exists")
-        elif p.state == "DOWN":
-            why = Pending("PartitionDown", detail=f"partition {pname} is DOWN")
-        elif p.state == "INACTIVE":
-            why = Pending("PartitionInactive", detail=f"partition {pname} is INACTIVE")
-        else:
-            req = cy.request(job, pname)
-            limit = job.time_limit
-            if p.max_time and limit is not None and (limit == 0 or limit > p.max_time):
-                why = Pending("PartitionTimeLimit",
-                              detail=f"time limit {limit}s exceeds partition {pname} MaxTime {p.max_time}s")
-            elif req.nnodes > len(cy.part_nodes[pname]) or (p.max_nodes and req.nnodes > p.max_nodes) \
-                    or req.nnodes < p.min_nodes:
-                why = Pending("PartitionNodeLimit",
-                              detail=f"needs {req.nnodes} nodes; partition {pname} has {len(cy.part_nodes[pname])}")
-            else:
-                tls, cands = cy.eligible(spec, pname)
-                fit_all = [n for n in cands if _node_can_ever_fit(n, req)]
-                if spec.constraint and not any(constraint_matches(spec.constraint, n.features)
-                                               for n in cy.part_nodes[pname]):
-                    why = Pending("BadConstraints", detail=f"no node in {pname} has features {spec.constraint}")
-                elif spec.nodelist:
-                    down = [n.name for n in cands if not n.usable]
-                    missing = [n for n in spec.nodelist if n not in {c.name for c in cands}]
-                    if down or missing:
-                        why = Pending("ReqNodeNotAvail", text="ReqNodeNotAvail, UnavailableNodes:" +
-                                      compress(down + missing),
-                                      detail="required nodes " + compress(down + missing) + " are not available")
-                if why is None:
-                    usable_fit = [n for n in fit_all if n.usable]
-                    if len(usable_fit) < req.nnodes:
-                        if len(fit_all) >= req.nnodes:
-                            why = Pending("ReqNodeNotAvail", text=REQ_NODE_NOT_AVAIL_ALL,
-                                          detail=f"needs {req.nnodes} node(s) able to hold it; "
-                                                 f"{len(usable_fit)} of {len(fit_all)} are usable "
-                                                 f"(the rest are down or drained)")
-                        else:
-                            why = Pending("Resources", detail="no node in the partition is large enough")
-        if why is None:
-            usable_parts.append(pname)
-        elif first is None:
-            first = why
-    if not usable_parts:
-        return first
-    if job.hold == "admin":
-        return Pending("JobHeldAdmin", detail="held by an administrator")
-    if job.hold == "user":
+    """The reason a job cannot be considered this cycle, before capacity; None if it can.
+
+    Narrows ``parts`` to the partitions the job can use.
+    """
+    if len(parts) == 1:
+        why = _partition_reason(cy, job, parts[0])
+        if why is not None:
+            return why
+    else:
+        first: Pending | None = None
+        usable_parts = []
+        for pname in parts:
+            why = _partition_reason(cy, job, pname)
+            if why is None:
+                usable_parts.append(pname)
+            elif first is None:
+                first = why
+        if not usable_parts:
+            return first
+        parts[:] = usable_parts
+    if job.hold is not None:
+        if job.hold == "admin":
+            return Pending("JobHeldAdmin", detail="held by an administrator")
         return Pending("JobHeldUser", detail="held by its owner")
+    spec = job.spec
     if spec.dependency:
-        status = dependency_status(state, parse_dependency(spec.dependency), job.job_id, now)
+        status = dependency_status(cy.state, parse_dependency(spec.dependency), job.job_id, cy.now)
         if status == NEVER:
             return Pending("DependencyNeverSatisfied", detail=f"dependency {spec.dependency} can never be met")
         if status != OK:
             return Pending("Dependency", detail=f"waiting for {spec.dependency}")
-    if spec.begin and spec.begin > now:
-        return Pending("BeginTime", detail=f"not before {spec.begin} ({spec.begin - now}s from now)",
+    if spec.begin and spec.begin > cy.now:
+        return Pending("BeginTime", detail=f"not before {spec.begin} ({spec.begin - cy.now}s from now)",
                        start=spec.begin)
     if job.array_pending is not None and job.array_throttle:
-        running = sum(1 for t in state.array_tasks.get(job.job_id, ())
-                      if state.jobs[t].state == RUNNING)
+        state = cy.state
+        running = sum(1 for t in state.array_tasks.get(job.job_id, ()) if state.jobs[t].state == RUNNING)
         if running >= job.array_throttle:
             return Pending("JobArrayTaskLimit",
                            detail=f"{running} tasks running, array limit %{job.array_throttle}")
-    parts[:] = usable_parts
     return None
 
 
@@ -304,17 +338,20 @@ def schedule(state: State, now: int, policy: str | None = None, explain: bool = 
     jobs = state.jobs
     default_part = cfg.default_partition()
     ready: list[tuple[tuple[int, int, int, int], Job, list[str]]] = []
+    default_parts = [default_part.name] if default_part else []
+    pending_out, priorities = decision.pending, decision.priorities
+    all_parts, prio_ctx = cy.parts, cy.prio_ctx
     for jid in state.pending:
         job = jobs[jid]
-        parts = list(job.spec.partitions) or ([default_part.name] if default_part else [])
+        parts = list(job.spec.partitions) if job.spec.partitions else list(default_parts)
         why = _static_reason(cy, job, parts)
         if why is not None:
-            decision.pending[jid] = why
+            pending_out[jid] = why
             continue
-        tier = max(cy.parts[p].priority_tier for p in parts)
-        part0 = cy.parts[parts[0]]
-        prio = job_priority(job, now, part0, cy.request(job, parts[0]).total_cpus, cy.prio_ctx)
-        decision.priorities[jid] = prio
+        part0 = all_parts[parts[0]]
+        tier = part0.priority_tier if len(parts) == 1 else max(all_parts[p].priority_tier for p in parts)
+        prio = job_priority(job, now, part0, cy.request(job, parts[0]).total_cpus, prio_ctx)
+        priorities[jid] = prio
         ready.append(((-tier, -prio, job.submit_seq, jid), job, parts))
     ready.sort(key=lambda r: r[0])
     _walk(cy, decision, ready)
@@ -387,7 +424,7 @@ def _walk(cy: _Cycle, decision: Decision, ready: list) -> None:
                 if pol == "fifo":
                     blocked_parts.add(pname)
             pend = Pending("Resources", rank=rank, priority=prio)
-            if any(p in resources_given for p in parts):
+            if parts[0] in resources_given or (len(parts) > 1 and not resources_given.isdisjoint(parts)):
                 pend.reason = "Priority"
             else:
                 resources_given.update(parts)
