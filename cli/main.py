@@ -1,6 +1,7 @@
 """``rota``: the friendly command line (Slurm-named commands live beside it)."""
 from __future__ import annotations
 
+import os
 import sys
 from typing import Optional
 
@@ -16,6 +17,103 @@ def demo() -> None:
     from .demo import run_demo
 
     run_demo(typer.echo)
+
+
+@app.command()
+def simulate(
+    trace: str = typer.Argument(..., help="SWF file (.swf/.swf.gz) or Philly GPU trace (.csv/.csv.gz)"),
+    policy: str = typer.Option("conservative", help="fifo | easy | easy_strict | conservative"),
+    limit: Optional[int] = typer.Option(None, help="simulate only the first N jobs (after --start)"),
+    start: int = typer.Option(0, help="index of the first job to simulate"),
+    nodes: Optional[int] = typer.Option(None, help="GPU traces: number of 8-GPU nodes (default 80)"),
+    no_kill: bool = typer.Option(False, "--no-kill", help="do not kill jobs at their time limit"),
+    log: Optional[str] = typer.Option(None, help="write the simulated event log (JSON lines) here"),
+    plot: Optional[str] = typer.Option(None, "--plot", help="draw utilisation and queue length to FILE.png"),
+    as_json: bool = typer.Option(False, "--json", help="print the figures as JSON"),
+) -> None:
+    """Replay a workload trace through rota's scheduler on a simulated clock."""
+    import json as _json
+
+    from rota.core.schedule import POLICIES
+
+    from . import simulate as sim_mod
+
+    if policy not in POLICIES:
+        _fail(f"unknown policy {policy!r}: choose one of {', '.join(POLICIES)}")
+    try:
+        tr = sim_mod.load_trace(trace, nodes=nodes, policy=policy)
+        n = len(tr.jobs[start: start + limit if limit else None])
+        progress_cb, finish = _progress(n, as_json)
+        result, wall = sim_mod.simulate(tr, policy, start=start, limit=limit, kill_at_limit=not no_kill,
+                                        record_log=log is not None, sample_every=300 if plot else 0,
+                                        progress=progress_cb)
+        finish()
+        m = result.metrics()
+        m.update({"cycles": float(result.cycles), "wall_s": wall,
+                  "jobs_per_s": m.get("jobs", 0) / wall if wall else 0.0, "peak_rss_mib": sim_mod.peak_rss_mib()})
+        if log:
+            sim_mod.write_log(result, log)
+        if plot:
+            sim_mod.plot(result, plot, f"{tr.name}, {policy}")
+    except sim_mod.SimulateError as exc:
+        _fail(str(exc))
+    if as_json:
+        typer.echo(_json.dumps({"trace": tr.name, "policy": policy, **m}, indent=1))
+        return
+    typer.echo(f"trace {tr.name}: {int(m['jobs'])} jobs, policy {policy}")
+    typer.echo(f"  average wait             {m['avg_wait']:12.1f} s")
+    typer.echo(f"  average bounded slowdown {m['avg_bsld']:12.2f}   (tau = 10 s)")
+    typer.echo(f"  utilisation              {m['util']:12.3f}   " + (f"(GPU {m['gpu_util']:.3f})" if 'gpu_util' in m else ""))
+    typer.echo(f"  makespan                 {m['makespan']:12.0f} s")
+    typer.echo(f"  backfilled starts        {int(m['backfilled']):12d}")
+    typer.echo(f"  simulated                {m['jobs_per_s']:12.0f} jobs/s ({result.cycles} cycles, {wall:.1f} s, "
+               f"peak {m['peak_rss_mib']:.0f} MiB)")
+    if log:
+        typer.echo(f"  event log: {log} ({len(result.log)} events)")
+    if plot:
+        typer.echo(f"  plot: {plot}")
+
+
+@app.command()
+def validate(
+    traces: str = typer.Option(None, help="folder holding lublin_256.swf.gz and lublin_256_new2.swf.gz"),
+) -> None:
+    """Reproduce the published RLScheduler figures and print rota's beside them."""
+    from . import simulate as sim_mod
+
+    folder = traces or os.environ.get("ROTA_TRACES") or _default_traces()
+    try:
+        rows = sim_mod.validation_rows(folder)
+    except sim_mod.SimulateError as exc:
+        _fail(str(exc))
+    typer.echo(f"{'trace':<24} {'mode':<22} {'rota bsld':>10} {'published':>10} {'diff':>7} {'avg wait':>10} {'util':>6}")
+    for r in rows:
+        pub = f"{r['published_bsld']:.2f}" if r["published_bsld"] is not None else "-"
+        diff = f"{r['diff_pct']:+.1f}%" if r["diff_pct"] is not None else "-"
+        typer.echo(f"{r['trace']:<24} {r['mode']:<22} {r['rota_bsld']:>10.2f} {pub:>10} {diff:>7} "
+                   f"{r['avg_wait']:>10.0f} {r['util']:>6.3f}")
+
+
+def _default_traces() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.path.join(here, "..", "..", "shared", "traces")
+
+
+def _progress(total: int, quiet: bool):
+    """A rich progress bar for long runs (callback, finish)."""
+    if quiet or total < 2000 or not sys.stderr.isatty():
+        return None, lambda: None
+    from rich.progress import Progress
+
+    prog = Progress(transient=True)
+    task = prog.add_task("simulating", total=total)
+    prog.start()
+    return (lambda done, _t: prog.update(task, completed=done)), prog.stop
+
+
+def _fail(message: str, code: int = 1) -> None:
+    typer.echo(f"rota: error: {message}", err=True)
+    raise typer.Exit(code)
 
 
 @app.command()
