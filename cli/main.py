@@ -25,7 +25,7 @@ def simulate(
     policy: str = typer.Option("conservative", help="fifo | easy | easy_strict | conservative"),
     limit: Optional[int] = typer.Option(None, help="simulate only the first N jobs (after --start)"),
     start: int = typer.Option(0, help="index of the first job to simulate"),
-    nodes: Optional[int] = typer.Option(None, help="GPU traces: number of 8-GPU nodes (default 80)"),
+    nodes: Optional[int] = typer.Option(None, help="GPU traces: number of 8-GPU nodes (default 160)"),
     no_kill: bool = typer.Option(False, "--no-kill", help="do not kill jobs at their time limit"),
     log: Optional[str] = typer.Option(None, help="write the simulated event log (JSON lines) here"),
     plot: Optional[str] = typer.Option(None, "--plot", help="draw utilisation and queue length to FILE.png"),

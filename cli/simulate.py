@@ -52,7 +52,7 @@ def load_trace(path: str | os.PathLike, *, nodes: int | None = None, gpus_per_no
             if stem.endswith(".csv"):
                 jobs = read_philly(fh, gpus_per_node=gpus_per_node, source=name)
                 return LoadedTrace(name, "philly", jobs,
-                                   gpu_cluster(nodes or 80, gpus_per_node, params=params))
+                                   gpu_cluster(nodes or 160, gpus_per_node, params=params))
     except (TraceFormatError, UnicodeDecodeError, OSError, EOFError) as exc:
         raise SimulateError(f"cannot read trace {name}: {exc}") from None
     raise SimulateError(f"unknown trace format for {name}: expected .swf[.gz] or a Philly .csv[.gz]")

@@ -10,6 +10,7 @@ from typing import Callable
 
 from . import events as ev
 from .arrays import parse_array
+from .request import node_request
 from .state import (
     CANCELLED, NODE_FAIL, PENDING, RUNNING, TERMINAL_STATES, Job, Node, State, node_from_config,
 )
@@ -132,6 +133,12 @@ def _cluster_configured(state: State, env: ev.Envelope, e: ev.ClusterConfigured)
     state.nodes = new
     state.config = e.config
     state.config_seq = env.seq
+    state.refresh_partition_shapes()
+    shapes = state.part_shapes
+    for jid in state.pending:
+        job = state.jobs[jid]
+        shape = shapes.get(job.partition)
+        job.req = node_request(job.spec, shape) if shape is not None else None
 
 
 def _controller_started(state: State, env: ev.Envelope, e: ev.ControllerStarted) -> None:
@@ -150,6 +157,9 @@ def _job_submitted(state: State, env: ev.Envelope, e: ev.JobSubmitted) -> None:
     job = Job(job_id=e.job_id, spec=spec, submit_seq=env.seq, submit_time=env.ts,
               hold="user" if spec.hold else None, nice=spec.nice, time_limit=spec.time_limit,
               partition=partition, eligible_time=max(env.ts, spec.begin or 0))
+    shape = state.part_shapes.get(partition)
+    if shape is not None:
+        job.req = node_request(spec, shape)
     if spec.array:
         max_size = cfg.scheduler.max_array_size if cfg is not None else 1001
         arr = parse_array(spec.array, max_size)
@@ -250,7 +260,8 @@ def _jobs_started(state: State, env: ev.Envelope, e: ev.JobsStarted) -> None:
                           submit_time=master.submit_time, nice=master.nice,
                           priority_override=master.priority_override,
                           eligible_time=master.eligible_time, array_job_id=master.job_id,
-                          array_throttle=master.array_throttle)
+                          array_throttle=master.array_throttle, partition=master.partition,
+                          req=master.req)
                 jobs[jid] = job
             job.array_task_id = s.array_task_id
             state.array_tasks.setdefault(s.array_job_id, []).append(jid)

@@ -140,12 +140,16 @@ class ShapeSearch:
 
     def __init__(self, timelines: list[Timeline], c: int, m: int, g: int, gtype: str | None,
                  whole_c: bool, whole_m: bool, whole_g: bool, d: int, k: int, lower: int,
-                 tmax: int) -> None:
+                 tmax: int, seed: list[tuple] | None = None) -> None:
         self.c, self.m, self.g, self.gtype = c, m, g, gtype
         self.whole_c, self.whole_m, self.whole_g = whole_c, whole_m, whole_g
         self.d, self.k, self.tmax, self.lower = d, k, tmax, lower
         self.exhausted = False
         self.tls = timelines
+        if seed is not None:
+            # lower bounds shared by every duration of this request; made exact when they surface
+            self.heap = list(seed)
+            return
         heap = []
         for pos, tl in enumerate(timelines):
             c_, m_, g_ = self._req(tl)
@@ -156,6 +160,14 @@ class ShapeSearch:
                 heap.append(self._entry(tl, pos, t, c_, g_))
         heapify(heap)
         self.heap = heap
+
+    def seed(self) -> list[tuple]:
+        """A heap of per-node lower bounds valid for any duration, marked stale.
+
+        Their best-fit fields are below any real value, so at equal times they surface (and
+        are evaluated) before an evaluated entry is taken: best fit stays exact among them.
+        """
+        return sorted((e[0], -1, -1, -1, e[4], e[5], -1) for e in self.heap)
 
     def _req(self, tl: Timeline) -> tuple[int, int, int]:
         return (tl.cap_c if self.whole_c else self.c, tl.cap_m if self.whole_m else self.m,

@@ -7,10 +7,12 @@ how rota places multi-node jobs. ``whole_*`` flags mean "all of the node's CPUs 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .events import JobSpec, PartitionConfig
-from .state import Node
+
+if TYPE_CHECKING:
+    from .state import Node
 
 
 class NodeRequest(NamedTuple):
@@ -35,7 +37,7 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def default_mem_per_cpu(nodes: list[Node]) -> int:
+def default_mem_per_cpu(nodes: list["Node"]) -> int:
     """The memory a CPU brings when a job asks for none: the smallest MiB/CPU in the partition."""
     ratios = [n.memory // n.cpus for n in nodes if n.cpus > 0]
     return min(ratios) if ratios else 0
@@ -50,7 +52,7 @@ class PartitionShape:
     def_mem_per_cpu: int
 
 
-def partition_shape(nodes: list[Node]) -> PartitionShape:
+def partition_shape(nodes: list["Node"]) -> PartitionShape:
     return PartitionShape(max((n.cpus for n in nodes), default=1) or 1,
                           max((n.gpu_count for n in nodes), default=0), default_mem_per_cpu(nodes))
 

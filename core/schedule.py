@@ -99,6 +99,7 @@ class _Cycle:
         self._build_timelines()
         self.filters: dict[tuple, tuple[list[Timeline], list[Node]]] = {}
         self.searches: dict[tuple, ShapeSearch] = {}
+        self.seeds: dict[tuple, list[tuple]] = {}
         self.requests: dict[str, dict[int, NodeRequest]] = {}
         self.fit_counts: dict[tuple, tuple[int, int]] = {}
         self.verdicts: dict[tuple, tuple[str, str, str] | None] = {}
@@ -167,7 +168,9 @@ class _Cycle:
         return tls, nodes
 
     def request(self, job: Job, part: str) -> NodeRequest:
-        """The job's per-node request in ``part`` (computed once per cycle)."""
+        """The job's per-node request in ``part`` (kept by apply for its first partition)."""
+        if job.req is not None and part == job.partition:
+            return job.req
         cache = self.requests.get(part)
         if cache is None:
             cache = self.requests[part] = {}
@@ -178,14 +181,25 @@ class _Cycle:
         return req
 
     def search(self, job: Job, part: str, d: int, tmax: int) -> ShapeSearch:
+        """The earliest-start search for this job's exact shape (created on first use).
+
+        A new duration of a known request starts from the shared lower bounds of a
+        one-second job of that request, so only the nodes near the top are evaluated.
+        """
         req = self.request(job, part)
         spec = job.spec
-        key = (part, spec.constraint, spec.nodelist, spec.exclude, req, d, tmax)
+        base_key = (part, spec.constraint, spec.nodelist, spec.exclude, req)
+        key = (base_key, d, tmax)
         s = self.searches.get(key)
         if s is None:
             tls, _ = self.eligible(spec, part)
+            seed = self.seeds.get(base_key)
+            if seed is None:
+                base = ShapeSearch(tls, req.cpus, req.mem, req.gpus, req.gpu_type, req.whole_cpus,
+                                   req.whole_mem, req.whole_gpus, 1, req.nnodes, self.now, INF)
+                seed = self.seeds[base_key] = base.seed()
             s = ShapeSearch(tls, req.cpus, req.mem, req.gpus, req.gpu_type, req.whole_cpus,
-                            req.whole_mem, req.whole_gpus, d, req.nnodes, self.now, tmax)
+                            req.whole_mem, req.whole_gpus, d, req.nnodes, self.now, tmax, seed)
             self.searches[key] = s
         return s
 

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from .events import ClusterConfig, JobSpec, NodeAlloc, NodeConfig
+from .request import NodeRequest, PartitionShape, partition_shape
 
 PENDING = "PENDING"
 RUNNING = "RUNNING"
@@ -58,6 +59,7 @@ class Job:
     cancel_by: int | None = None            # uid that cancelled it
     backfilled: bool = False
     start_cycle: int = 0
+    req: NodeRequest | None = None          # per-node request in ``partition`` (kept by apply)
 
     @property
     def is_array_remainder(self) -> bool:
@@ -143,9 +145,18 @@ class State:
     pending: dict[int, None] = field(default_factory=dict)
     running: dict[int, None] = field(default_factory=dict)
     array_tasks: dict[int, list[int]] = field(default_factory=dict)
+    part_shapes: dict[str, PartitionShape] = field(default_factory=dict)
+
+    def refresh_partition_shapes(self) -> None:
+        """Recompute each partition's node shape (after a configuration change)."""
+        self.part_shapes = {}
+        if self.config is not None:
+            for p in self.config.partitions:
+                self.part_shapes[p.name] = partition_shape([self.nodes[n] for n in p.nodes if n in self.nodes])
 
     def rebuild_indexes(self) -> None:
         """Recompute the derived indexes from the primary facts."""
+        self.refresh_partition_shapes()
         self.pending = {}
         self.running = {}
         self.array_tasks = {}
