@@ -1,0 +1,32 @@
+"""Run every benchmark in bench/ and print one table: figure, target, whether met, how to reproduce.
+
+    python -m rota.bench.run_all [--quick] [--json FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+
+from . import core_bench, sim_bench
+from .common import Figure, print_table, write_json
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer runs and smaller sizes (a smoke run)")
+    ap.add_argument("--json", default=None, help="also write all figures as JSON")
+    args = ap.parse_args()
+    runs = 2 if args.quick else 5
+    figures: list[Figure] = []
+    figures += core_bench.run(runs, [10000] if args.quick else [10000, 50000],
+                              200_000 if args.quick else 1_000_000)
+    figures += sim_bench.run(2 if args.quick else 3, sim_bench.default_traces(), quick=args.quick)
+    print()
+    print_table(figures, f"rota benchmarks (medians of {runs} runs unless noted)")
+    if shutil.which("sbatch") is None:
+        print("  Slurm is not installed on this machine: no side-by-side Slurm figures in this run.")
+    write_json(figures, args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""The simulator and trace readers: known small workloads, the CLI, and the published protocol."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rota.core.sim import Simulator
+from rota.core.traces import TraceFormatError, read_philly, read_swf, swf_cluster
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+SWF = """; MaxProcs: 4
+; a tiny machine: job 2 waits for job 1, job 3 backfills beside it
+1 0 -1 100 4 -1 -1 4 100 -1 1 1 1 -1 1 -1 -1 -1
+2 10 -1 50 4 -1 -1 4 50 -1 1 2 1 -1 1 -1 -1 -1
+3 20 -1 30 2 -1 -1 2 300 -1 1 3 1 -1 1 -1 -1 -1
+4 30 -1 0 1 -1 -1 1 10 -1 1 3 1 -1 1 -1 -1 -1
+5 40 -1 -5 1 -1 -1 1 -1 -1 1 3 1 -1 1 -1 -1 -1
+"""
+
+
+def run(policy, text=SWF, **kw):
+    tr = read_swf(text.splitlines())
+    return Simulator(swf_cluster(tr.max_procs), policy, **kw).run(tr.jobs)
+
+
+def test_swf_reader_applies_the_protocol_rules():
+    tr = read_swf(SWF.splitlines())
+    assert tr.max_procs == 4
+    assert [j.trace_id for j in tr.jobs] == [1, 2, 3, 5]            # run time 0 dropped
+    assert tr.jobs[3].runtime == 10 and tr.jobs[3].spec.time_limit == 10   # -5 -> 10, estimate = run
+    assert tr.jobs[2].spec.ntasks == 2 and tr.jobs[2].spec.time_limit == 300
+
+
+def test_fifo_and_backfill_on_a_tiny_machine():
+    fifo = run("fifo").outcomes
+    starts = {o.trace_id: o.start for o in fifo.values()}
+    assert starts == {1: 0, 2: 100, 3: 150, 5: 150}
+    easy = run("easy").outcomes
+    starts = {o.trace_id: o.start for o in easy.values()}
+    # job 3 would run 300 s by its estimate: it cannot backfill before job 2 (reserved at 100)
+    assert starts[2] == 100 and starts[3] == 150
+    # job 5 (10 s) fits beside job 2? no: job 2 takes all 4 CPUs. it starts with job 3
+    assert starts[5] == 150
+
+
+def test_metrics_and_timeouts():
+    text = "; MaxProcs: 2\n1 0 -1 500 1 -1 -1 1 100 -1 1 1 1 -1 1 -1 -1 -1\n"
+    res = run("conservative", text)
+    (o,) = res.outcomes.values()
+    assert o.state == "TIMEOUT" and o.end - o.start == 100
+    m = res.metrics()
+    assert m["avg_wait"] == 0 and m["util"] == pytest.approx(100 / (100 * 2))
+    no_kill = run("conservative", text, kill_at_limit=False)
+    assert list(no_kill.outcomes.values())[0].end == 500
+
+
+def test_recorded_log_replays_to_the_same_state():
+    from rota.core.apply import fold
+
+    res = run("conservative")
+    assert fold(res.log) == res.state
+
+
+def test_bad_traces_get_a_clear_error():
+    with pytest.raises(TraceFormatError, match="trace:2: expected 18 SWF fields"):
+        read_swf(["; MaxProcs: 2", "1 2 3"])
+    with pytest.raises(TraceFormatError, match="expected columns"):
+        read_philly(["a,b\n", "1,2\n"])
+
+
+def test_philly_reader_spreads_big_jobs_over_8_gpu_nodes():
+    rows = ["job_id,user,num_gpu,submit_time,iterations,model_name,duration,interval,expect_time_list,"
+            "expect_value_list,best_effort,job_type\n",
+            "1,abc,16,5,1,m,100,1,[],[],0,x\n", "2,abc,1,3,1,m,50,1,[],[],0,x\n"]
+    jobs = read_philly(rows)
+    assert (jobs[0].spec.nodes, jobs[0].spec.gpus_per_node) == (2, 8)
+    assert (jobs[1].spec.nodes, jobs[1].spec.gpus_per_node, jobs[1].runtime) == (1, 1, 50)
+
+
+def test_cli_simulate_writes_log_and_plot(tmp_path):
+    trace = tmp_path / "tiny.swf"
+    trace.write_text(SWF)
+    log, png = tmp_path / "events.jsonl", tmp_path / "util.png"
+    out = subprocess.run([sys.executable, "-m", "rota.cli.main", "simulate", str(trace), "--policy", "easy",
+                          "--log", str(log), "--plot", str(png), "--json"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    figures = json.loads(out.stdout)
+    assert figures["jobs"] == 4 and figures["policy"] == "easy"
+    lines = log.read_bytes().splitlines()
+    assert json.loads(lines[0])["event"]["type"] == "cluster.configured"
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_simulate_rejects_bad_input(tmp_path):
+    bad = subprocess.run([sys.executable, "-m", "rota.cli.main", "simulate", str(tmp_path / "nope.swf")],
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
+    pol = subprocess.run([sys.executable, "-m", "rota.cli.main", "simulate", "x.swf", "--policy", "sjf"],
+                         capture_output=True, text=True)
+    assert pol.returncode == 1 and "unknown policy 'sjf'" in pol.stderr
+
+
+needs_traces = pytest.mark.skipif(not (TRACES / "lublin_256.swf.gz").exists(),
+                                  reason="shared/traces is not beside this checkout")
+
+
+@needs_traces
+def test_published_backfill_figure_is_reproduced_within_2_percent():
+    from rota.cli.simulate import load_trace, protocol_run
+
+    m = protocol_run(load_trace(TRACES / "lublin_256.swf.gz"), "easy_strict")
+    assert m["avg_bsld"] == pytest.approx(235.82, rel=0.02)
+    assert m["util"] == pytest.approx(0.868, abs=0.01)
+
+
+@pytest.mark.slow
+@needs_traces
+def test_published_fcfs_figure_is_reproduced():
+    from rota.cli.simulate import load_trace, protocol_run
+
+    m = protocol_run(load_trace(TRACES / "lublin_256.swf.gz"), "fifo")
+    assert m["avg_bsld"] == pytest.approx(7273.77, rel=0.001)
+    assert m["avg_wait"] == pytest.approx(258203, rel=0.001)
+
+
+@needs_traces
+@pytest.mark.parametrize("name", sorted(p.name for p in TRACES.glob("*.gz")) if TRACES.exists() else [])
+def test_simulate_runs_on_every_shared_trace(name):
+    out = subprocess.run([sys.executable, "-m", "rota.cli.main", "simulate", str(TRACES / name),
+                          "--limit", "400", "--json"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    m = json.loads(out.stdout)
+    assert m["jobs"] > 300 and 0 < m["util"] <= 1 and m["avg_bsld"] >= 1
