@@ -1,0 +1,458 @@
+"""Read a cluster configuration in ``slurm.conf`` syntax (plus ``gres.conf``), with diagnostics.
+
+Pure: it takes text and a file name. Every problem is reported with ``file:line``, what is
+wrong and how to fix it; :func:`parse_config` raises :class:`ConfigError` carrying all of them.
+"""
+from __future__ import annotations
+
+import difflib
+import shlex
+from dataclasses import dataclass, field
+
+from . import events as ev
+from .hostlist import HostlistError, expand
+from .timefmt import TimeSpecError, parse_time_limit
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnostic:
+    file: str
+    line: int
+    message: str
+    hint: str = ""
+    severity: str = "error"
+
+    def __str__(self) -> str:
+        hint = f" ({self.hint})" if self.hint else ""
+        return f"{self.file}:{self.line}: {self.severity}: {self.message}{hint}"
+
+
+class ConfigError(ValueError):
+    def __init__(self, diagnostics: list[Diagnostic]) -> None:
+        super().__init__("\n".join(str(d) for d in diagnostics))
+        self.diagnostics = diagnostics
+
+
+GLOBAL_KEYS = {
+    "clustername", "grestypes", "schedulertype", "schedulerparameters", "prioritytype",
+    "priorityweightage", "priorityweightfairshare", "priorityweightjobsize", "priorityweightpartition",
+    "priorityweightqos", "prioritymaxage", "priorityfavorsmall", "enforcepartlimits", "maxarraysize",
+    "minjobage",
+}
+# Slurm keys rota accepts and does not act on (so real slurm.conf files pass the check).
+IGNORED_KEYS = {
+    "slurmctldhost", "controlmachine", "authtype", "credtype", "mpidefault", "proctracktype",
+    "returntoservice", "slurmctldpidfile", "slurmctldport", "slurmdpidfile", "slurmdport",
+    "slurmdspooldir", "slurmuser", "statesavelocation", "switchtype", "taskplugin", "inactivelimit",
+    "killwait", "slurmctldtimeout", "slurmdtimeout", "waittime", "selecttype", "selecttypeparameters",
+    "accountingstoragetype", "accountingstorageenforce", "accountingstoragehost", "jobcomptype",
+    "jobacctgathertype", "jobacctgatherfrequency", "slurmctlddebug", "slurmctldlogfile", "slurmddebug",
+    "slurmdlogfile", "healthcheckprogram", "healthcheckinterval", "healthchecknodestate",
+    "prologflags", "prolog", "epilog", "maxjobcount", "firstjobid", "maxjobid", "authinfo",
+    "priorityflags", "prioritydecayhalflife", "prioritycalcperiod", "priorityusageresetperiod",
+    "defmempercpu", "defmempernode", "maxmempercpu", "overtimelimit", "messagetimeout", "include",
+    "cgroupplugin", "launchparameters", "slurmdparameters", "schedulertimeslice",
+}
+NODE_KEYS = {"nodename", "cpus", "realmemory", "gres", "feature", "features", "state", "weight",
+             "sockets", "corespersocket", "threadspercore", "boards", "nodeaddr", "nodehostname",
+             "tmpdisk", "port", "cpuspectlist", "memspeclimit", "reason"}
+PART_KEYS = {"partitionname", "nodes", "maxtime", "defaulttime", "prioritytier", "priorityjobfactor",
+             "state", "allowaccounts", "default", "maxnodes", "minnodes", "oversubscribe", "allowgroups",
+             "allowqos", "denyaccounts", "denyqos", "qos", "defmempergpu", "defmempercpu",
+             "maxmempernode", "maxcpuspernode", "exclusiveuser", "hidden", "rootonly", "graceTime".lower()}
+NODE_STATES = {"UNKNOWN", "IDLE", "DOWN", "DRAIN", "FAIL", "FUTURE", "CLOUD"}
+PART_STATES = {"UP", "DOWN", "DRAIN", "INACTIVE"}
+
+
+@dataclass
+class _Ctx:
+    file: str
+    diags: list[Diagnostic] = field(default_factory=list)
+
+    def err(self, line: int, message: str, hint: str = "") -> None:
+        self.diags.append(Diagnostic(self.file, line, message, hint))
+
+    def warn(self, line: int, message: str, hint: str = "") -> None:
+        self.diags.append(Diagnostic(self.file, line, message, hint, "warning"))
+
+
+def _lines(text: str):
+    """Logical lines (``\\`` continues a line) with their first physical line number."""
+    buf, start = "", 0
+    for no, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].rstrip()
+        if not buf:
+            start = no
+        if line.endswith("\\"):
+            buf += line[:-1] + " "
+            continue
+        buf += line
+        if buf.strip():
+            yield start, buf.strip()
+        buf = ""
+    if buf.strip():
+        yield start, buf.strip()
+
+
+def _pairs(ctx: _Ctx, lineno: int, line: str) -> list[tuple[str, str, str]]:
+    try:
+        tokens = shlex.split(line, posix=True)
+    except ValueError as exc:
+        ctx.err(lineno, f"cannot split the line: {exc}", "close the quote")
+        return []
+    out = []
+    for tok in tokens:
+        key, eq, value = tok.partition("=")
+        if not eq:
+            ctx.err(lineno, f"expected Key=Value, found {tok!r}", "write settings as Key=Value")
+            continue
+        out.append((key, key.lower(), value))
+    return out
+
+
+def _suggest(key: str, known: set[str]) -> str:
+    close = difflib.get_close_matches(key.lower(), sorted(known), n=1)
+    return f"did you mean {close[0]}?" if close else "see slurm.conf(5) for the keys rota reads"
+
+
+def _int(ctx: _Ctx, lineno: int, key: str, value: str, minimum: int = 0) -> int | None:
+    try:
+        v = int(value)
+    except ValueError:
+        ctx.err(lineno, f"{key}={value} is not a whole number", f"write {key} as an integer")
+        return None
+    if v < minimum:
+        ctx.err(lineno, f"{key}={value} must be at least {minimum}")
+        return None
+    return v
+
+
+def _time(ctx: _Ctx, lineno: int, key: str, value: str) -> int | None:
+    try:
+        return parse_time_limit(value)
+    except TimeSpecError:
+        ctx.err(lineno, f"{key}={value} is not a time", "use minutes, H:M:S, D-H:M:S or UNLIMITED")
+        return None
+
+
+def _gres(ctx: _Ctx, lineno: int, value: str, gres_types: set[str] | None) -> list[ev.GpuConfig]:
+    out: list[ev.GpuConfig] = []
+    if value.lower() in ("", "(null)", "none"):
+        return out
+    for item in value.split(","):
+        parts = item.split(":")
+        name = parts[0]
+        if gres_types is not None and name not in gres_types:
+            ctx.err(lineno, f"Gres={item}: gres type {name!r} is not listed in GresTypes",
+                    f"add GresTypes={name} (rota schedules gpu)")
+            continue
+        if name != "gpu":
+            continue
+        count_s = parts[-1].split("(")[0] if len(parts) > 1 else "1"
+        gtype = parts[1] if len(parts) == 3 else ""
+        if len(parts) == 2 and not count_s.isdigit():
+            gtype, count_s = parts[1], "1"
+        if not count_s.isdigit() or len(parts) > 3:
+            ctx.err(lineno, f"Gres={item} is not gpu[:type]:count", "for example Gres=gpu:a100:4")
+            continue
+        out.append(ev.GpuConfig(type=gtype, count=int(count_s)))
+    return out
+
+
+def parse_config(text: str, file: str = "slurm.conf", gres_text: str | None = None,
+                 gres_file: str = "gres.conf") -> ev.ClusterConfig:
+    """Parse slurm.conf text into a :class:`ClusterConfig`; raise :class:`ConfigError` on errors."""
+    cfg, diags = check_config(text, file, gres_text, gres_file)
+    errors = [d for d in diags if d.severity == "error"]
+    if errors or cfg is None:
+        raise ConfigError(errors or diags)
+    return cfg
+
+
+def check_config(text: str, file: str = "slurm.conf", gres_text: str | None = None,
+                 gres_file: str = "gres.conf") -> tuple[ev.ClusterConfig | None, list[Diagnostic]]:
+    """Parse and diagnose: the config (None when it has errors) and every diagnostic."""
+    ctx = _Ctx(file)
+    global_vals: dict[str, tuple[int, str]] = {}
+    node_lines: list[tuple[int, list[tuple[str, str, str]]]] = []
+    part_lines: list[tuple[int, list[tuple[str, str, str]]]] = []
+    for lineno, line in _lines(text):
+        pairs = _pairs(ctx, lineno, line)
+        if not pairs:
+            continue
+        first = pairs[0][1]
+        if first == "nodename":
+            node_lines.append((lineno, pairs))
+        elif first == "partitionname":
+            part_lines.append((lineno, pairs))
+        else:
+            for key, low, value in pairs:
+                if low in GLOBAL_KEYS:
+                    global_vals[low] = (lineno, value)
+                elif low not in IGNORED_KEYS and low not in ("nodename", "partitionname"):
+                    ctx.err(lineno, f"unknown key {key!r}", _suggest(key, GLOBAL_KEYS | IGNORED_KEYS))
+    gres_types = None
+    if "grestypes" in global_vals:
+        gres_types = {g.strip() for g in global_vals["grestypes"][1].split(",") if g.strip()}
+    declared: dict[str, None] = {}   # ordered: config order is replay order
+    nodes = _parse_nodes(ctx, node_lines, gres_types, declared)
+    parts = _parse_partitions(ctx, part_lines, nodes, declared)
+    sched, prio, cluster_name = _parse_globals(ctx, global_vals)
+    if gres_text is not None:
+        nodes = _apply_gres_conf(ctx, gres_text, gres_file, nodes)
+    if not node_lines:
+        ctx.err(1, "no nodes are defined", "add a NodeName=... line")
+    if not part_lines and node_lines:
+        ctx.err(1, "no partitions are defined", "add a PartitionName=... Nodes=... Default=YES line")
+    if any(d.severity == "error" for d in ctx.diags):
+        return None, ctx.diags
+    try:
+        cfg = ev.ClusterConfig(cluster_name=cluster_name, nodes=tuple(nodes.values()),
+                               partitions=tuple(parts), scheduler=sched, priority=prio,
+                               gres_types=tuple(sorted(gres_types)) if gres_types else ("gpu",))
+    except ValueError as exc:   # pydantic validation: should not happen after the checks above
+        ctx.err(1, f"invalid configuration: {exc}")
+        return None, ctx.diags
+    return cfg, ctx.diags
+
+
+def _parse_nodes(ctx: _Ctx, lines, gres_types, declared: dict[str, None]) -> dict[str, ev.NodeConfig]:
+    """Node definitions; ``declared`` collects every name a line named, valid or not."""
+    nodes: dict[str, ev.NodeConfig] = {}
+    where: dict[str, int] = {}
+    defaults: dict[str, tuple[str, str]] = {}
+    for lineno, pairs in lines:
+        name_expr = pairs[0][2]
+        vals = dict(defaults)
+        for key, low, value in pairs[1:]:
+            if low not in NODE_KEYS:
+                ctx.err(lineno, f"unknown node key {key!r}", _suggest(key, NODE_KEYS))
+                continue
+            vals[low] = (key, value)
+        if name_expr.upper() == "DEFAULT":
+            defaults = vals
+            continue
+        try:
+            names = expand(name_expr)
+        except HostlistError as exc:
+            ctx.err(lineno, f"bad hostlist NodeName={name_expr}: {exc}", "write ranges like gpu[01-16]")
+            continue
+        declared.update(dict.fromkeys(names))
+        cpus = None
+        if "cpus" in vals:
+            cpus = _int(ctx, lineno, "CPUs", vals["cpus"][1], 1)
+        else:
+            s = _int(ctx, lineno, "Sockets", vals.get("sockets", ("", "1"))[1], 1)
+            c = _int(ctx, lineno, "CoresPerSocket", vals.get("corespersocket", ("", "1"))[1], 1)
+            t = _int(ctx, lineno, "ThreadsPerCore", vals.get("threadspercore", ("", "1"))[1], 1)
+            cpus = s * c * t if None not in (s, c, t) else None  # type: ignore[operator]
+        mem = _int(ctx, lineno, "RealMemory", vals.get("realmemory", ("", "1"))[1], 1)
+        weight = _int(ctx, lineno, "Weight", vals.get("weight", ("", "1"))[1], 0)
+        gpus = _gres(ctx, lineno, vals.get("gres", ("", ""))[1], gres_types)
+        feats = tuple(f for f in vals.get("features", vals.get("feature", ("", "")))[1].split(",") if f)
+        state = vals.get("state", ("", "UNKNOWN"))[1].upper()
+        if state not in NODE_STATES:
+            ctx.err(lineno, f"State={state} is not a node state", "use UNKNOWN, IDLE, DOWN, DRAIN or FUTURE")
+            continue
+        if cpus is None or mem is None or weight is None:
+            continue
+        for n in names:
+            if n in nodes:
+                ctx.err(lineno, f"node {n} is defined twice (first on line {where[n]})",
+                        "define each node once")
+                continue
+            nodes[n] = ev.NodeConfig(name=n, cpus=cpus, memory=mem, gpus=tuple(gpus), features=feats,
+                                     weight=weight, state=state)
+            where[n] = lineno
+    return nodes
+
+
+def _yes(value: str) -> bool:
+    return value.strip().upper() in ("YES", "TRUE", "1")
+
+
+def _parse_partitions(ctx: _Ctx, lines, nodes: dict[str, ev.NodeConfig],
+                      declared: dict[str, None]) -> list[ev.PartitionConfig]:
+    parts: list[ev.PartitionConfig] = []
+    seen: dict[str, int] = {}
+    default_line = 0
+    for lineno, pairs in lines:
+        name = pairs[0][2]
+        vals: dict[str, tuple[str, str]] = {}
+        for key, low, value in pairs[1:]:
+            if low not in PART_KEYS:
+                ctx.err(lineno, f"unknown partition key {key!r}", _suggest(key, PART_KEYS))
+                continue
+            vals[low] = (key, value)
+        if name in seen:
+            ctx.err(lineno, f"partition {name} is defined twice (first on line {seen[name]})")
+            continue
+        seen[name] = lineno
+        expr = vals.get("nodes", ("", ""))[1]
+        if not expr:
+            ctx.err(lineno, f"partition {name} has no Nodes=", "list its nodes, e.g. Nodes=gpu[01-04] or ALL")
+            continue
+        if expr.upper() == "ALL":
+            members = list(declared)
+        else:
+            try:
+                members = expand(expr)
+            except HostlistError as exc:
+                ctx.err(lineno, f"bad hostlist Nodes={expr}: {exc}", "write ranges like gpu[01-16]")
+                continue
+            unknown = [n for n in members if n not in declared]
+            if unknown:
+                ctx.err(lineno, f"partition {name} names unknown node(s) {', '.join(unknown[:5])}",
+                        "define them with NodeName= or fix the hostlist")
+                continue
+        max_time = _time(ctx, lineno, "MaxTime", vals["maxtime"][1]) if "maxtime" in vals else 0
+        default_time = _time(ctx, lineno, "DefaultTime", vals["defaulttime"][1]) if "defaulttime" in vals else None
+        tier = _int(ctx, lineno, "PriorityTier", vals.get("prioritytier", ("", "1"))[1], 0)
+        pjf = _int(ctx, lineno, "PriorityJobFactor", vals.get("priorityjobfactor", ("", "1"))[1], 0)
+        max_nodes = vals.get("maxnodes", ("", "0"))[1]
+        max_nodes_i = 0 if max_nodes.upper() == "UNLIMITED" else _int(ctx, lineno, "MaxNodes", max_nodes, 0)
+        min_nodes = _int(ctx, lineno, "MinNodes", vals.get("minnodes", ("", "1"))[1], 0)
+        state = vals.get("state", ("", "UP"))[1].upper()
+        if state not in PART_STATES:
+            ctx.err(lineno, f"State={state} is not a partition state", "use UP, DOWN, DRAIN or INACTIVE")
+            continue
+        if None in (max_time, tier, pjf, max_nodes_i, min_nodes) or ("defaulttime" in vals and default_time is None):
+            continue
+        if max_time and default_time and default_time > max_time:
+            ctx.err(lineno, f"DefaultTime of partition {name} exceeds its MaxTime",
+                    "lower DefaultTime or raise MaxTime")
+            continue
+        is_default = _yes(vals.get("default", ("", "NO"))[1])
+        if is_default and default_line:
+            ctx.err(lineno, f"partition {name} is Default=YES but so is the one on line {default_line}",
+                    "keep one default partition")
+            continue
+        if is_default:
+            default_line = lineno
+        accounts = tuple(a for a in vals.get("allowaccounts", ("", "ALL"))[1].split(",") if a)
+        parts.append(ev.PartitionConfig(
+            name=name, nodes=tuple(members), max_time=max_time or 0, default_time=default_time,
+            priority_tier=tier or 0, priority_job_factor=pjf or 0, state=state,  # type: ignore[arg-type]
+            allow_accounts=accounts or ("ALL",), default=is_default, max_nodes=max_nodes_i or 0,
+            min_nodes=min_nodes if min_nodes is not None else 1))
+    return parts
+
+
+def _parse_globals(ctx: _Ctx, vals: dict[str, tuple[int, str]]):
+    sched: dict = {}
+    prio: dict = {}
+    stype = vals.get("schedulertype")
+    if stype:
+        lineno, value = stype
+        mapping = {"sched/backfill": "conservative", "sched/builtin": "fifo"}
+        if value not in mapping:
+            ctx.err(lineno, f"SchedulerType={value} is not supported", "use sched/backfill or sched/builtin")
+        else:
+            sched["policy"] = mapping[value]
+    if "schedulerparameters" in vals:
+        lineno, value = vals["schedulerparameters"]
+        for item in value.split(","):
+            key, eq, v = item.partition("=")
+            key = key.strip().lower()
+            if key == "bf_window" and eq:
+                n = _int(ctx, lineno, "bf_window", v, 1)
+                if n is not None:
+                    sched["bf_window"] = n * 60
+            elif key == "bf_resolution" and eq:
+                n = _int(ctx, lineno, "bf_resolution", v, 1)
+                if n is not None:
+                    sched["bf_resolution"] = n
+            elif key == "bf_max_job_test" and eq:
+                n = _int(ctx, lineno, "bf_max_job_test", v, 0)
+                if n is not None:
+                    sched["bf_max_job_test"] = n
+            elif key == "rota_policy" and eq:
+                if v not in ("fifo", "easy", "easy_strict", "conservative"):
+                    ctx.err(lineno, f"rota_policy={v} is not a policy", "use fifo, easy or conservative")
+                else:
+                    sched["policy"] = v
+            # other Slurm scheduler parameters are accepted and ignored
+    for key, field_name in (("priorityweightage", "age"), ("priorityweightfairshare", "fairshare"),
+                            ("priorityweightjobsize", "job_size"), ("priorityweightpartition", "partition"),
+                            ("priorityweightqos", "qos")):
+        if key in vals:
+            lineno, value = vals[key]
+            n = _int(ctx, lineno, key, value, 0)
+            if n is not None:
+                prio[field_name] = n
+    if "prioritymaxage" in vals:
+        lineno, value = vals["prioritymaxage"]
+        t = _time(ctx, lineno, "PriorityMaxAge", value)
+        if t:
+            prio["max_age"] = t
+    if "priorityfavorsmall" in vals:
+        prio["favor_small"] = _yes(vals["priorityfavorsmall"][1])
+    if "enforcepartlimits" in vals:
+        lineno, value = vals["enforcepartlimits"]
+        v = value.upper()
+        if v in ("YES",):
+            v = "ALL"
+        if v not in ("NO", "ANY", "ALL"):
+            ctx.err(lineno, f"EnforcePartLimits={value} is not valid", "use NO, ANY or ALL")
+        else:
+            sched["enforce_part_limits"] = v
+    for key, name, lo in (("maxarraysize", "max_array_size", 1), ("minjobage", "min_job_age", 0)):
+        if key in vals:
+            lineno, value = vals[key]
+            n = _int(ctx, lineno, key, value, lo)
+            if n is not None:
+                sched[name] = n
+    cluster = vals.get("clustername", (0, "rota"))[1]
+    return ev.SchedulerParams(**sched), ev.PriorityWeights(**prio), cluster
+
+
+def _apply_gres_conf(ctx: _Ctx, text: str, file: str, nodes: dict[str, ev.NodeConfig]) -> dict[str, ev.NodeConfig]:
+    """Check gres.conf against the nodes' Gres counts (File= device ranges, Count=, AutoDetect)."""
+    gctx = _Ctx(file)
+    counts: dict[str, dict[str, int]] = {}
+    for lineno, line in _lines(text):
+        pairs = _pairs(gctx, lineno, line)
+        vals = {low: value for _k, low, value in pairs}
+        if "autodetect" in vals and len(vals) == 1:
+            if vals["autodetect"].lower() not in ("nvml", "nvidia", "rsmi", "oneapi", "nrt", "full", "off"):
+                gctx.err(lineno, f"AutoDetect={vals['autodetect']} is not known", "use nvml or off")
+            continue
+        if vals.get("name") != "gpu":
+            if "name" not in vals:
+                gctx.err(lineno, "gres.conf line without Name=", "start lines with Name=gpu")
+            continue
+        try:
+            targets = expand(vals["nodename"]) if "nodename" in vals else list(nodes)
+        except HostlistError as exc:
+            gctx.err(lineno, f"bad hostlist NodeName={vals['nodename']}: {exc}")
+            continue
+        if "file" in vals:
+            try:
+                n = len(expand(vals["file"]))
+            except HostlistError as exc:
+                gctx.err(lineno, f"bad File={vals['file']}: {exc}", "write File=/dev/nvidia[0-3]")
+                continue
+        else:
+            n = int(vals.get("count", "1")) if vals.get("count", "1").isdigit() else 1
+        for t in targets:
+            if t not in nodes:
+                gctx.err(lineno, f"gres.conf names unknown node {t}")
+                continue
+            by_type = counts.setdefault(t, {})
+            by_type[vals.get("type", "")] = by_type.get(vals.get("type", ""), 0) + n
+    for name, by_type in counts.items():
+        configured = {g.type: g.count for g in nodes[name].gpus}
+        if sum(by_type.values()) != sum(configured.values()):
+            gctx.err(1, f"node {name}: gres.conf lists {sum(by_type.values())} GPUs but slurm.conf "
+                        f"Gres says {sum(configured.values())}", "make the counts match")
+    ctx.diags.extend(gctx.diags)
+    return nodes
+
+
+def auto_config(hostname: str, cpus: int, memory_mib: int, gpus: list[tuple[str, int]] | None = None,
+                max_time: int = 0) -> ev.ClusterConfig:
+    """A one-node cluster describing this machine (used when ``rota up`` has no --config)."""
+    gcfg = tuple(ev.GpuConfig(type=t, count=n) for t, n in (gpus or []) if n)
+    node = ev.NodeConfig(name=hostname, cpus=cpus, memory=memory_mib, gpus=gcfg)
+    part = ev.PartitionConfig(name="main", nodes=(hostname,), max_time=max_time, default=True)
+    return ev.ClusterConfig(cluster_name="rota", nodes=(node,), partitions=(part,))
