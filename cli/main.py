@@ -116,6 +116,36 @@ def _fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
+config_app = typer.Typer(help="Cluster configuration (slurm.conf syntax).", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+
+@config_app.command("check")
+def config_check(
+    file: str = typer.Argument(..., help="slurm.conf-syntax file"),
+    gres: Optional[str] = typer.Option(None, "--gres", help="gres.conf to check beside it"),
+) -> None:
+    """Diagnose a configuration: every problem with file:line, what is wrong and how to fix it."""
+    from rota.core.slurmconf import check_config
+
+    try:
+        text = open(file).read()
+        gres_text = open(gres).read() if gres else None
+    except OSError as exc:
+        _fail(f"cannot read {exc.filename}: {exc.strerror}")
+    cfg, diags = check_config(text, file, gres_text, gres or "gres.conf")
+    for d in diags:
+        typer.echo(str(d), err=True)
+    if cfg is None:
+        errors = sum(1 for d in diags if d.severity == "error")
+        typer.echo(f"{file}: {errors} error(s); the configuration was not accepted", err=True)
+        raise typer.Exit(1)
+    gpus = sum(n.gpu_count for n in cfg.nodes)
+    typer.echo(f"{file}: OK: {len(cfg.nodes)} nodes, {sum(n.cpus for n in cfg.nodes)} CPUs, {gpus} GPUs, "
+               f"{len(cfg.partitions)} partitions ({', '.join(p.name for p in cfg.partitions)}), "
+               f"policy {cfg.scheduler.policy}")
+
+
 @app.command()
 def version() -> None:
     """Print rota's version."""

@@ -205,15 +205,19 @@ def check_config(text: str, file: str = "slurm.conf", gres_text: str | None = No
     if not part_lines and node_lines:
         ctx.err(1, "no partitions are defined", "add a PartitionName=... Nodes=... Default=YES line")
     if any(d.severity == "error" for d in ctx.diags):
-        return None, ctx.diags
+        return None, _ordered(ctx.diags)
     try:
         cfg = ev.ClusterConfig(cluster_name=cluster_name, nodes=tuple(nodes.values()),
                                partitions=tuple(parts), scheduler=sched, priority=prio,
                                gres_types=tuple(sorted(gres_types)) if gres_types else ("gpu",))
     except ValueError as exc:   # pydantic validation: should not happen after the checks above
         ctx.err(1, f"invalid configuration: {exc}")
-        return None, ctx.diags
-    return cfg, ctx.diags
+        return None, _ordered(ctx.diags)
+    return cfg, _ordered(ctx.diags)
+
+
+def _ordered(diags: list[Diagnostic]) -> list[Diagnostic]:
+    return sorted(diags, key=lambda d: (d.file, d.line))
 
 
 def _parse_nodes(ctx: _Ctx, lines, gres_types, declared: dict[str, None]) -> dict[str, ev.NodeConfig]:
