@@ -1,0 +1,1 @@
+"""rota.controller: the shell around the core: the event log, the NATS server, the controller."""

