@@ -20,14 +20,7 @@ SYSTEM = "rota"
 
 def apply(state: State, env: ev.Envelope) -> State:
     """Apply one envelope to ``state`` and return it."""
-    event = env.event
-    handler = _HANDLERS.get(type(event))
-    if handler is not None:
-        handler(state, env, event)
-    state.seq = env.seq
-    if env.ts > state.now:
-        state.now = env.ts
-    return state
+    return fold((env,), state)
 
 
 def fold(envelopes, state: State | None = None) -> State:

@@ -157,19 +157,20 @@ def _node(state: State, name: str):
     return node
 
 
-def drain(state: State, node: str, reason: str, by: str) -> ev.NodeDrained:
+def _node_with_reason(state: State, node: str, reason: str) -> None:
     _node(state, node)
     if not reason.strip():
         raise Rejected("You must specify a reason when DOWNING or DRAINING a node. Request denied",
                        code="reason")
+
+
+def drain(state: State, node: str, reason: str, by: str) -> ev.NodeDrained:
+    _node_with_reason(state, node, reason)
     return ev.NodeDrained(node=node, reason=reason, by=by)
 
 
 def down(state: State, node: str, reason: str, by: str) -> ev.NodeDown:
-    _node(state, node)
-    if not reason.strip():
-        raise Rejected("You must specify a reason when DOWNING or DRAINING a node. Request denied",
-                       code="reason")
+    _node_with_reason(state, node, reason)
     return ev.NodeDown(node=node, reason=reason, by=by)
 
 

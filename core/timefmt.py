@@ -55,12 +55,16 @@ def parse_time_limit(text: str) -> int:
     return (total + 59) // 60 * 60
 
 
-def format_duration(seconds: int) -> str:
-    """sacct/scontrol style: ``HH:MM:SS`` or ``D-HH:MM:SS``."""
-    seconds = max(0, int(seconds))
-    days, rem = divmod(seconds, 86400)
+def _split(seconds: int) -> tuple[int, int, int, int]:
+    days, rem = divmod(max(0, int(seconds)), 86400)
     h, rem = divmod(rem, 3600)
     m, s = divmod(rem, 60)
+    return days, h, m, s
+
+
+def format_duration(seconds: int) -> str:
+    """sacct/scontrol style: ``HH:MM:SS`` or ``D-HH:MM:SS``."""
+    days, h, m, s = _split(seconds)
     if days:
         return f"{days}-{h:02d}:{m:02d}:{s:02d}"
     return f"{h:02d}:{m:02d}:{s:02d}"
@@ -68,10 +72,7 @@ def format_duration(seconds: int) -> str:
 
 def format_squeue_time(seconds: int) -> str:
     """squeue %M/%l style: ``M:SS``, ``H:MM:SS`` or ``D-HH:MM:SS``."""
-    seconds = max(0, int(seconds))
-    days, rem = divmod(seconds, 86400)
-    h, rem = divmod(rem, 3600)
-    m, s = divmod(rem, 60)
+    days, h, m, s = _split(seconds)
     if days:
         return f"{days}-{h:02d}:{m:02d}:{s:02d}"
     if h:
