@@ -1,0 +1,108 @@
+"""The controller against a real nats-server: submit -> cycle -> start on the log; restart; fencing."""
+import pytest
+
+from rota.controller import natsserver
+from rota.controller.eventlog import FencedError, JetStreamLog, MemoryLog
+from rota.controller.service import Controller
+from rota.core import events as ev
+from rota.core.apply import fold
+from rota.core.testing import make_cluster
+
+CFG = make_cluster(nodes=2, gpus=4)
+
+
+class Clock:
+    def __init__(self, t=1_800_000_000):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.fixture
+async def js(tmp_path):
+    srv = natsserver.start(tmp_path / "nats")
+    logs = []
+
+    async def connect():
+        lg = await JetStreamLog.connect(srv.url)
+        logs.append(lg)
+        return lg
+
+    yield connect
+    for lg in logs:
+        await lg.close()
+    srv.stop()
+
+
+def spec(**kw):
+    kw.setdefault("user", "alice")
+    kw.setdefault("time_limit", 600)
+    return ev.JobSpec(**kw).model_dump(mode="json")
+
+
+async def test_submit_cycle_start_is_on_the_log_and_restart_gives_the_same_state(js):
+    log1 = await js()
+    c = Controller(log1, config=CFG, clock=Clock())
+    await c.start()
+    r = await c.handle("submit", {"rid": "r1", "spec": spec(name="train", gpus_per_node=2)})
+    assert r == {"ok": True, "job_id": 1}
+    started = await c.cycle()
+    assert started is not None and started.starts[0].job_id == 1
+    entries = [e async for e in log1.read(1)]
+    assert [e.event.type for e in entries] == ["cluster.configured", "controller.started",
+                                               "job.submitted", "jobs.started"]
+    assert fold(entries) == c.state
+    c2 = Controller(await js(), clock=Clock())
+    await c2.load()
+    assert c2.state == c.state
+
+
+async def test_a_retried_request_is_applied_once(js):
+    c = Controller(await js(), config=CFG, clock=Clock())
+    await c.start()
+    a = await c.handle("submit", {"rid": "same", "spec": spec()})
+    c._results.clear()   # as if the controller had restarted between the two tries
+    b = await c.handle("submit", {"rid": "same", "spec": spec()})
+    assert a == b == {"ok": True, "job_id": 1}
+    assert len(c.state.jobs) == 1
+
+
+async def test_rejections_carry_slurms_message():
+    c = Controller(MemoryLog(), config=CFG, clock=Clock())
+    await c.start()
+    r = await c.handle("submit", {"spec": spec(gpus_per_node=9)})
+    assert r["ok"] is False and r["error"] == ["Requested node configuration is not available"]
+    r = await c.handle("drain", {"node": "gpu01", "reason": ""})
+    assert r["error"] == ["You must specify a reason when DOWNING or DRAINING a node. Request denied"]
+    r = await c.handle("submit", {"spec": {"user": "a", "gpus_per_node": "many"}})
+    assert r["code"] == "bad_request"
+
+
+async def test_two_controllers_exactly_one_writes(js):
+    a = Controller(await js(), config=CFG, clock=Clock(), name="a")
+    await a.start()
+    b = Controller(await js(), config=CFG, clock=Clock(), name="b")
+    await b.load()
+    b.leader = True
+    await a.handle("submit", {"spec": spec(name="from-a")})
+    with pytest.raises(FencedError):
+        await b.append(ev.JobSubmitted(job_id=99, spec=ev.JobSpec(user="b")), "b")
+    assert b.leader is False
+    r = await b.handle("submit", {"spec": spec(name="from-b")})
+    assert r["code"] in ("not_leader",)
+    assert [j.spec.name for j in a.state.jobs.values()] == ["from-a"]
+
+
+async def test_snapshot_plus_tail_equals_full_replay(js):
+    c = Controller(await js(), config=CFG, clock=Clock(), snapshot_every=3)
+    await c.start()
+    for i in range(5):
+        await c.handle("submit", {"spec": spec(name=f"j{i}", gpus_per_node=1)})
+        await c.cycle()
+        if i == 2:
+            assert await c.maybe_snapshot(force=True)
+    await c.handle("drain", {"node": "gpu02", "reason": "fan"})
+    c2 = Controller(await js(), clock=Clock())
+    await c2.load()
+    assert c2._last_snapshot_seq > 0 and c2.state == c.state
