@@ -12,6 +12,20 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 
 @app.command()
+def up(
+    state_dir: Optional[str] = typer.Option(None, help="where the log and state live (default $ROTA_STATE_DIR or ~/.local/share/rota)"),
+    config: Optional[str] = typer.Option(None, help="slurm.conf-syntax cluster config (default: this machine as one node)"),
+    nats: Optional[str] = typer.Option(None, help="use these NATS servers (URL[,URL...]) instead of an embedded one"),
+    nats_port: Optional[int] = typer.Option(None, help="port of the embedded nats-server (default: a free one)"),
+    fake_gpus: Optional[str] = typer.Option(None, help="TYPE:N fake GPUs for a machine without any"),
+) -> None:
+    """Run the controller (and an embedded nats-server) in the foreground until Ctrl-C."""
+    from rota.controller.up import main as up_main
+
+    raise typer.Exit(up_main(state_dir, config, nats, nats_port, fake_gpus, typer.echo))
+
+
+@app.command()
 def demo() -> None:
     """Run a short simulated scheduling demo through rota's core (no daemons needed)."""
     from .demo import run_demo

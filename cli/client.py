@@ -1,0 +1,60 @@
+"""Finding the running cluster and sending it one request (used by every command)."""
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+
+class NoCluster(Exception):
+    """No running rota could be found or reached."""
+
+
+def cluster_url(explicit: str | None = None) -> str:
+    """``--nats``, else ``ROTA_NATS_URL``, else the state directory of a running ``rota up``."""
+    if explicit:
+        return explicit
+    env = os.environ.get("ROTA_NATS_URL")
+    if env:
+        return env
+    from rota.controller.up import default_state_dir
+
+    info = default_state_dir() / "cluster.json"
+    try:
+        data = json.loads(info.read_text())
+    except (OSError, ValueError):
+        raise NoCluster(f"no running rota found (no {info}); start one with `rota up`, "
+                        "or point at one with --nats URL or ROTA_NATS_URL") from None
+    return data["nats"]
+
+
+def request(verb: str, body: dict, url: str | None = None, timeout: float = 10.0, retries: int = 3) -> dict:
+    """Send one API request (retried on timeout with the same request id) and return the reply."""
+    import asyncio
+
+    body = dict(body)
+    body.setdefault("rid", uuid.uuid4().hex)
+    target = cluster_url(url)
+
+    async def go() -> dict:
+        import nats
+        from nats.errors import NoServersError, TimeoutError as NatsTimeout
+
+        try:
+            nc = await nats.connect(target.split(","), connect_timeout=2, max_reconnect_attempts=0)
+        except (NoServersError, OSError) as exc:
+            raise NoCluster(f"cannot reach rota at {target}: {exc}; is `rota up` running?") from None
+        try:
+            for attempt in range(retries):
+                try:
+                    msg = await nc.request(f"rota.api.{verb}", json.dumps(body).encode(), timeout=timeout)
+                    return json.loads(msg.data)
+                except NatsTimeout:
+                    if attempt == retries - 1:
+                        raise NoCluster(f"rota at {target} did not answer within {timeout:.0f} s") from None
+            raise AssertionError("unreachable")
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
