@@ -1,0 +1,152 @@
+"""End to end through real processes: `rota up`, sbatch, squeue; kill -9 during a submit burst."""
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rota.controller import natsserver
+from rota.controller.eventlog import JetStreamLog
+from rota.core.apply import fold
+
+BIN = Path(sys.executable).parent
+CONF = """GresTypes=gpu
+NodeName=gpu[01-04] CPUs=64 RealMemory=257000 Gres=gpu:a100:8
+PartitionName=short Nodes=gpu[01-04] Default=YES MaxTime=1:00:00
+"""
+
+
+def wait_for(path: Path, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def up(tmp_path):
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(CONF)
+    env = dict(os.environ, ROTA_STATE_DIR=str(tmp_path / "state"))
+    proc = subprocess.Popen([str(BIN / "rota"), "up", "--config", str(conf)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for(tmp_path / "state" / "cluster.json")
+    yield env
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=20)
+    assert "rota up: stopped" in out
+
+
+def run(env, *cmd):
+    return subprocess.run([str(BIN / cmd[0]), *cmd[1:]], env=env, capture_output=True, text=True, timeout=30)
+
+
+def test_rota_up_sbatch_squeue(up):
+    r = run(up, "sbatch", "--wrap", "echo hi", "--gres=gpu:a100:2", "-t", "10")
+    assert r.returncode == 0 and r.stdout == "Submitted batch job 1\n"
+    r = run(up, "sbatch", "--parsable", "--hold", "--wrap", "true", "-J", "held")
+    assert r.stdout == "2\n"
+    r = run(up, "sbatch", "--wrap", "true", "--gres=gpu:9")
+    assert r.returncode == 1
+    assert r.stderr == "sbatch: error: Batch job submission failed: Requested node configuration is not available\n"
+    time.sleep(0.3)
+    r = run(up, "squeue")
+    lines = r.stdout.splitlines()
+    assert lines[0] == "             JOBID PARTITION     NAME     USER ST       TIME  NODES NODELIST(REASON)"
+    assert lines[1].split()[:5] == ["2", "short", "held", lines[1].split()[3], "PD"]
+    assert lines[1].endswith("(JobHeldUser)")
+    assert lines[2].split()[4] == "R" and lines[2].endswith("gpu01")
+    r = run(up, "squeue", "-h", "-j", "1", "-o", "%i %T")
+    assert r.stdout == "1 RUNNING\n"
+    r = run(up, "squeue", "-j", "77")
+    assert r.returncode == 1 and r.stderr == "slurm_load_jobs error: Invalid job id specified\n"
+
+
+def test_commands_say_clearly_when_no_cluster_runs(tmp_path):
+    env = dict(os.environ, ROTA_STATE_DIR=str(tmp_path / "none"))
+    env.pop("ROTA_NATS_URL", None)
+    r = run(env, "squeue")
+    assert r.returncode == 1 and "no running rota found" in r.stderr and "rota up" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_kill_9_during_a_submit_burst_loses_nothing_and_starts_nothing_twice(tmp_path):
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(CONF)
+    srv = natsserver.start(tmp_path / "nats")
+    env = dict(os.environ, ROTA_STATE_DIR=str(tmp_path / "state"))
+
+    def controller():
+        return subprocess.Popen([str(BIN / "rota"), "up", "--nats", srv.url, "--config", str(conf)],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    first = controller()
+    wait_for(tmp_path / "state" / "cluster.json")
+    total, clients = 5000, 4
+    acked: dict[str, int] = {}
+
+    async def client(k: int):
+        import nats
+        nc = await nats.connect(srv.url)
+        try:
+            for i in range(total // clients):
+                rid = f"c{k}-{i}-{uuid.uuid4().hex[:6]}"
+                body = json.dumps({"rid": rid, "spec": {"user": f"u{k}", "name": f"j{k}-{i}",
+                                                       "time_limit": 60, "gpus_per_node": 1}}).encode()
+                while True:
+                    try:
+                        msg = await nc.request("rota.api.submit", body, timeout=2)
+                    except Exception:
+                        continue          # retry with the same request id until acknowledged
+                    reply = json.loads(msg.data)
+                    if reply.get("ok"):
+                        acked[rid] = reply["job_id"]
+                        break
+                    await asyncio.sleep(0.05)
+        finally:
+            await nc.close()
+
+    async def burst():
+        tasks = [asyncio.create_task(client(k)) for k in range(clients)]
+        while len(acked) < total // 3:
+            await asyncio.sleep(0.01)
+        first.kill()                      # kill -9 the controller mid-burst
+        first.wait()
+        (tmp_path / "state" / "cluster.json").unlink(missing_ok=True)
+        second = controller()
+        try:
+            await asyncio.wait_for(asyncio.gather(*tasks), timeout=240)
+        finally:
+            second.send_signal(signal.SIGINT)
+            second.wait(timeout=20)
+
+    asyncio.run(burst())
+
+    async def read_log():
+        lg = await JetStreamLog.connect(srv.url)
+        try:
+            return [e async for e in lg.read(1)]
+        finally:
+            await lg.close()
+
+    entries = asyncio.run(read_log())
+    srv.stop()
+    submitted = [e for e in entries if e.event.type == "job.submitted"]
+    by_idem = {}
+    for e in submitted:
+        assert e.idem not in by_idem, f"request {e.idem} stored twice"
+        by_idem[e.idem] = e.event.job_id
+    assert len(acked) == total
+    for rid, job_id in acked.items():
+        assert by_idem.get(rid) == job_id, f"acknowledged submit {rid} -> {job_id} missing or different"
+    starts = [s.job_id for e in entries if e.event.type == "jobs.started" for s in e.event.starts]
+    assert len(starts) == len(set(starts)), "a job was started twice"
+    state = fold(entries)
+    assert len(state.jobs) == total
