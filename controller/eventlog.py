@@ -26,6 +26,10 @@ class FencedError(Exception):
         self.expected, self.actual = expected, actual
 
 
+class LogUnavailable(Exception):
+    """The log did not confirm an append in time: it may or may not have stored it; retry."""
+
+
 @dataclass(frozen=True, slots=True)
 class Appended:
     seq: int
@@ -129,7 +133,9 @@ class JetStreamLog:
         except APIError as exc:
             if getattr(exc, "err_code", None) == 10071:   # wrong last sequence
                 raise FencedError(expected_last or 0) from None
-            raise
+            raise LogUnavailable(str(exc)) from None
+        except Exception as exc:   # timeouts, no responders, reconnects: the outcome is unknown
+            raise LogUnavailable(f"{type(exc).__name__}: {exc}") from None
         return Appended(ack.seq, bool(ack.duplicate))
 
     async def read(self, from_seq: int = 1, to_seq: int | None = None, batch: int = 1000) -> AsyncIterator[ev.Envelope]:

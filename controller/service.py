@@ -19,7 +19,7 @@ from rota.core.apply import apply
 from rota.core.schedule import schedule
 from rota.core.state import State, dump_snapshot, load_snapshot
 
-from .eventlog import FencedError
+from .eventlog import FencedError, LogUnavailable
 
 log = logging.getLogger("rota.controller")
 API = "rota.api"
@@ -45,6 +45,7 @@ class Controller:
         self._tasks: list[asyncio.Task] = []
         self._subs: list[Any] = []
         self._last_snapshot_seq = 0
+        self._uncertain: set[str] = set()   # appends whose outcome the log did not confirm
 
     # ------------------------------------------------------------ state
 
@@ -60,10 +61,10 @@ class Controller:
     async def start(self) -> None:
         """Become the writer: configure the cluster if needed, log our version, serve."""
         await self.load()
+        self.leader = True
         if self.config is not None and (self.state.config is None or self.state.config != self.config):
             await self.append(ev.ClusterConfigured(config=self.config, source="rota up"), "admin")
         await self.append(ev.ControllerStarted(version=__version__, policy=self._policy()), self.name)
-        self.leader = True
         self._dirty.set()
 
     def _policy(self) -> str:
@@ -79,19 +80,41 @@ class Controller:
             return await self._append_locked(event, actor, idem)
 
     async def _append_locked(self, event: Any, actor: str, idem: str = "") -> ev.Envelope:
+        if not self.leader:
+            raise FencedError(self.state.seq)
         ts = max(self.now(), self.state.now)
         idem = idem or f"{self.name}-{self.state.seq + 1}-{ts}"
         try:
             ack = await self.log.append(event, actor=actor, idem=idem, ts=ts, expected_last=self.state.seq)
-        except FencedError:
-            self.leader = False
-            log.error("another controller appended to the log: stepping back to follower")
+        except LogUnavailable:
+            self._uncertain.add(idem)   # the write may have landed: fold whatever is there
+            await self._catch_up()
             raise
+        except FencedError:
+            if await self._catch_up():
+                self.leader = False
+                log.error("another controller appended to the log: stepping back to follower")
+                raise
+            ack = await self.log.append(event, actor=actor, idem=idem, ts=ts, expected_last=self.state.seq)
         env = ev.Envelope(seq=ack.seq, ts=ts, actor=actor, idem=idem, event=event)
         if not ack.duplicate:
             apply(self.state, env)
             self._dirty.set()
         return env
+
+    async def _catch_up(self) -> bool:
+        """Fold what the log holds beyond our state; True if another writer appended it."""
+        other = False
+        try:
+            async for env in self.log.read(self.state.seq + 1):
+                apply(self.state, env)
+                self._dirty.set()
+                if env.idem not in self._uncertain:
+                    other = True
+                self._uncertain.discard(env.idem)
+        except Exception as exc:  # noqa: BLE001 - still unavailable: the caller reports it
+            log.warning("catching up from the log failed: %s", exc)
+        return other
 
     # ------------------------------------------------------------ requests
 
@@ -106,6 +129,8 @@ class Controller:
             result = {"ok": False, "error": list(r.lines), "code": r.code}
         except FencedError:
             result = {"ok": False, "error": ["controller is not the leader"], "code": "not_leader"}
+        except LogUnavailable as exc:
+            result = {"ok": False, "error": [f"event log unavailable ({exc}); retry"], "code": "unavailable"}
         except (ValueError, KeyError, TypeError) as exc:
             result = {"ok": False, "error": [f"bad request: {exc}"], "code": "bad_request"}
         if rid and result.get("ok"):
@@ -215,6 +240,10 @@ class Controller:
                 await self.maybe_snapshot()
             except FencedError:
                 return
+            except LogUnavailable as exc:
+                log.warning("cycle not recorded: %s", exc)
+                self._dirty.set()
+                await asyncio.sleep(0.5)
 
     # ------------------------------------------------------------ snapshots
 

@@ -60,7 +60,8 @@ async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, n
         server = natsserver.start(state_dir / "nats", port=nats_port)
         nats_url = server.url
     info = state_dir / "cluster.json"
-    eventlog = await JetStreamLog.connect(nats_url.split(","))
+    urls = nats_url.split(",")
+    eventlog = await JetStreamLog.connect(urls, replicas=3 if len(urls) >= 3 else 1)
     controller = Controller(eventlog, config=config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -106,3 +106,39 @@ async def test_snapshot_plus_tail_equals_full_replay(js):
     c2 = Controller(await js(), clock=Clock())
     await c2.load()
     assert c2._last_snapshot_seq > 0 and c2.state == c.state
+
+
+async def test_three_server_cluster_survives_a_server_kill_during_a_burst(tmp_path):
+    import asyncio
+
+    from rota.controller.natscluster import start_cluster, wait_for_jetstream
+
+    servers = start_cluster(tmp_path / "cluster", 3)
+    urls = [s.url for s in servers]
+    try:
+        await wait_for_jetstream(urls)
+        lg = await JetStreamLog.connect(urls, replicas=3)
+        info = await lg.js.stream_info(lg.stream)
+        assert info.config.num_replicas == 3
+        c = Controller(lg, config=CFG, clock=Clock())
+        await c.start()
+        acked = {}
+        for i in range(300):
+            if i == 100:
+                servers[2].kill()          # one server dies mid-burst
+            rid = f"r{i}"
+            for _attempt in range(50):
+                r = await c.handle("submit", {"rid": rid, "spec": spec(name=f"j{i}")})
+                if r.get("ok"):
+                    acked[rid] = r["job_id"]
+                    break
+                await asyncio.sleep(0.1)
+        assert len(acked) == 300
+        entries = [e async for e in lg.read(1)]
+        ids = {e.idem: e.event.job_id for e in entries if e.event.type == "job.submitted"}
+        assert all(ids[rid] == jid for rid, jid in acked.items())
+        assert fold(entries) == c.state
+        await lg.close()
+    finally:
+        for s in servers:
+            s.stop()
