@@ -45,17 +45,27 @@ def subject_for(event: Any) -> str:
     return f"{SUBJECT_PREFIX}.{etype}"
 
 
+TS_HEADER = "Rota-Ts"
+ACTOR_HEADER = "Rota-Actor"
+
+
 def encode_body(event: Any, actor: str, ts: int) -> bytes:
-    """The stored message body: the event plus actor and append time (the sequence is the log's)."""
-    return b'{"ts":%d,"actor":%s,"event":' % (ts, json.dumps(actor).encode()) + \
-        ev.EVENT_ADAPTER.dump_json(event) + b"}"
+    """The stored message body is the event's JSON; append time and actor travel in headers."""
+    return ev.EVENT_ADAPTER.dump_json(event)
 
 
-def decode_body(seq: int, idem: str, body: bytes) -> ev.Envelope:
-    raw = json.loads(body)
-    event = raw["event"]
-    return ev.Envelope(seq=seq, ts=raw["ts"], actor=raw.get("actor", "system"), idem=idem,
-                       event=ev.decode_event(event))
+def decode_event_bytes(body: bytes) -> Any:
+    """Validate a stored event: the fast path for current versions, upcasting for older ones."""
+    try:
+        return ev.EVENT_ADAPTER.validate_json(body)
+    except ValueError:
+        return ev.decode_event(json.loads(body))   # an older version: upcast, then validate
+
+
+def decode_message(seq: int, headers: dict | None, body: bytes) -> ev.Envelope:
+    h = headers or {}
+    return ev.Envelope.model_construct(seq=seq, ts=int(h.get(TS_HEADER, 0)), actor=h.get(ACTOR_HEADER, "system"),
+                                       idem=h.get("Nats-Msg-Id", ""), event=decode_event_bytes(body))
 
 
 class MemoryLog:
@@ -124,12 +134,14 @@ class JetStreamLog:
                      expected_last: int | None = None) -> Appended:
         from nats.js.errors import APIError
 
-        headers = {"Nats-Msg-Id": idem} if idem else {}
+        headers = {TS_HEADER: str(ts), ACTOR_HEADER: actor}
+        if idem:
+            headers["Nats-Msg-Id"] = idem
         if expected_last is not None:
             headers["Nats-Expected-Last-Sequence"] = str(expected_last)
         try:
             ack = await self.js.publish(subject_for(event), encode_body(event, actor, ts),
-                                        stream=self.stream, headers=headers or None)
+                                        stream=self.stream, headers=headers)
         except APIError as exc:
             if getattr(exc, "err_code", None) == 10071:   # wrong last sequence
                 raise FencedError(expected_last or 0) from None
@@ -139,30 +151,42 @@ class JetStreamLog:
         return Appended(ack.seq, bool(ack.duplicate))
 
     async def read(self, from_seq: int = 1, to_seq: int | None = None, batch: int = 1000) -> AsyncIterator[ev.Envelope]:
-        """Replay [from_seq, to_seq] (to the current end when None) with an ordered consumer."""
+        """Replay [from_seq, to_seq] (to the current end when None) with an ordered consumer.
+
+        Messages are buffered by the subscription callback and decoded in batches here.
+        """
         from nats.js.api import DeliverPolicy
 
         end = to_seq if to_seq is not None else await self.last_seq()
         if end < from_seq:
             return
-        queue: asyncio.Queue = asyncio.Queue()
+        buf: list[Any] = []
+        ready = asyncio.Event()
 
         async def on_msg(msg: Any) -> None:
-            await queue.put(msg)
+            buf.append(msg)
+            if len(buf) >= batch or msg.metadata.sequence.stream >= end:
+                ready.set()
 
         sub = await self.js.subscribe(f"{SUBJECT_PREFIX}.>", stream=self.stream, cb=on_msg,
                                       ordered_consumer=True, deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
                                       config=_start_config(from_seq), pending_msgs_limit=batch * 100)
         try:
             while True:
-                msg = await asyncio.wait_for(queue.get(), timeout=30)
-                seq = msg.metadata.sequence.stream
-                if seq < from_seq:
-                    continue
-                idem = (msg.headers or {}).get("Nats-Msg-Id", "")
-                yield decode_body(seq, idem, msg.data)
-                if seq >= end:
-                    break
+                try:
+                    await asyncio.wait_for(ready.wait(), timeout=0.05)
+                except asyncio.TimeoutError:
+                    if not buf:
+                        continue
+                ready.clear()
+                chunk, buf[:] = list(buf), []
+                for msg in chunk:
+                    seq = msg.metadata.sequence.stream
+                    if seq < from_seq:
+                        continue
+                    yield decode_message(seq, msg.headers, msg.data)
+                    if seq >= end:
+                        return
         finally:
             await sub.unsubscribe()
 

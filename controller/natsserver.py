@@ -38,7 +38,7 @@ def write_config(path: Path, port: int, store_dir: Path, *, sync_always: bool = 
                  cluster: tuple[str, int, list[int]] | None = None, server_name: str = "rota") -> None:
     """A nats-server config: loopback only, JetStream file store; ``sync_interval: always``
     so an acknowledged event survives a machine crash."""
-    lines = [f"server_name: {server_name}", f"listen: 127.0.0.1:{port}",
+    lines = [f"server_name: {server_name}", f"listen: 127.0.0.1:{port}", "max_payload: 8MB",
              "jetstream {", f'  store_dir: "{store_dir}"']
     if sync_always:
         lines.append("  sync_interval: always")

@@ -23,7 +23,7 @@ from .eventlog import FencedError, LogUnavailable
 
 log = logging.getLogger("rota.controller")
 API = "rota.api"
-SNAPSHOT_BUCKET = "rota_snapshots"
+SNAPSHOT_BUCKET = "rota-snapshots"
 
 
 class Controller:
@@ -247,37 +247,39 @@ class Controller:
 
     # ------------------------------------------------------------ snapshots
 
-    async def _kv(self):
+    async def _store(self):
+        """The JetStream object store holding snapshots (chunked: any size), or None in memory."""
         js = getattr(self.log, "js", None)
         if js is None:
             return None
         try:
-            return await js.key_value(SNAPSHOT_BUCKET)
+            return await js.object_store(SNAPSHOT_BUCKET)
         except Exception:
-            return await js.create_key_value(bucket=SNAPSHOT_BUCKET, history=1, max_value_size=-1)
+            return await js.create_object_store(bucket=SNAPSHOT_BUCKET)
 
     async def maybe_snapshot(self, force: bool = False) -> bool:
+        """Write a snapshot (with its sequence inside) every ``snapshot_every`` events."""
         if not force and self.state.seq - self._last_snapshot_seq < self.snapshot_every:
             return False
-        kv = await self._kv()
-        if kv is None:
+        store = await self._store()
+        if store is None or self.state.seq == self._last_snapshot_seq and not force:
             return False
-        await kv.put("latest", dump_snapshot(self.state))
+        await store.put("latest", dump_snapshot(self.state))
         self._last_snapshot_seq = self.state.seq
         return True
 
     async def _read_snapshot(self) -> State | None:
-        kv = await self._kv()
-        if kv is None:
+        store = await self._store()
+        if store is None:
             return None
         try:
-            entry = await kv.get("latest")
+            entry = await store.get("latest")
         except Exception:
             return None
-        if entry is None or not entry.value:
+        if entry is None or not entry.data:
             return None
         try:
-            return load_snapshot(entry.value)
+            return load_snapshot(entry.data)
         except ValueError as exc:
             log.warning("ignoring unreadable snapshot: %s", exc)
             return None
