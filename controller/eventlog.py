@@ -111,7 +111,7 @@ class JetStreamLog:
         """Connect and make sure the stream exists with rota's settings."""
         import nats
         from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-        from nats.js.errors import NotFoundError
+        from nats.js.errors import BadRequestError, NotFoundError
 
         nc = await nats.connect(servers, connect_timeout=connect_timeout, max_reconnect_attempts=-1,
                                 reconnect_time_wait=0.2)
@@ -120,15 +120,34 @@ class JetStreamLog:
                               retention=RetentionPolicy.LIMITS, discard=DiscardPolicy.OLD,
                               max_msgs=-1, max_bytes=-1, max_age=0, num_replicas=replicas,
                               duplicate_window=duplicate_window)
-        try:
-            await js.stream_info(stream)
-        except NotFoundError:
-            await js.add_stream(config)
+        for attempt in range(60):
+            try:
+                await js.stream_info(stream)
+                break
+            except NotFoundError:
+                try:
+                    await js.add_stream(config)
+                    break
+                except BadRequestError as exc:   # a forming cluster: "no suitable peers for placement"
+                    if exc.err_code != 10005 or attempt == 59:
+                        raise
+            except Exception:                     # no meta leader elected yet
+                if attempt == 59:
+                    raise
+            await asyncio.sleep(0.25)
         return cls(nc, js, stream)
 
-    async def last_seq(self) -> int:
-        info = await self.js.stream_info(self.stream)
-        return info.state.last_seq
+    async def last_seq(self, attempts: int = 20) -> int:
+        """The stream's last sequence (retried while a cluster elects a new stream leader)."""
+        for attempt in range(attempts):
+            try:
+                info = await self.js.stream_info(self.stream)
+                return info.state.last_seq
+            except Exception as exc:   # timeouts while servers come and go
+                if attempt == attempts - 1:
+                    raise LogUnavailable(f"stream info: {type(exc).__name__}: {exc}") from None
+                await asyncio.sleep(0.25)
+        raise AssertionError("unreachable")
 
     async def append(self, event: Any, *, actor: str, idem: str, ts: int,
                      expected_last: int | None = None) -> Appended:
@@ -168,9 +187,16 @@ class JetStreamLog:
             if len(buf) >= batch or msg.metadata.sequence.stream >= end:
                 ready.set()
 
-        sub = await self.js.subscribe(f"{SUBJECT_PREFIX}.>", stream=self.stream, cb=on_msg,
-                                      ordered_consumer=True, deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-                                      config=_start_config(from_seq), pending_msgs_limit=batch * 100)
+        for attempt in range(40):   # consumer creation times out while a stream leader is elected
+            try:
+                sub = await self.js.subscribe(f"{SUBJECT_PREFIX}.>", stream=self.stream, cb=on_msg,
+                                              ordered_consumer=True, deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                                              config=_start_config(from_seq), pending_msgs_limit=batch * 100)
+                break
+            except Exception as exc:
+                if attempt == 39:
+                    raise LogUnavailable(f"cannot read the log: {type(exc).__name__}: {exc}") from None
+                await asyncio.sleep(0.25)
         try:
             while True:
                 try:
