@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import shutil
 
-from . import core_bench, sim_bench
+from . import core_bench, log_bench, sim_bench
 from .common import Figure, print_table, write_json
 
 
@@ -21,6 +21,7 @@ def main() -> None:
     figures += core_bench.run(runs, [10000] if args.quick else [10000, 50000],
                               200_000 if args.quick else 1_000_000)
     figures += sim_bench.run(2 if args.quick else 3, sim_bench.default_traces(), quick=args.quick)
+    figures += log_bench.run(20_000 if args.quick else 100_000, 500 if args.quick else 2000, 2 if args.quick else 3)
     print()
     print_table(figures, f"rota benchmarks (medians of {runs} runs unless noted)")
     if shutil.which("sbatch") is None:
