@@ -77,9 +77,10 @@ class Controller:
     async def append(self, event: Any, actor: str, idem: str = "") -> ev.Envelope:
         """Append on top of the folded state and apply it (no read back)."""
         async with self._lock:
-            return await self._append_locked(event, actor, idem)
+            return (await self._append_locked(event, actor, idem))[0]
 
-    async def _append_locked(self, event: Any, actor: str, idem: str = "") -> ev.Envelope:
+    async def _append_locked(self, event: Any, actor: str, idem: str = "") -> tuple[ev.Envelope, bool]:
+        """Append and apply; returns the envelope and whether the log had it already (a retry)."""
         if not self.leader:
             raise FencedError(self.state.seq)
         ts = max(self.now(), self.state.now)
@@ -100,7 +101,7 @@ class Controller:
         if not ack.duplicate:
             apply(self.state, env)
             self._dirty.set()
-        return env
+        return env, ack.duplicate
 
     async def _catch_up(self) -> bool:
         """Fold what the log holds beyond our state; True if another writer appended it."""
@@ -147,14 +148,9 @@ class Controller:
             async with self._lock:
                 job_id = self.state.next_job_id
                 event = commands.submit(self.state, spec, job_id)
-                env = await self._append_locked(event, spec.user, rid)
-            if env.event.job_id != job_id or env.seq <= 0:
-                job_id = env.event.job_id
-            # a duplicate (retried) submit returns the job it created the first time
-            for j in self.state.jobs.values():
-                if j.submit_seq == env.seq:
-                    job_id = j.job_id
-                    break
+                env, duplicate = await self._append_locked(event, spec.user, rid)
+            if duplicate:   # a retried submit: answer with the job its first try created
+                job_id = next((j.job_id for j in self.state.jobs.values() if j.submit_seq == env.seq), job_id)
             return {"ok": True, "job_id": job_id}
         if verb == "cancel":
             await self.append(commands.cancel(st, int(body["job_id"]), int(body.get("uid", 0))), user, rid)
@@ -224,7 +220,7 @@ class Controller:
             decision = schedule(self.state, max(self.now(), self.state.now))
             event = decision.event()
             if event is not None:
-                await self._append_locked(event, self.name, f"cycle-{decision.cycle}-{self.state.seq}")
+                await self._append_locked(event, self.name, f"{self.name}-cycle-{decision.cycle}-{self.state.seq}")
             return event
 
     async def run_cycles(self) -> None:
