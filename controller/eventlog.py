@@ -181,10 +181,14 @@ class JetStreamLog:
             return
         buf: list[Any] = []
         ready = asyncio.Event()
+        expected = end - from_seq + 1     # the stream has no gaps: rota never deletes events
+        received = 0
 
         async def on_msg(msg: Any) -> None:
+            nonlocal received
             buf.append(msg)
-            if len(buf) >= batch or msg.metadata.sequence.stream >= end:
+            received += 1
+            if len(buf) >= batch or received >= expected:
                 ready.set()
 
         for attempt in range(40):   # consumer creation times out while a stream leader is elected
