@@ -89,7 +89,7 @@ async def fill(url: str, envelopes) -> None:
     js = lg.js
     batch = []
     for env in envelopes:
-        batch.append(js.publish(subject_for(env.event), encode_body(env.event, env.actor, env.ts),
+        batch.append(js.publish(subject_for(env.event), encode_body(env.event),
                                 stream=STREAM, headers={"Nats-Msg-Id": env.idem or f"f{env.seq}",
                                                         TS_HEADER: str(env.ts), ACTOR_HEADER: env.actor}))
         if len(batch) >= 2000:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from pathlib import Path
 
 
 class NoCluster(Exception):

@@ -49,7 +49,7 @@ TS_HEADER = "Rota-Ts"
 ACTOR_HEADER = "Rota-Actor"
 
 
-def encode_body(event: Any, actor: str, ts: int) -> bytes:
+def encode_body(event: Any) -> bytes:
     """The stored message body is the event's JSON; append time and actor travel in headers."""
     return ev.EVENT_ADAPTER.dump_json(event)
 
@@ -159,7 +159,7 @@ class JetStreamLog:
         if expected_last is not None:
             headers["Nats-Expected-Last-Sequence"] = str(expected_last)
         try:
-            ack = await self.js.publish(subject_for(event), encode_body(event, actor, ts),
+            ack = await self.js.publish(subject_for(event), encode_body(event),
                                         stream=self.stream, headers=headers)
         except APIError as exc:
             if getattr(exc, "err_code", None) == 10071:   # wrong last sequence

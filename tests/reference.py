@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from rota.core.profile import UNLIMITED_DURATION
-from rota.core.request import effective_time_limit
 from rota.core.schedule import Decision
 from rota.core.state import State
 

@@ -1,6 +1,5 @@
 """The simulator and trace readers: known small workloads, the CLI, and the published protocol."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
