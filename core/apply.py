@@ -12,7 +12,7 @@ from . import events as ev
 from .arrays import parse_array
 from .request import node_request
 from .state import (
-    CANCELLED, NODE_FAIL, PENDING, RUNNING, TERMINAL_STATES, Job, Node, State, node_from_config,
+    CANCELLED, COMPLETED, NODE_FAIL, PENDING, RUNNING, TERMINAL_STATES, Job, Node, State, node_from_config,
 )
 
 SYSTEM = "rota"
@@ -35,7 +35,45 @@ def fold(envelopes, state: State | None = None) -> State:
         st.seq = env.seq
         if env.ts > st.now:
             st.now = env.ts
+        if st.finished and st.min_job_age and st.finished[0][0] + st.min_job_age <= st.now:
+            _purge(st)
     return st
+
+
+def _purge(state: State) -> None:
+    """Forget jobs that ended at least MinJobAge ago (an array only once all of it has).
+
+    Like slurmctld: the live state keeps active and recently finished jobs; the log keeps history.
+    What dependencies need of a purged job stays in ``state.ended``.
+    """
+    cutoff = state.now - state.min_job_age
+    q, jobs = state.finished, state.jobs
+    due = []
+    while q and q[0][0] <= cutoff:
+        due.append(q.popleft())
+    due.sort()   # the same order live and after a snapshot (which rebuilds the queue sorted)
+    for _end, jid in due:
+        job = jobs.get(jid)
+        if job is None or job.state not in TERMINAL_STATES or job.end_time > cutoff:
+            continue   # requeued since, or already purged with its array
+        if job.array_job_id is None:
+            del jobs[jid]
+            state.ended[jid] = (1, 0) if job.state == COMPLETED and job.exit_code == 0 else (0, 1)
+            continue
+        aid = job.array_job_id
+        tasks = [jobs[t] for t in state.array_tasks.get(aid, ()) if t in jobs]
+        head = jobs.get(aid)
+        every = tasks + [head] if head is not None and head not in tasks else tasks
+        if any(m.state not in TERMINAL_STATES or m.end_time > cutoff for m in every):
+            continue   # the last member to end brings the whole array out
+        counted = tasks
+        if head is not None and head not in tasks and (head.array_pending or not tasks):
+            counted = every   # the same members a dependency on the array waits for (see deps)
+        good = sum(1 for m in counted if m.state == COMPLETED and m.exit_code == 0)
+        for m in every:
+            del jobs[m.job_id]
+        state.array_tasks.pop(aid, None)
+        state.ended[aid] = (good, len(counted) - good)
 
 
 # ---------------------------------------------------------------- helpers
@@ -68,6 +106,7 @@ def _finish(state: State, job: Job, end_state: str, ts: int) -> None:
     job.end_time = ts
     if job.start_time and not job.elapsed:
         job.elapsed = max(0, ts - job.start_time)
+    state.finished.append((ts, job.job_id))
 
 
 def _requeue(state: State, job: Job, ts: int, hold: bool) -> None:
@@ -139,7 +178,7 @@ def _controller_started(state: State, env: ev.Envelope, e: ev.ControllerStarted)
 
 
 def _job_submitted(state: State, env: ev.Envelope, e: ev.JobSubmitted) -> None:
-    if e.job_id in state.jobs:
+    if e.job_id in state.jobs or e.job_id in state.ended:
         return
     spec = e.spec
     cfg = state.config

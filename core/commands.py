@@ -47,9 +47,12 @@ def submit(state: State, spec: ev.JobSpec, job_id: int) -> ev.JobSubmitted:
             raise Rejected("Invalid job array specification", code="array") from None
     if spec.dependency:
         try:
-            parse_dependency(spec.dependency)
+            dep = parse_dependency(spec.dependency)
         except DependencySpecError:
             raise Rejected("Job dependency problem", code="dependency") from None
+        for term in dep.terms:   # Slurm: these targets must be active or ended less than MinJobAge ago
+            if term.kind in ("afterok", "afternotok") and term.job_id not in state.jobs:
+                raise Rejected("Job dependency problem", code="dependency")
     if spec.gpu_type is not None and spec.gpu_type == "":
         raise Rejected("Invalid generic resource (gres) specification", code="gres")
     enforce = cfg.scheduler.enforce_part_limits

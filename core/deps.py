@@ -77,7 +77,15 @@ def _term_status(state: State, term: DepTerm, job_id: int, now: int) -> str:
         return OK
     members = _members(state, term.job_id)
     if members is None:
-        return NEVER
+        ended = state.ended.get(term.job_id)
+        if ended is None:
+            return NEVER
+        good, bad = ended   # purged MinJobAge after it ended
+        if term.kind == "afterok":
+            return NEVER if bad else OK
+        if term.kind == "afternotok":
+            return NEVER if good else OK
+        return OK
     statuses = []
     for m in members:
         pending_tasks = m.array_pending is not None and len(m.array_pending) > 0

@@ -5,10 +5,9 @@
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
-
-from pydantic import TypeAdapter
 
 from .events import ClusterConfig, JobSpec, NodeAlloc, NodeConfig
 from .request import NodeRequest, PartitionShape, partition_shape
@@ -141,16 +140,22 @@ class State:
     controller_version: str = ""
     jobs: dict[int, Job] = field(default_factory=dict)
     nodes: dict[str, Node] = field(default_factory=dict)
+    # jobs purged MinJobAge after they ended: id -> (members that completed with exit 0, other members),
+    # all dependencies need of them
+    ended: dict[int, tuple[int, int]] = field(default_factory=dict)
     # derived indexes (rebuilt, not stored):
     pending: dict[int, None] = field(default_factory=dict)
     running: dict[int, None] = field(default_factory=dict)
     array_tasks: dict[int, list[int]] = field(default_factory=dict)
     part_shapes: dict[str, PartitionShape] = field(default_factory=dict)
+    finished: deque[tuple[int, int]] = field(default_factory=deque, compare=False)   # (end time, job id), purge order
+    min_job_age: int = 300                  # from the config; 0 keeps finished jobs forever
 
     def refresh_partition_shapes(self) -> None:
         """Recompute each partition's node shape (after a configuration change)."""
         self.part_shapes = {}
         if self.config is not None:
+            self.min_job_age = self.config.scheduler.min_job_age
             for p in self.config.partitions:
                 self.part_shapes[p.name] = partition_shape([self.nodes[n] for n in p.nodes if n in self.nodes])
 
@@ -160,13 +165,18 @@ class State:
         self.pending = {}
         self.running = {}
         self.array_tasks = {}
+        finished = []
         for jid, job in self.jobs.items():
             if job.state == PENDING:
                 self.pending[jid] = None
             elif job.state == RUNNING:
                 self.running[jid] = None
+            elif job.state in TERMINAL_STATES:
+                finished.append((job.end_time, jid))
             if job.array_job_id is not None and job.array_task_id is not None:
                 self.array_tasks.setdefault(job.array_job_id, []).append(jid)
+        finished.sort()
+        self.finished = deque(finished)
 
     def partition(self, name: str):  # -> PartitionConfig | None
         if self.config is None:
@@ -178,43 +188,81 @@ class State:
 
 
 # ---------------------------------------------------------------- snapshots
+#
+# A snapshot is the primary facts as compact JSON: jobs and nodes as positional rows (field order
+# below), job specs stored once and referenced by index. Loading trusts nothing but the version.
 
-_SNAPSHOT_FIELDS = ("config", "config_seq", "seq", "now", "next_job_id", "cycle",
-                    "controller_version", "jobs", "nodes")
-
-
-@dataclass(slots=True)
-class _Snapshot:
-    config: ClusterConfig | None
-    config_seq: int
-    seq: int
-    now: int
-    next_job_id: int
-    cycle: int
-    controller_version: str
-    jobs: dict[int, Job]
-    nodes: dict[str, Node]
-
-
-SNAPSHOT_VERSION = 1
-_SNAP_ADAPTER: TypeAdapter[_Snapshot] = TypeAdapter(_Snapshot)
+SNAPSHOT_VERSION = 2
+_JOB_SCALARS = ("job_id", "submit_seq", "submit_time", "state", "hold", "priority_override", "nice",
+                "time_limit", "partition", "eligible_time", "start_time", "end_time", "exit_code", "signal",
+                "max_rss", "elapsed", "array_job_id", "array_task_id", "array_pending", "array_throttle",
+                "restarts", "cancel_by", "backfilled", "start_cycle")
+_NODE_SCALARS = ("name", "index", "cpus", "memory", "gpu_types", "weight", "alloc_cpus", "alloc_mem",
+                 "gpu_owner", "jobs", "drain", "down", "not_responding", "invalid_reg", "registered", "reason",
+                 "reason_by", "reason_time", "last_busy", "boot_time", "reported_gpus")
+_META = ("config_seq", "seq", "now", "next_job_id", "cycle", "controller_version")
 
 
 def dump_snapshot(state: State) -> bytes:
-    """Serialise the primary facts of ``state`` as JSON bytes."""
-    snap = _Snapshot(**{k: getattr(state, k) for k in _SNAPSHOT_FIELDS})
-    body = _SNAP_ADAPTER.dump_json(snap)
-    return b'{"snapshot_version":%d,"state":' % SNAPSHOT_VERSION + body + b"}"
+    """Serialise the primary facts of ``state`` as compact JSON bytes."""
+    import orjson
+
+    spec_index: dict[int, int] = {}
+    specs: list[Any] = []
+    jobs = []
+    for job in state.jobs.values():
+        key = id(job.spec)
+        si = spec_index.get(key)
+        if si is None:
+            si = spec_index[key] = len(specs)
+            specs.append(job.spec.model_dump(mode="json", exclude_defaults=True))
+        jobs.append([si, [getattr(job, f) for f in _JOB_SCALARS],
+                     [[a.node, a.cpus, a.mem, a.gpus] for a in job.alloc],
+                     list(job.req) if job.req is not None else None])
+    nodes = [[[getattr(n, f) for f in _NODE_SCALARS], n.features] for n in state.nodes.values()]
+    doc = {"snapshot_version": SNAPSHOT_VERSION, "meta": [getattr(state, f) for f in _META],
+           "config": state.config.model_dump(mode="json") if state.config is not None else None,
+           "specs": specs, "jobs": jobs, "nodes": nodes,
+           "ended": [[k, g, b] for k, (g, b) in state.ended.items()]}
+    return orjson.dumps(doc)
 
 
 def load_snapshot(data: bytes) -> State:
     """Load a snapshot written by :func:`dump_snapshot`; the result equals the dumped state."""
-    import json
+    import orjson
 
-    raw: dict[str, Any] = json.loads(data)
-    if raw.get("snapshot_version") != SNAPSHOT_VERSION:
-        raise ValueError(f"unsupported snapshot version {raw.get('snapshot_version')!r}")
-    snap = _SNAP_ADAPTER.validate_python(raw["state"])
-    state = State(**{k: getattr(snap, k) for k in _SNAPSHOT_FIELDS})
+    try:
+        raw: dict[str, Any] = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"snapshot is not JSON: {exc}") from None
+    if not isinstance(raw, dict) or raw.get("snapshot_version") != SNAPSHOT_VERSION:
+        found = raw.get("snapshot_version") if isinstance(raw, dict) else None
+        raise ValueError(f"unsupported snapshot version {found!r} (this rota reads {SNAPSHOT_VERSION})")
+    try:
+        return _load(raw)
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise ValueError(f"corrupt snapshot: {type(exc).__name__}: {exc}") from None
+
+
+def _load(raw: dict[str, Any]) -> State:
+    state = State(config=ClusterConfig.model_validate(raw["config"]) if raw["config"] is not None else None)
+    for f, v in zip(_META, raw["meta"], strict=True):
+        setattr(state, f, v)
+    specs = [JobSpec.model_validate(s) for s in raw["specs"]]
+    jobs = state.jobs
+    for si, scalars, alloc, req in raw["jobs"]:
+        job = Job(job_id=0, spec=specs[si], submit_seq=0, submit_time=0)
+        for f, v in zip(_JOB_SCALARS, scalars, strict=True):
+            setattr(job, f, v)
+        job.alloc = tuple(NodeAlloc.model_construct(node=a[0], cpus=a[1], mem=a[2], gpus=tuple(a[3]))
+                          for a in alloc)
+        job.req = NodeRequest(*req) if req is not None else None
+        jobs[job.job_id] = job
+    for scalars, features in raw["nodes"]:
+        node = Node(name="", index=0, cpus=0, memory=0, gpu_types=[], features=tuple(features))
+        for f, v in zip(_NODE_SCALARS, scalars, strict=True):
+            setattr(node, f, v)
+        state.nodes[node.name] = node
+    state.ended = {k: (g, b) for k, g, b in raw["ended"]}
     state.rebuild_indexes()
     return state

@@ -3,6 +3,8 @@ import pytest
 
 from rota.core import commands
 from rota.core import events as ev
+from rota.core.apply import fold
+from rota.core.commands import Rejected
 from rota.core.state import dump_snapshot, load_snapshot
 from rota.core.testing import Harness, make_cluster
 
@@ -139,7 +141,7 @@ def test_snapshot_round_trip_is_exact(h):
 
 def test_snapshot_rejects_an_unknown_version():
     with pytest.raises(ValueError, match="unsupported snapshot version"):
-        load_snapshot(b'{"snapshot_version": 99, "state": {}}')
+        load_snapshot(b'{"snapshot_version": 99}')
 
 
 def test_config_change_keeps_node_state():
@@ -151,3 +153,75 @@ def test_config_change_keeps_node_state():
     assert h.state.nodes["gpu01"].gpu_owner.count(jid) == 2
     assert h.state.nodes["gpu02"].drain
     assert "gpu03" in h.state.nodes
+
+
+def test_finished_jobs_are_purged_after_min_job_age_and_dependencies_still_resolve():
+    h = Harness(make_cluster(min_job_age=300))
+    ok, bad = h.submit(name="ok"), h.submit(name="bad")
+    h.cycle()
+    h.finish(ok)
+    h.finish(bad, state="FAILED", exit_code=2)
+    after_ok = h.submit(name="after-ok", dependency=f"afterok:{ok}", hold=True)
+    after_bad = h.submit(name="after-bad", dependency=f"afterok:{bad}", hold=True)
+    not_ok = h.submit(name="notok", dependency=f"afternotok:{bad}", hold=True)
+    h.advance(299)
+    h.put(ev.NodeDrained(node="gpu04", reason="x", by="root"))
+    assert ok in h.state.jobs and bad in h.state.jobs      # younger than MinJobAge: still shown
+    h.advance(1)
+    h.put(ev.NodeResumed(node="gpu04", by="root"))
+    assert ok not in h.state.jobs and bad not in h.state.jobs
+    assert h.state.ended == {ok: (1, 0), bad: (0, 1)}
+    for jid in (after_ok, after_bad, not_ok):
+        h.put(ev.JobReleased(job_id=jid))
+    d = h.cycle()
+    assert {s.job_id for s in d.starts} == {after_ok, not_ok}
+    assert d.pending[after_bad].reason == "DependencyNeverSatisfied"
+    with pytest.raises(Rejected, match="Job dependency problem"):   # too old to depend on
+        h.submit(name="late", dependency=f"afterok:{ok}")
+    assert fold(h.log) == h.state
+
+
+def test_an_array_is_purged_only_once_all_of_it_has_ended():
+    h = Harness(make_cluster(nodes=1, gpus=2, min_job_age=100))
+    arr = h.submit(name="arr", array="0-2", gpus_per_node=1)
+    first = [s.job_id for s in h.cycle().starts]
+    assert len(first) == 2
+    for jid in first:
+        h.finish(jid)
+    h.advance(50)
+    last = [s.job_id for s in h.cycle().starts]
+    h.advance(200)
+    h.put(ev.NodeDrained(node="gpu01", reason="x", by="root"))
+    assert all(j in h.state.jobs for j in first + last), "purged while a task still runs"
+    h.finish(last[0], state="FAILED", exit_code=1)
+    h.advance(100)
+    h.put(ev.NodeResumed(node="gpu01", by="root"))
+    assert not any(j in h.state.jobs for j in first + last + [arr])
+    assert h.state.ended[arr] == (2, 1) and arr not in h.state.array_tasks
+
+
+def test_snapshot_keeps_purge_history_and_purges_like_the_live_state():
+    h = Harness(make_cluster(min_job_age=60))
+    jobs = [h.submit(name=f"j{i}") for i in range(6)]
+    h.cycle()
+    for i, jid in enumerate(jobs):
+        h.advance(20)
+        h.finish(jid)
+    k = len(h.log)
+    h.advance(30)
+    h.put(ev.NodeDrained(node="gpu02", reason="x", by="root"))
+    h.advance(20)
+    h.put(ev.NodeResumed(node="gpu02", by="root"))
+    snap = load_snapshot(dump_snapshot(fold(h.log[:k])))
+    assert fold(h.log[k:], snap) == h.state
+    assert sorted(h.state.ended) == jobs[:5] and jobs[5] in h.state.jobs
+
+
+def test_min_job_age_zero_keeps_finished_jobs():
+    h = Harness(make_cluster(min_job_age=0))
+    jid = h.submit(name="a")
+    h.cycle()
+    h.finish(jid)
+    h.advance(100_000)
+    h.put(ev.NodeDrained(node="gpu02", reason="x", by="root"))
+    assert h.state.jobs[jid].state == "COMPLETED" and not h.state.ended

@@ -1,5 +1,8 @@
 """One test per pending reason: each scenario's answer is known."""
+import pytest
+
 from rota.core import events as ev
+from rota.core.commands import Rejected
 from rota.core.schedule import REQ_NODE_NOT_AVAIL_ALL
 from rota.core.testing import Harness, make_cluster
 
@@ -108,8 +111,8 @@ def test_dependency_never_satisfied(h):
     after = h.submit(name="after-blocker", dependency=f"afterok:{blocker}")
     h.finish(blocker, state="FAILED", exit_code=3)
     assert reason(h, after) == "DependencyNeverSatisfied"
-    unknown = h.submit(name="after-unknown", dependency="afterok:999999")
-    assert reason(h, unknown) == "DependencyNeverSatisfied"
+    with pytest.raises(Rejected, match="Job dependency problem"):
+        h.submit(name="after-unknown", dependency="afterok:999999")
 
 
 def test_job_array_task_limit(h):
