@@ -60,7 +60,7 @@ def run(runs: int, traces: str, quick: bool = False) -> list[Figure]:
             gc.collect()
             med, _ = median_time(lambda: schedule(state, T0 + 600, policy), scale_runs)
             figures.append(Figure(f"scaling: {policy} cycle, 1,000 nodes, {pending:,} pending", med, "s", "", None,
-                                  f"python -m rota.bench.sim_bench (scaling)"))
+                                  "python -m rota.bench.sim_bench (scaling)"))
     for nodes in ([100, 1000] if quick else [100, 1000, 5000]):
         t = time.perf_counter()
         state = loaded_state(10000, nodes=nodes)
@@ -69,7 +69,7 @@ def run(runs: int, traces: str, quick: bool = False) -> list[Figure]:
             gc.collect()
             med, _ = median_time(lambda: schedule(state, T0 + 600, policy), scale_runs)
             figures.append(Figure(f"scaling: {policy} cycle, {nodes:,} nodes, 10,000 pending", med, "s", "", None,
-                                  f"python -m rota.bench.sim_bench (scaling)", note))
+                                  "python -m rota.bench.sim_bench (scaling)", note))
     return figures
 
 

@@ -333,6 +333,20 @@ class Envelope(Model):
     idem: str = ""                # idempotency id (Nats-Msg-Id)
     event: Event
 
+    @classmethod
+    def trusted(cls, seq: int, ts: int, actor: str, idem: str, event: Any) -> "Envelope":
+        """Build without validation from values already checked (the log's replay hot path)."""
+        env = cls.__new__(cls)
+        _set = object.__setattr__
+        _set(env, "__dict__", {"seq": seq, "ts": ts, "actor": actor, "idem": idem, "event": event})
+        _set(env, "__pydantic_fields_set__", _ENVELOPE_FIELDS)
+        _set(env, "__pydantic_extra__", None)
+        _set(env, "__pydantic_private__", None)
+        return env
+
+
+_ENVELOPE_FIELDS = frozenset(("seq", "ts", "actor", "idem", "event"))
+
 
 EVENT_ADAPTER: TypeAdapter[Any] = TypeAdapter(Event)
 ENVELOPE_ADAPTER: TypeAdapter[Envelope] = TypeAdapter(Envelope)
