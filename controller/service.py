@@ -27,6 +27,10 @@ API = "rota.api"
 SNAPSHOT_BUCKET = "rota-snapshots"
 
 
+class _NothingToDo(Exception):
+    """A cycle that started nothing: no event to append."""
+
+
 class Controller:
     def __init__(self, eventlog: Any, *, config: ev.ClusterConfig | None = None,
                  clock: Callable[[], float] = time.time, cycle_interval: float = 5.0,
@@ -46,7 +50,11 @@ class Controller:
         self._tasks: list[asyncio.Task] = []
         self._subs: list[Any] = []
         self._last_snapshot_seq = 0
-        self._uncertain: set[str] = set()   # appends whose outcome the log did not confirm
+        self._queue: list[tuple[Callable[[State], Any], str, str, asyncio.Future]] = []
+        self._writer: asyncio.Task | None = None
+        self.max_batch = 256
+        self._stale = False                  # the state may hold events the log does not: reload first
+        self._recent: dict[str, int] = {}    # idempotency id -> sequence, for retries after a restart
 
     # ------------------------------------------------------------ state
 
@@ -61,8 +69,11 @@ class Controller:
         was_enabled = gc.isenabled()
         gc.disable()
         try:
+            remember = self._remember
             async for chunk in self.log.read_batches(self.state.seq + 1):
                 fold(chunk, self.state)
+                for env in chunk:
+                    remember(env.idem, env.seq)
         finally:
             if was_enabled:
                 gc.enable()
@@ -86,46 +97,130 @@ class Controller:
 
     async def append(self, event: Any, actor: str, idem: str = "") -> ev.Envelope:
         """Append on top of the folded state and apply it (no read back)."""
-        async with self._lock:
-            return (await self._append_locked(event, actor, idem))[0]
+        return (await self.write(lambda _state: event, actor, idem))[0]
 
-    async def _append_locked(self, event: Any, actor: str, idem: str = "") -> tuple[ev.Envelope, bool]:
-        """Append and apply; returns the envelope and whether the log had it already (a retry)."""
+    async def write(self, prepare: Callable[[State], Any], actor: str, idem: str = "") -> tuple[ev.Envelope, bool]:
+        """Validate-and-append through the group-committing writer.
+
+        ``prepare(state)`` builds the event from the state as it will be when the event lands (or
+        raises ``Rejected``). Returns the envelope and whether the log already held ``idem`` (a retry;
+        the envelope then carries the original's sequence).
+        """
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._queue.append((prepare, actor, idem, fut))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._drain_queue())
+        return await fut
+
+    async def _drain_queue(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue[:self.max_batch], self._queue[self.max_batch:]
+            async with self._lock:
+                try:
+                    await self._commit(batch)
+                except BaseException as exc:  # noqa: BLE001 - never leave a caller waiting
+                    for *_rest, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(exc if isinstance(exc, Exception) else LogUnavailable(str(exc)))
+                    if not isinstance(exc, Exception):
+                        raise
+
+    async def _commit(self, batch: list) -> None:
+        """Group commit: apply the batch's events speculatively, publish them pipelined (each fenced on
+        its predecessor, so the log keeps exactly this order), answer once all are acknowledged.
+        Anything unexpected (a timeout, a duplicate, a fence) rebuilds the state from the log and
+        answers each request from what the log really holds."""
+        if self._stale and not await self._reload():
+            for *_rest, fut in batch:
+                fut.set_exception(LogUnavailable("the log is not readable"))
+            return
         if not self.leader:
-            raise FencedError(self.state.seq)
-        ts = max(self.now(), self.state.now)
-        idem = idem or f"{self.name}-{self.state.seq + 1}-{ts}"
-        try:
-            ack = await self.log.append(event, actor=actor, idem=idem, ts=ts, expected_last=self.state.seq)
-        except LogUnavailable:
-            self._uncertain.add(idem)   # the write may have landed: fold whatever is there
-            await self._catch_up()
-            raise
-        except FencedError:
-            if await self._catch_up():
-                self.leader = False
-                log.error("another controller appended to the log: stepping back to follower")
-                raise
-            ack = await self.log.append(event, actor=actor, idem=idem, ts=ts, expected_last=self.state.seq)
-        env = ev.Envelope(seq=ack.seq, ts=ts, actor=actor, idem=idem, event=event)
-        if not ack.duplicate:
+            for *_rest, fut in batch:
+                fut.set_exception(FencedError(self.state.seq))
+            return
+        base = self.state.seq
+        staged: list[tuple[ev.Envelope, asyncio.Future]] = []
+        for prepare, actor, idem, fut in batch:
+            if idem and idem in self._recent:   # a retry of something already on the log
+                fut.set_result((self._recent_envelope(idem, actor), True))
+                continue
+            try:
+                event = prepare(self.state)
+            except Exception as exc:  # noqa: BLE001 - Rejected and bad requests go back to the caller
+                fut.set_exception(exc)
+                continue
+            ts = max(self.now(), self.state.now)
+            seq = self.state.seq + 1
+            env = ev.Envelope(seq=seq, ts=ts, actor=actor, idem=idem or f"{self.name}-{seq}-{ts}", event=event)
             apply(self.state, env)
+            staged.append((env, fut))
+        if not staged:
+            return
+        acks = await asyncio.gather(*(self.log.append(env.event, actor=env.actor, idem=env.idem, ts=env.ts,
+                                                      expected_last=env.seq - 1) for env, _ in staged),
+                                    return_exceptions=True)
+        clean = all(not isinstance(a, BaseException) and not a.duplicate and a.seq == env.seq
+                    for a, (env, _) in zip(acks, staged))
+        if clean:
+            for env, fut in staged:
+                self._remember(env.idem, env.seq)
+                fut.set_result((env, False))
             self._dirty.set()
-        return env, ack.duplicate
+            return
+        await self._reconcile(base, staged, acks)
 
-    async def _catch_up(self) -> bool:
-        """Fold what the log holds beyond our state; True if another writer appended it."""
-        other = False
+    async def _reconcile(self, base: int, staged: list, acks: list) -> None:
+        """After a failed group commit: rebuild from the log and answer each request truthfully."""
+        ours = {env.idem for env, _ in staged}
+        landed = await self._reload(since=base)
+        if landed is None:
+            self._stale = True
+            for (env, fut), ack in zip(staged, acks):
+                fut.set_exception(ack if isinstance(ack, Exception) else LogUnavailable("outcome unknown"))
+            return
+        if any(idem not in ours for idem in landed):
+            self.leader = False
+            log.error("another controller appended to the log: stepping back to follower")
+        for (env, fut), ack in zip(staged, acks):
+            if env.idem in landed:
+                fut.set_result((env.model_copy(update={"seq": landed[env.idem]}), False))
+            elif not isinstance(ack, BaseException) and ack.duplicate:
+                self._remember(env.idem, ack.seq)
+                fut.set_result((env.model_copy(update={"seq": ack.seq}), True))
+            elif not self.leader:
+                fut.set_exception(FencedError(base))
+            else:
+                fut.set_exception(ack if isinstance(ack, LogUnavailable) else
+                                  LogUnavailable("a request before it in the same batch failed"))
+
+    async def _reload(self, since: int | None = None) -> dict[str, int] | None:
+        """Rebuild the state from snapshot + log; returns the idems of events after ``since``."""
         try:
-            async for env in self.log.read(self.state.seq + 1):
-                apply(self.state, env)
-                self._dirty.set()
-                if env.idem not in self._uncertain:
-                    other = True
-                self._uncertain.discard(env.idem)
+            state = await self._read_snapshot() or State()
+            landed: dict[str, int] = {}
+            async for chunk in self.log.read_batches(state.seq + 1):
+                fold(chunk, state)
+                for env in chunk:
+                    self._remember(env.idem, env.seq)
+                    if since is not None and env.seq > since:
+                        landed[env.idem] = env.seq
         except Exception as exc:  # noqa: BLE001 - still unavailable: the caller reports it
-            log.warning("catching up from the log failed: %s", exc)
-        return other
+            log.warning("rebuilding from the log failed: %s", exc)
+            return None
+        self.state = state
+        self._stale = False
+        self._dirty.set()
+        return landed
+
+    def _remember(self, idem: str, seq: int) -> None:
+        if idem:
+            self._recent[idem] = seq
+            if len(self._recent) > 200_000:
+                self._recent.pop(next(iter(self._recent)))
+
+    def _recent_envelope(self, idem: str, actor: str) -> ev.Envelope:
+        seq = self._recent[idem]
+        return ev.Envelope.trusted(seq, self.state.now, actor, idem, None)
 
     # ------------------------------------------------------------ requests
 
@@ -155,36 +250,39 @@ class Controller:
         st = self.state
         if verb == "submit":
             spec = ev.JobSpec.model_validate(body["spec"])
-            async with self._lock:
-                job_id = self.state.next_job_id
-                event = commands.submit(self.state, spec, job_id)
-                env, duplicate = await self._append_locked(event, spec.user, rid)
+            env, duplicate = await self.write(lambda state: commands.submit(state, spec, state.next_job_id),
+                                              spec.user, rid)
             if duplicate:   # a retried submit: answer with the job its first try created
-                job_id = next((j.job_id for j in self.state.jobs.values() if j.submit_seq == env.seq), job_id)
-            return {"ok": True, "job_id": job_id}
+                job_id = next((j.job_id for j in self.state.jobs.values() if j.submit_seq == env.seq), None)
+                if job_id is None:
+                    raise commands.Rejected("this request was accepted earlier, but its job is no longer known",
+                                            code="duplicate")
+                return {"ok": True, "job_id": job_id}
+            return {"ok": True, "job_id": env.event.job_id}
         if verb == "cancel":
-            await self.append(commands.cancel(st, int(body["job_id"]), int(body.get("uid", 0))), user, rid)
+            jid, uid = int(body["job_id"]), int(body.get("uid", 0))
+            await self.write(lambda state: commands.cancel(state, jid, uid), user, rid)
             return {"ok": True}
         if verb in ("hold", "release"):
             jid = int(body["job_id"])
             admin = bool(body.get("admin", False))
-            event = commands.hold(st, jid, admin) if verb == "hold" else commands.release(st, jid, admin)
-            await self.append(event, user, rid)
+            act = commands.hold if verb == "hold" else commands.release
+            await self.write(lambda state: act(state, jid, admin), user, rid)
             return {"ok": True}
         if verb == "update_job":
-            event = commands.update_job(st, int(body["job_id"]), time_limit=body.get("time_limit"),
-                                        priority=body.get("priority"), by_admin=bool(body.get("admin", True)))
-            await self.append(event, user, rid)
+            jid = int(body["job_id"])
+            await self.write(lambda state: commands.update_job(
+                state, jid, time_limit=body.get("time_limit"), priority=body.get("priority"),
+                by_admin=bool(body.get("admin", True))), user, rid)
             return {"ok": True}
         if verb in ("drain", "down", "resume"):
-            node = body["node"]
+            node, reason = body["node"], body.get("reason", "")
             if verb == "drain":
-                event = commands.drain(st, node, body.get("reason", ""), user)
+                await self.write(lambda state: commands.drain(state, node, reason, user), user, rid)
             elif verb == "down":
-                event = commands.down(st, node, body.get("reason", ""), user)
+                await self.write(lambda state: commands.down(state, node, reason, user), user, rid)
             else:
-                event = commands.resume(st, node, user)
-            await self.append(event, user, rid)
+                await self.write(lambda state: commands.resume(state, node, user), user, rid)
             return {"ok": True}
         if verb == "queue":
             return {"ok": True, "jobs": self.queue_view(), "now": self.now()}
@@ -224,25 +322,40 @@ class Controller:
 
     async def cycle(self) -> ev.JobsStarted | None:
         """One scheduling cycle; appends its decision when it started something."""
-        async with self._lock:
-            if not self.leader or not self.state.pending:
-                return None
-            decision = schedule(self.state, max(self.now(), self.state.now))
+        if not self.leader or not self.state.pending:
+            return None
+        decided: list[Any] = []
+
+        def decide(state: State) -> Any:
+            decision = schedule(state, max(self.now(), state.now))
             event = decision.event()
-            if event is not None:
-                await self._append_locked(event, self.name, f"{self.name}-cycle-{decision.cycle}-{self.state.seq}")
+            if event is None:
+                raise _NothingToDo
+            decided.append(event)
             return event
 
+        try:
+            await self.write(decide, self.name)
+        except _NothingToDo:
+            return None
+        return decided[0]
+
     async def run_cycles(self) -> None:
+        """Cycle when something changed (debounced) and every ``cycle_interval``; a cycle that took d
+        seconds is followed by at least 2d of serving requests, so a burst of submits against a long
+        queue is not starved by back-to-back cycles."""
+        last = 0.0
         while True:
             try:
                 await asyncio.wait_for(self._dirty.wait(), timeout=self.cycle_interval)
             except asyncio.TimeoutError:
                 pass
-            await asyncio.sleep(self.debounce)
+            await asyncio.sleep(max(self.debounce, 2 * last))
             self._dirty.clear()
             try:
+                t0 = time.perf_counter()
                 await self.cycle()
+                last = time.perf_counter() - t0
                 await self.maybe_snapshot()
             except FencedError:
                 return
@@ -270,8 +383,12 @@ class Controller:
         store = await self._store()
         if store is None or self.state.seq == self._last_snapshot_seq and not force:
             return False
-        await store.put("latest", dump_snapshot(self.state))
-        self._last_snapshot_seq = self.state.seq
+        async with self._lock:   # never a state holding events still being committed
+            if self._stale:
+                return False
+            data, seq = dump_snapshot(self.state), self.state.seq
+        await store.put("latest", data)
+        self._last_snapshot_seq = seq
         return True
 
     async def _read_snapshot(self) -> State | None:
@@ -295,7 +412,16 @@ class Controller:
     async def serve(self, nc: Any) -> None:
         """Answer ``rota.api.<verb>`` requests (JSON in, JSON out) and run cycles."""
 
+        inflight: set[asyncio.Task] = set()
+
         async def on_request(msg: Any) -> None:
+            # nats-py runs a subscription's callbacks one at a time: hand each request to its own task
+            # so concurrent requests reach the writer together and are committed as one group.
+            task = asyncio.create_task(answer(msg))
+            inflight.add(task)
+            task.add_done_callback(inflight.discard)
+
+        async def answer(msg: Any) -> None:
             verb = msg.subject.rsplit(".", 1)[-1]
             try:
                 body = json.loads(msg.data or b"{}")

@@ -67,13 +67,18 @@ def submit(state: State, spec: ev.JobSpec, job_id: int) -> ev.JobSubmitted:
     return ev.JobSubmitted(job_id=job_id, spec=spec)
 
 
+def _gpus_of(node, gpu_type: str | None) -> int:
+    return len(node.gpu_types) if gpu_type is None else node.gpu_types.count(gpu_type)
+
+
 def _check_partition(state: State, spec: ev.JobSpec, part: ev.PartitionConfig, enforce: str) -> None:
     if part.state in ("DRAIN", "INACTIVE"):
         raise Rejected("Required partition not available (inactive or drain)", code="partition")
     if spec.account and "ALL" not in part.allow_accounts and spec.account not in part.allow_accounts:
         raise Rejected("Invalid account or account/partition combination specified", code="account")
     nodes = [state.nodes[n] for n in part.nodes if n in state.nodes]
-    req = node_request(spec, partition_shape(nodes))
+    shape = state.part_shapes.get(part.name) or partition_shape(nodes)
+    req = node_request(spec, shape)
     if enforce != "NO":
         limit = spec.time_limit
         if part.max_time and limit is not None and (limit == 0 or limit > part.max_time):
@@ -95,17 +100,15 @@ def _check_partition(state: State, spec: ev.JobSpec, part: ev.PartitionConfig, e
         nodes = [n for n in nodes if constraint_matches(spec.constraint, n.features)]
     if req.gpus or spec.gpu_type:
         typed = [n for n in nodes if spec.gpu_type is None or spec.gpu_type in n.gpu_types]
-        if not typed or not any(
-                (sum(1 for t in n.gpu_types if spec.gpu_type in (None, t))) >= req.gpus for n in typed):
+        if not typed or not any(_gpus_of(n, spec.gpu_type) >= req.gpus for n in typed):
             raise Rejected(NODE_CONFIG_UNAVAILABLE, code="gres")
         nodes = typed
     if not any(n.cpus >= req.cpus for n in nodes):
         raise Rejected("CPU count per node can not be satisfied", NODE_CONFIG_UNAVAILABLE, code="cpus")
     if not any(n.memory >= req.mem for n in nodes):
         raise Rejected("Memory specification can not be satisfied", NODE_CONFIG_UNAVAILABLE, code="memory")
-    fits = [n for n in nodes if n.cpus >= req.cpus and n.memory >= req.mem and
-            sum(1 for t in n.gpu_types if spec.gpu_type in (None, t)) >= req.gpus]
-    if not fits:
+    if not any(n.cpus >= req.cpus and n.memory >= req.mem and _gpus_of(n, spec.gpu_type) >= req.gpus
+               for n in nodes):
         raise Rejected(NODE_CONFIG_UNAVAILABLE, code="nodes")
 
 

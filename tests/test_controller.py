@@ -2,7 +2,7 @@
 import pytest
 
 from rota.controller import natsserver
-from rota.controller.eventlog import FencedError, JetStreamLog, MemoryLog
+from rota.controller.eventlog import FencedError, JetStreamLog, LogUnavailable, MemoryLog
 from rota.controller.service import Controller
 from rota.core import events as ev
 from rota.core.apply import fold
@@ -142,3 +142,59 @@ async def test_three_server_cluster_survives_a_server_kill_during_a_burst(tmp_pa
     finally:
         for s in servers:
             s.stop()
+
+
+async def test_concurrent_submits_are_group_committed_in_order(js):
+    import asyncio
+
+    lg = await js()
+    c = Controller(lg, config=CFG, clock=Clock())
+    await c.start()
+    base = c.state.seq
+    replies = await asyncio.gather(*(c.handle("submit", {"rid": f"g{i}", "spec": spec(hold=True)})
+                                     for i in range(300)))
+    ids = [r["job_id"] for r in replies]
+    assert all(r["ok"] for r in replies) and sorted(ids) == list(range(1, 301))
+    entries = [e async for e in lg.read(1)]
+    assert [e.event.job_id for e in entries[base:]] == list(range(1, 301))
+    assert fold(entries) == c.state
+
+
+class UnsureLog(MemoryLog):
+    """The in-memory log, told to store some appends but report them as unconfirmed (a timeout)."""
+
+    def __init__(self, unsure: set[str]) -> None:
+        super().__init__()
+        self.unsure = unsure
+
+    async def append(self, event, *, actor, idem, ts, expected_last=None):
+        ack = await super().append(event, actor=actor, idem=idem, ts=ts, expected_last=expected_last)
+        if idem in self.unsure:
+            self.unsure.discard(idem)
+            raise LogUnavailable("timeout")
+        return ack
+
+
+async def test_an_unconfirmed_append_in_a_batch_is_answered_from_what_the_log_holds():
+    import asyncio
+
+    lg = UnsureLog({"u3"})
+    c = Controller(lg, config=CFG, clock=Clock())
+    await c.start()
+    replies = await asyncio.gather(*(c.handle("submit", {"rid": f"u{i}", "spec": spec(hold=True)})
+                                     for i in range(8)))
+    assert all(r["ok"] for r in replies), replies   # u3 landed although its ack was lost
+    assert sorted(r["job_id"] for r in replies) == list(range(1, 9))
+    assert fold(lg.entries) == c.state and not c._stale
+
+
+async def test_a_retry_after_a_restart_is_not_appended_again():
+    lg = MemoryLog()
+    c = Controller(lg, config=CFG, clock=Clock())
+    await c.start()
+    first = await c.handle("submit", {"rid": "once", "spec": spec()})
+    c2 = Controller(lg, clock=Clock())
+    await c2.start()
+    again = await c2.handle("submit", {"rid": "once", "spec": spec()})
+    assert first == again == {"ok": True, "job_id": 1}
+    assert sum(1 for e in lg.entries if e.event.type == "job.submitted") == 1
