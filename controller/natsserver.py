@@ -80,6 +80,20 @@ class NatsServer:
             self.process.wait()
 
 
+def _die_with(parent: int):
+    """In the child before exec: get SIGTERM when the process that started us dies, even by kill -9,
+    so an embedded server never outlives ``rota up`` holding its port and store."""
+    def arm() -> None:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)   # PR_SET_PDEATHSIG
+        if os.getppid() != parent:               # the parent died before prctl took effect
+            os._exit(1)
+    return arm
+
+
 def start(state_dir: str | os.PathLike, port: int | None = None, *, sync_always: bool = True,
           cluster: tuple[str, int, list[int]] | None = None, server_name: str = "rota",
           wait: float = 15.0) -> NatsServer:
@@ -93,7 +107,8 @@ def start(state_dir: str | os.PathLike, port: int | None = None, *, sync_always:
     log = base / "nats-server.log"
     with open(log, "ab") as fh:
         proc = subprocess.Popen([find_binary(), "-c", str(conf)], stdout=fh, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=_die_with(os.getpid()) if sys.platform == "linux" else None)
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         if proc.poll() is not None:

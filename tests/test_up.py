@@ -150,3 +150,33 @@ def test_kill_9_during_a_submit_burst_loses_nothing_and_starts_nothing_twice(tmp
     assert len(starts) == len(set(starts)), "a job was started twice"
     state = fold(entries)
     assert len(state.jobs) == total
+
+
+def test_the_embedded_server_does_not_outlive_a_killed_rota_up(tmp_path):
+    env = dict(os.environ, ROTA_STATE_DIR=str(tmp_path / "state"))
+    proc = subprocess.Popen([str(BIN / "rota"), "up"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(tmp_path / "state" / "cluster.json")
+    conf = str(tmp_path / "state" / "nats" / "nats-server.conf")
+    server_pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                   and conf.encode() in _cmdline(p)]
+    assert len(server_pids) == 1
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{server_pids[0]}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{server_pids[0]}").exists() or b"Z" in _stat(server_pids[0]), "nats-server orphaned"
+
+
+def _cmdline(p: Path) -> bytes:
+    try:
+        return (p / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _stat(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().split(b") ", 1)[1][:1]
+    except (OSError, IndexError):
+        return b"Z"
