@@ -18,11 +18,41 @@ def up(
     nats: Optional[str] = typer.Option(None, help="use these NATS servers (URL[,URL...]) instead of an embedded one"),
     nats_port: Optional[int] = typer.Option(None, help="port of the embedded nats-server (default: a free one)"),
     fake_gpus: Optional[str] = typer.Option(None, help="TYPE:N fake GPUs for a machine without any"),
+    agent_node: Optional[str] = typer.Option(None, help="node the local agent serves (default: this host, else the first)"),
+    no_agent: bool = typer.Option(False, "--no-agent", help="run no local agent (agents run elsewhere)"),
+    node_timeout: float = typer.Option(300.0, help="seconds of agent silence before a node is DOWN (SlurmdTimeout)"),
+    kill_wait: float = typer.Option(30.0, help="seconds between SIGTERM and SIGKILL at a time limit or cancel (KillWait)"),
 ) -> None:
-    """Run the controller (and an embedded nats-server) in the foreground until Ctrl-C."""
+    """Run the controller, a local agent (and an embedded nats-server) in the foreground until Ctrl-C."""
     from rota.controller.up import main as up_main
 
-    raise typer.Exit(up_main(state_dir, config, nats, nats_port, fake_gpus, typer.echo))
+    raise typer.Exit(up_main(state_dir, config, nats, nats_port, fake_gpus, typer.echo, agent_node=agent_node,
+                             no_agent=no_agent, node_timeout=node_timeout,
+                             agent_options={"kill_wait": kill_wait}))
+
+
+@app.command()
+def agent(
+    node: str = typer.Option(..., help="the node name this agent serves (as in the cluster configuration)"),
+    nats: Optional[str] = typer.Option(None, help="NATS servers URL[,URL...] (default: $ROTA_NATS_URL or a running rota up)"),
+    state_dir: Optional[str] = typer.Option(None, help="agent spool and job ledger (default $ROTA_STATE_DIR)"),
+    fake_gpus: Optional[str] = typer.Option(None, help="TYPE:N fake GPUs (a fake NVML) for a machine without any"),
+    faults_file: Optional[str] = typer.Option(None, help="fake NVML fault-injection JSON file"),
+    cpus: Optional[int] = typer.Option(None, help="report this many CPUs instead of the machine's"),
+    memory: Optional[int] = typer.Option(None, help="report this much memory (MiB) instead of the machine's"),
+    heartbeat: float = typer.Option(5.0, help="seconds between heartbeats"),
+    health_interval: float = typer.Option(30.0, help="seconds between health checks (NVML, health program)"),
+    health_program: Optional[str] = typer.Option(None, help="admin health check: a non-zero exit drains the node"),
+    kill_wait: float = typer.Option(30.0, help="seconds between SIGTERM and SIGKILL (KillWait)"),
+    no_cgroups: bool = typer.Option(False, "--no-cgroups", help="do not confine jobs in cgroups (poll RSS instead)"),
+) -> None:
+    """Run a node agent (slurmd) in the foreground until Ctrl-C."""
+    from rota.agents.main import main as agent_main
+
+    raise typer.Exit(agent_main(node=node, nats=nats, state_dir=state_dir, fake_gpus=fake_gpus,
+                                faults_file=faults_file, cpus=cpus, memory=memory, heartbeat=heartbeat,
+                                health_interval=health_interval, health_program=health_program,
+                                kill_wait=kill_wait, use_cgroups=not no_cgroups, echo=typer.echo))
 
 
 @app.command()

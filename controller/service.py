@@ -20,11 +20,16 @@ from rota.core.apply import apply, fold
 from rota.core.schedule import schedule
 from rota.core.state import State, dump_snapshot, load_snapshot
 
+from . import assign
 from .eventlog import FencedError, LogUnavailable
 
 log = logging.getLogger("rota.controller")
 API = "rota.api"
 SNAPSHOT_BUCKET = "rota-snapshots"
+
+
+_AGENT_EVENTS = (ev.JobsStarted, ev.JobCancelled, ev.JobRequeued, ev.JobUpdated, ev.NodeDown, ev.NodeRegistered,
+                 ev.ClusterConfigured)
 
 
 class _NothingToDo(Exception):
@@ -55,6 +60,8 @@ class Controller:
         self.max_batch = 256
         self._stale = False                  # the state may hold events the log does not: reload first
         self._recent: dict[str, int] = {}    # idempotency id -> sequence, for retries after a restart
+        self.on_assign: Callable[[list[tuple[str, dict]]], None] | None = None   # agent messages to send
+        self.on_reload: Callable[[], None] | None = None                         # state rebuilt from the log
 
     # ------------------------------------------------------------ state
 
@@ -140,6 +147,7 @@ class Controller:
             return
         base = self.state.seq
         staged: list[tuple[ev.Envelope, asyncio.Future]] = []
+        outbox: list[tuple[str, dict]] = []
         for prepare, actor, idem, fut in batch:
             if idem and idem in self._recent:   # a retry of something already on the log
                 fut.set_result((self._recent_envelope(idem, actor), True))
@@ -152,7 +160,11 @@ class Controller:
             ts = max(self.now(), self.state.now)
             seq = self.state.seq + 1
             env = ev.Envelope(seq=seq, ts=ts, actor=actor, idem=idem or f"{self.name}-{seq}-{ts}", event=event)
+            tracked = isinstance(event, _AGENT_EVENTS)
+            before = assign.watched(self.state, event) if tracked else []
             apply(self.state, env)
+            if tracked:
+                outbox.extend(assign.messages(self.state, event, before))
             staged.append((env, fut))
         if not staged:
             return
@@ -166,8 +178,12 @@ class Controller:
                 self._remember(env.idem, env.seq)
                 fut.set_result((env, False))
             self._dirty.set()
+            if outbox and self.on_assign is not None:
+                self.on_assign(outbox)
             return
         await self._reconcile(base, staged, acks)
+        if self.on_reload is not None:
+            self.on_reload()
 
     async def _reconcile(self, base: int, staged: list, acks: list) -> None:
         """After a failed group commit: rebuild from the log and answer each request truthfully."""

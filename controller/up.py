@@ -10,9 +10,14 @@ import socket
 from pathlib import Path
 
 from rota.core import events as ev
+
+log = logging.getLogger("rota.up")
 from rota.core.slurmconf import ConfigError, auto_config, parse_config
 
+from rota.agents.agent import Agent
+
 from . import natsserver
+from .agentlink import AgentLink
 from .eventlog import JetStreamLog
 from .service import Controller
 
@@ -45,15 +50,30 @@ def machine_config(fake_gpus: str | None) -> ev.ClusterConfig:
 
 
 def load_config(path: str | None, fake_gpus: str | None) -> ev.ClusterConfig:
+    """The cluster configuration ``rota up`` applies; its nodes take work once their agent registers."""
     if path is None:
-        return machine_config(fake_gpus)
-    text = Path(path).read_text()
-    gres = Path(path).with_name("gres.conf")
-    return parse_config(text, path, gres.read_text() if gres.exists() else None, str(gres))
+        cfg = machine_config(fake_gpus)
+    else:
+        text = Path(path).read_text()
+        gres = Path(path).with_name("gres.conf")
+        cfg = parse_config(text, path, gres.read_text() if gres.exists() else None, str(gres))
+    return cfg.model_copy(update={"agents": True})
+
+
+def pick_agent_node(config: ev.ClusterConfig, wanted: str | None) -> str | None:
+    """The node the local agent serves: ``wanted``, else this host's name if configured, else the first."""
+    names = [n.name for n in config.nodes]
+    if wanted:
+        if wanted not in names:
+            raise ValueError(f"--agent-node {wanted}: no such node in the configuration ({', '.join(names[:5])}...)")
+        return wanted
+    host = socket.gethostname().split(".")[0]
+    return host if host in names else (names[0] if names else None)
 
 
 async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, nats_port: int | None,
-              echo=print) -> None:
+              echo=print, *, agent_node: str | None = None, fake_gpus: str | None = None,
+              node_timeout: float = 300.0, agent_options: dict | None = None) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
     server = None
     if nats_url is None:
@@ -63,6 +83,8 @@ async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, n
     urls = nats_url.split(",")
     eventlog = await JetStreamLog.connect(urls, replicas=3 if len(urls) >= 3 else 1)
     controller = Controller(eventlog, config=config)
+    agent: Agent | None = None
+    link: AgentLink | None = None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -70,6 +92,18 @@ async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, n
     try:
         await controller.start()
         await controller.serve(eventlog.nc)
+        link = AgentLink(controller, eventlog.nc, node_timeout=node_timeout)
+        await link.start()
+        if agent_node is not None:
+            node_cfg = next(n for n in config.nodes if n.name == agent_node)
+            opts = dict(agent_options or {})
+            if fake_gpus:   # a fake node (demo, tests): it has what the configuration says
+                opts.setdefault("cpus", node_cfg.cpus)
+                opts.setdefault("memory", node_cfg.memory)
+            agent = Agent(agent_node, nats_url, state_dir, fake_gpus=fake_gpus, **opts)
+            for line in agent.describe():
+                echo(line)
+            await agent.start()
         info.write_text(json.dumps({"nats": nats_url, "pid": os.getpid()}))
         cfg = controller.state.config
         assert cfg is not None
@@ -83,7 +117,14 @@ async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, n
             info.unlink()
         except FileNotFoundError:
             pass
+        log.info("stopping: agent")
+        if agent is not None:
+            await agent.stop()
+        log.info("stopping: controller")
+        if link is not None:
+            await link.stop()
         await controller.maybe_snapshot(force=True)
+        log.info("stopping: snapshot written")
         await controller.stop()
         await eventlog.close()
         if server is not None:
@@ -92,10 +133,12 @@ async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, n
 
 
 def main(state_dir: str | None, config: str | None, nats: str | None, nats_port: int | None,
-         fake_gpus: str | None, echo=print) -> int:
-    logging.basicConfig(level=logging.WARNING, format="rota: %(message)s")
+         fake_gpus: str | None, echo=print, *, agent_node: str | None = None, no_agent: bool = False,
+         node_timeout: float = 300.0, agent_options: dict | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("ROTA_LOGLEVEL", "WARNING").upper(), format="rota: %(message)s")
     try:
         cfg = load_config(config, fake_gpus)
+        node = None if no_agent else pick_agent_node(cfg, agent_node)
     except ConfigError as exc:
         for d in exc.diagnostics:
             echo(str(d))
@@ -105,7 +148,9 @@ def main(state_dir: str | None, config: str | None, nats: str | None, nats_port:
         echo(f"rota up: {exc}")
         return 1
     try:
-        asyncio.run(run(Path(state_dir) if state_dir else default_state_dir(), cfg, nats, nats_port, echo))
+        asyncio.run(run(Path(state_dir) if state_dir else default_state_dir(), cfg, nats, nats_port, echo,
+                        agent_node=node, fake_gpus=fake_gpus, node_timeout=node_timeout,
+                        agent_options=agent_options))
     except natsserver.NatsServerError as exc:
         echo(f"rota up: {exc}")
         return 1

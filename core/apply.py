@@ -145,7 +145,7 @@ def _cluster_configured(state: State, env: ev.Envelope, e: ev.ClusterConfigured)
     for i, nc in enumerate(e.config.nodes):
         prev = old.get(nc.name)
         if prev is None:
-            node = node_from_config(nc, i)
+            node = node_from_config(nc, i, e.config.agents)
         else:
             node = prev
             node.index = i
@@ -341,6 +341,7 @@ def _node_registered(state: State, env: ev.Envelope, e: ev.NodeRegistered) -> No
     if node is None:
         return
     node.registered = True
+    node.awaiting_agent = False
     node.boot_time = e.boot_time
     node.reported_gpus = len(e.gpus)
     if node.not_responding:

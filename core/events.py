@@ -86,6 +86,7 @@ class ClusterConfig(Model):
     priority: PriorityWeights = PriorityWeights()
     qos: tuple[QosConfig, ...] = (QosConfig(name="normal"),)
     gres_types: tuple[str, ...] = ("gpu",)
+    agents: bool = False          # nodes run jobs through agents: a node takes work once its agent registered
 
     def default_partition(self) -> PartitionConfig | None:
         for p in self.partitions:

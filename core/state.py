@@ -89,6 +89,7 @@ class Node:
     last_busy: int = 0
     boot_time: int = 0
     reported_gpus: int | None = None
+    awaiting_agent: bool = False            # agents configured and this node's never registered
 
     @property
     def gpu_count(self) -> int:
@@ -101,12 +102,14 @@ class Node:
     @property
     def usable(self) -> bool:
         """Can take new work: not drained, down or unresponsive."""
-        return not (self.drain or self.down or self.not_responding)
+        return not (self.drain or self.down or self.not_responding or self.awaiting_agent)
 
     def display_state(self) -> str:
         """Slurm-like state, e.g. IDLE, MIXED, ALLOCATED, DRAINING, DRAINED, DOWN."""
         if self.down:
             return "DOWN"
+        if self.awaiting_agent:
+            return "UNKNOWN"
         if self.drain:
             return "DRAINING" if self.jobs else "DRAINED"
         if not self.jobs:
@@ -115,12 +118,12 @@ class Node:
         return "ALLOCATED" if full else "MIXED"
 
 
-def node_from_config(cfg: NodeConfig, index: int) -> Node:
+def node_from_config(cfg: NodeConfig, index: int, agents: bool = False) -> Node:
     types: list[str] = []
     for g in cfg.gpus:
         types.extend([g.type] * g.count)
     node = Node(name=cfg.name, index=index, cpus=cfg.cpus, memory=cfg.memory, gpu_types=types,
-                features=cfg.features, weight=cfg.weight, gpu_owner=[0] * len(types))
+                features=cfg.features, weight=cfg.weight, gpu_owner=[0] * len(types), awaiting_agent=agents)
     st = cfg.state.upper()
     if st in ("DOWN", "FAIL"):
         node.down, node.reason, node.reason_by = True, "configured down", "slurm.conf"
@@ -199,7 +202,7 @@ _JOB_SCALARS = ("job_id", "submit_seq", "submit_time", "state", "hold", "priorit
                 "restarts", "cancel_by", "backfilled", "start_cycle")
 _NODE_SCALARS = ("name", "index", "cpus", "memory", "gpu_types", "weight", "alloc_cpus", "alloc_mem",
                  "gpu_owner", "jobs", "drain", "down", "not_responding", "invalid_reg", "registered", "reason",
-                 "reason_by", "reason_time", "last_busy", "boot_time", "reported_gpus")
+                 "reason_by", "reason_time", "last_busy", "boot_time", "reported_gpus", "awaiting_agent")
 _META = ("config_seq", "seq", "now", "next_job_id", "cycle", "controller_version")
 
 

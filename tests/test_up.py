@@ -35,13 +35,19 @@ def up(tmp_path):
     conf = tmp_path / "slurm.conf"
     conf.write_text(CONF)
     env = dict(os.environ, ROTA_STATE_DIR=str(tmp_path / "state"))
-    proc = subprocess.Popen([str(BIN / "rota"), "up", "--config", str(conf)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "up.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen([str(BIN / "rota"), "up", "--config", str(conf), "--fake-gpus", "a100:8"],
+                                env=dict(env, ROTA_LOGLEVEL="INFO"), stdout=fh, stderr=subprocess.STDOUT)
     wait_for(tmp_path / "state" / "cluster.json")
     yield env
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=20)
-    assert "rota up: stopped" in out
+    try:
+        proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "rota up: stopped" in log.read_text(), log.read_text()
 
 
 def run(env, *cmd):
@@ -49,7 +55,8 @@ def run(env, *cmd):
 
 
 def test_rota_up_sbatch_squeue(up):
-    r = run(up, "sbatch", "--wrap", "echo hi", "--gres=gpu:a100:2", "-t", "10")
+    r = run(up, "sbatch", "--wrap", "echo $CUDA_VISIBLE_DEVICES; sleep 3", "--gres=gpu:a100:2", "-t", "10",
+            "-o", str(up["ROTA_STATE_DIR"]) + "/out-%j.txt")
     assert r.returncode == 0 and r.stdout == "Submitted batch job 1\n"
     r = run(up, "sbatch", "--parsable", "--hold", "--wrap", "true", "-J", "held")
     assert r.stdout == "2\n"
@@ -67,6 +74,10 @@ def test_rota_up_sbatch_squeue(up):
     assert r.stdout == "1 RUNNING\n"
     r = run(up, "squeue", "-j", "77")
     assert r.returncode == 1 and r.stderr == "slurm_load_jobs error: Invalid job id specified\n"
+    out = Path(up["ROTA_STATE_DIR"]) / "out-1.txt"
+    wait_for(out)
+    time.sleep(0.2)
+    assert out.read_text() == "0,1\n"      # the local agent ran it on exactly its two GPUs
 
 
 def test_commands_say_clearly_when_no_cluster_runs(tmp_path):

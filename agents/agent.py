@@ -1,0 +1,449 @@
+"""The node agent (slurmd): registers inventory, runs assigned jobs confined, reports what happens.
+
+It reads only its own node's assignments (``rota.assign.<node>``, a work-queue stream) and reports
+through the inbox (``rota.inbox.<node>``, a work-queue stream the controller drains and appends to
+the log). Heartbeats are plain NATS messages (``rota.hb.<node>``). Jobs run under a tiny shell
+shepherd that records the exit status in the spool, so a restarted agent finds its running jobs
+again (or reports honestly what became of them) and never leaves one behind.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rota.core import __version__
+from rota.core import events as ev
+
+from . import cgroups as cg
+from . import launch
+from .gpu import Gpus, open_gpus
+
+log = logging.getLogger("rota.agent")
+
+INBOX_STREAM, INBOX_PREFIX = "ROTA_INBOX", "rota.inbox"
+ASSIGN_STREAM, ASSIGN_PREFIX = "ROTA_ASSIGN", "rota.assign"
+HEARTBEAT_PREFIX = "rota.hb"
+SHEPHERD = '"$@"; s=$?; echo $s > "$0"; exit $s'
+
+
+async def ensure_streams(js: Any, replicas: int = 1) -> None:
+    """The inbox and assignment streams: file storage, work-queue retention (deleted once acted on)."""
+    from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+
+    for name, prefix in ((INBOX_STREAM, INBOX_PREFIX), (ASSIGN_STREAM, ASSIGN_PREFIX)):
+        cfg = StreamConfig(name=name, subjects=[f"{prefix}.>"], storage=StorageType.FILE,
+                           retention=RetentionPolicy.WORK_QUEUE, num_replicas=replicas, duplicate_window=600.0)
+        for attempt in range(40):
+            try:
+                try:
+                    await js.stream_info(name)
+                except Exception:  # noqa: BLE001 - not found: create
+                    await js.add_stream(cfg)
+                break
+            except Exception:  # noqa: BLE001 - a cluster still forming
+                if attempt == 39:
+                    raise
+                await asyncio.sleep(0.25)
+
+
+@dataclass
+class Run:
+    """One job on this node."""
+
+    a: dict[str, Any]
+    pid: int
+    started: float                          # wall clock
+    proc: Any = None                        # Popen when we are its parent; None when adopted
+    cgroup: Any = None
+    kill_reason: str | None = None          # "cancelled", "timeout", "oom"
+    term_sent: float = 0.0
+    peak_kib: int = 0
+    cpus: list[int] = field(default_factory=list)
+
+    @property
+    def job_id(self) -> int:
+        return self.a["job_id"]
+
+    @property
+    def deadline(self) -> float:
+        limit = self.a.get("time_limit") or 0
+        return self.a["start_time"] + limit if limit else float("inf")
+
+
+class Agent:
+    def __init__(self, node: str, nats_url: str, state_dir: str | os.PathLike, *, fake_gpus: str | None = None,
+                 faults_file: str | None = None, heartbeat: float = 5.0, health_interval: float = 30.0,
+                 kill_wait: float = 30.0, health_program: str | None = None, cpus: int | None = None,
+                 memory: int | None = None, use_cgroups: bool = True) -> None:
+        self.node, self.url = node, nats_url
+        self.dir = Path(state_dir) / "agent" / node
+        self.spool = self.dir / "spool"
+        self.ledger = self.dir / "jobs"
+        self.heartbeat, self.health_interval, self.kill_wait = heartbeat, health_interval, kill_wait
+        self.health_program = health_program
+        self.cpus = cpus or os.cpu_count() or 1
+        self.memory = memory or _mem_total_mib()
+        self.gpus: Gpus | None
+        self.gpus, self.gpu_note = open_gpus(fake_gpus, faults_file or str(self.dir / "fake-nvml.json"), node)
+        self.cgroups, self.cgroup_note = cg.detect(node) if use_cgroups else (None, "cgroups disabled")
+        self.runs: dict[int, Run] = {}
+        self.seen: set[tuple[int, int]] = set()   # (job id, restarts) launched here
+        self.nc: Any = None
+        self.js: Any = None
+        self._tasks: list[asyncio.Task] = []
+        self._stop = asyncio.Event()
+
+    def describe(self) -> list[str]:
+        return [f"rota agent {self.node}: {self.cpus} CPUs, {self.memory} MiB, {self.gpu_note}",
+                f"rota agent {self.node}: confinement: {self.cgroup_note}"]
+
+    # ------------------------------------------------------------ life cycle
+
+    async def start(self) -> None:
+        import nats
+
+        for d in (self.spool, self.ledger):
+            d.mkdir(parents=True, exist_ok=True)
+        self.nc = await nats.connect(self.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2,
+                                     name=f"rota-agent-{self.node}")
+        self.js = self.nc.jetstream(timeout=10)
+        await ensure_streams(self.js)
+        running = self._adopt()
+        inventory = self.gpus.inventory() if self.gpus is not None else []
+        await self.report(ev.NodeRegistered(node=self.node, cpus=self.cpus, memory=self.memory, gpus=tuple(inventory),
+                                            agent_version=__version__, boot_time=_boot_time(),
+                                            running=tuple(sorted(running))))
+        self._tasks = [asyncio.create_task(c) for c in (self._heartbeats(), self._assignments(),
+                                                        self._supervise(), self._health())]
+
+    async def run_forever(self) -> None:
+        await self.start()
+        await self._stop.wait()
+
+    async def stop(self, kill_jobs: bool = False) -> None:
+        """Stop the agent. Jobs keep running (a restarted agent adopts them) unless ``kill_jobs``."""
+        self._stop.set()
+        for t in self._tasks:
+            t.cancel()
+        if kill_jobs:
+            for run in list(self.runs.values()):
+                self._signal(run, signal.SIGKILL)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.nc is not None:
+            try:
+                await self.nc.close()   # reports are acknowledged one by one: nothing to drain
+            except Exception:  # noqa: BLE001
+                pass
+
+    # ------------------------------------------------------------ reporting
+
+    async def report(self, event: Any) -> None:
+        """Put an observation into the inbox; retried (same message id) until JetStream has it."""
+        body = ev.EVENT_ADAPTER.dump_json(event)
+        msg_id = f"{self.node}-{uuid.uuid4().hex}"
+        delay = 0.1
+        while True:
+            try:
+                await self.js.publish(f"{INBOX_PREFIX}.{self.node}", body, stream=INBOX_STREAM,
+                                      headers={"Nats-Msg-Id": msg_id})
+                return
+            except Exception as exc:  # noqa: BLE001 - NATS down or slow: keep it, retry
+                log.warning("report not yet accepted (%s); retrying", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _heartbeats(self) -> None:
+        while True:
+            try:
+                await self.nc.publish(f"{HEARTBEAT_PREFIX}.{self.node}",
+                                      json.dumps({"running": sorted(self.runs)}).encode())
+            except Exception:  # noqa: BLE001 - reconnecting
+                pass
+            await asyncio.sleep(self.heartbeat)
+
+    async def _health(self) -> None:
+        """NVML faults and the admin's health-check program, every interval, while they persist."""
+        installed = self.gpus.installed if self.gpus is not None else 0
+        while True:
+            reasons: list[tuple[str, str, int | None]] = []
+            if self.gpus is not None:
+                for f in self.gpus.faults():
+                    reasons.append((f.code, f.reason, f.gpu_index))
+            if self.health_program:
+                problem = await _run_health_program(self.health_program)
+                if problem:
+                    reasons.append(("healthcheck", problem, None))
+            for code, reason, index in reasons:
+                await self.report(ev.HealthFault(node=self.node, reason=reason, gpu_index=index, code=code))
+            if self.gpus is not None and not reasons:
+                now = len(self.gpus.inventory())
+                if now < installed:
+                    await self.report(ev.HealthFault(node=self.node, code="lost",
+                                                     reason=f"gpu count dropped from {installed} to {now}"))
+            await asyncio.sleep(self.health_interval)
+
+    # ------------------------------------------------------------ assignments
+
+    async def _assignments(self) -> None:
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        durable = f"agent-{self.node}"
+        cfg = ConsumerConfig(durable_name=durable, filter_subject=f"{ASSIGN_PREFIX}.{self.node}",
+                             ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL, ack_wait=60)
+        while True:
+            try:
+                sub = await self.js.pull_subscribe(f"{ASSIGN_PREFIX}.{self.node}", durable=durable,
+                                                   stream=ASSIGN_STREAM, config=cfg)
+                break
+            except Exception as exc:  # noqa: BLE001
+                log.warning("cannot subscribe to assignments yet: %s", exc)
+                await asyncio.sleep(0.5)
+        while True:
+            try:
+                msgs = await sub.fetch(64, timeout=1.0)
+            except asyncio.TimeoutError:
+                continue
+            except Exception as exc:  # noqa: BLE001 - reconnecting
+                if "timeout" not in str(exc).lower():
+                    log.warning("fetching assignments: %s", exc)
+                await asyncio.sleep(0.2)
+                continue
+            for msg in msgs:
+                try:
+                    self.act(json.loads(msg.data))
+                except Exception as exc:  # noqa: BLE001 - a bad assignment must not stop the agent
+                    log.error("assignment %r failed: %s", msg.data[:200], exc)
+                    await self._launch_failed(msg.data, str(exc))
+                await msg.ack()
+
+    async def _launch_failed(self, data: bytes, why: str) -> None:
+        try:
+            a = json.loads(data)
+            if a.get("op") == "launch":
+                await self.report(ev.JobExited(job_id=a["job_id"], state="FAILED", exit_code=1, node=self.node))
+        except ValueError:
+            pass
+
+    def act(self, a: dict[str, Any]) -> None:
+        """Carry out one assignment: launch a job, or kill one (cancel)."""
+        op = a.get("op")
+        if op == "launch":
+            key = (a["job_id"], a.get("restarts", 0))
+            if key in self.seen or a["job_id"] in self.runs:
+                return   # a re-sent assignment: it runs (or ran) here already
+            self.seen.add(key)
+            self._launch(a)
+        elif op == "update":
+            run = self.runs.get(a["job_id"])
+            if run is not None:
+                run.a["time_limit"] = a.get("time_limit") or 0
+        elif op == "kill":
+            run = self.runs.get(a["job_id"])
+            if run is not None and a.get("restarts", run.a.get("restarts", 0)) != run.a.get("restarts", 0):
+                return   # meant for an earlier run of a requeued job
+            if run is not None and run.kill_reason is None:
+                run.kill_reason = a.get("reason", "cancelled")
+                self._signal(run, signal.SIGCONT)
+                self._signal(run, int(a.get("signal") or signal.SIGTERM))
+                run.term_sent = time.time()
+
+    def _launch(self, a: dict[str, Any]) -> None:
+        cgroup = None
+        if self.cgroups is not None:
+            cgroup = self.cgroups.create(a["job_id"], a["mem"], self._pick_cpus(a["cpus"]))
+        status = self.spool / f"job{a['job_id']}.{a.get('restarts', 0)}.status"
+        status.unlink(missing_ok=True)
+        a = {**a, "status_file": str(status)}
+        proc = launch.start(a, self.node, self.spool, cgroup, shepherd=(SHEPHERD, str(status)))
+        run = Run(a, proc.pid, time.time(), proc, cgroup)
+        self.runs[run.job_id] = run
+        (self.ledger / f"{run.job_id}.json").write_text(json.dumps(
+            {"a": a, "pid": proc.pid, "started": run.started, "ticks": _start_ticks(proc.pid)}))
+
+    def _pick_cpus(self, n: int) -> list[int] | None:
+        """Specific CPUs for a job's cpuset, when this host really has the CPUs the node claims."""
+        host = sorted(os.sched_getaffinity(0))
+        if len(host) < self.cpus:
+            return None      # several fake nodes share this host: no binding
+        used = {c for r in self.runs.values() for c in r.cpus}
+        free = [c for c in host if c not in used]
+        return free[:n] if len(free) >= n else None
+
+    # ------------------------------------------------------------ supervision
+
+    async def _supervise(self) -> None:
+        last_rss = 0.0
+        while True:
+            now = time.time()
+            poll_rss = self.cgroups is None and now - last_rss >= 0.5
+            if poll_rss:
+                last_rss = now
+            for run in list(self.runs.values()):
+                if run.kill_reason is None and now >= run.deadline:
+                    run.kill_reason = "timeout"
+                    self._signal(run, signal.SIGTERM)
+                    run.term_sent = now
+                elif run.kill_reason is not None and run.term_sent and now - run.term_sent >= self.kill_wait:
+                    self._signal(run, signal.SIGKILL)
+                    run.term_sent = 0.0
+                if poll_rss:
+                    rss = _group_rss_kib(run.pid)
+                    run.peak_kib = max(run.peak_kib, rss)
+                    if run.a["mem"] and rss > run.a["mem"] * 1024 and run.kill_reason is None:
+                        run.kill_reason = "oom"
+                        self._signal(run, signal.SIGKILL)
+                done = self._exit_status(run)
+                if done is not None:
+                    await self._finished(run, *done)
+            await asyncio.sleep(0.02 if self.runs else 0.1)
+
+    def _exit_status(self, run: Run) -> tuple[int, int] | None:
+        """(exit code, signal) once the job ended, else None."""
+        if run.proc is not None:
+            rc = run.proc.poll()
+            if rc is None:
+                return None
+            if rc < 0:
+                return 0, -rc
+        elif _alive(run.pid, run.a.get("_ticks")):
+            return None
+        try:
+            rc = int(Path(run.a["status_file"]).read_text().strip())
+        except (OSError, ValueError, KeyError):
+            return (0, signal.SIGKILL) if run.proc is None else (rc, 0)
+        return (0, rc - 128) if rc > 128 else (rc, 0)
+
+    async def _finished(self, run: Run, exit_code: int, sig: int) -> None:
+        del self.runs[run.job_id]
+        self._signal(run, signal.SIGKILL)     # nothing of a job outlives it
+        oom = run.kill_reason == "oom"
+        if run.cgroup is not None:
+            oom = oom or run.cgroup.oom_killed()
+            run.peak_kib = max(run.peak_kib, run.cgroup.peak_kib())
+            await asyncio.to_thread(run.cgroup.remove)
+        elapsed = max(0, int(time.time() - run.a["start_time"]))
+        if run.kill_reason in ("cancelled", "stopped"):
+            state = "CANCELLED"
+        elif run.kill_reason == "timeout":
+            state = "TIMEOUT"
+        elif oom:
+            state = "OUT_OF_MEMORY"
+        elif exit_code == 0 and sig == 0:
+            state = "COMPLETED"
+        else:
+            state = "FAILED"
+        if run.kill_reason != "stopped":   # a job the log already ended needs no report
+            await self.report(ev.JobExited(job_id=run.job_id, state=state, exit_code=exit_code, signal=sig,
+                                           max_rss=run.peak_kib, elapsed=elapsed, node=self.node))
+        (self.ledger / f"{run.job_id}.json").unlink(missing_ok=True)
+        for f in (run.a.get("status_file"),):
+            if f:
+                Path(f).unlink(missing_ok=True)
+
+    def _signal(self, run: Run, sig: int) -> None:
+        try:
+            os.killpg(run.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if run.cgroup is not None:
+            run.cgroup.kill_all(sig)
+
+    def _adopt(self) -> set[int]:
+        """Jobs a previous agent process started: adopt those still running, report those that ended."""
+        running: set[int] = set()
+        for f in sorted(self.ledger.glob("*.json")):
+            try:
+                rec = json.loads(f.read_text())
+                a = {**rec["a"], "_ticks": rec.get("ticks")}
+            except (OSError, ValueError, KeyError):
+                f.unlink(missing_ok=True)
+                continue
+            cgroup = self.cgroups.existing(a["job_id"]) if self.cgroups is not None else None
+            run = Run(a, rec["pid"], rec["started"], None, cgroup)
+            self.runs[run.job_id] = run
+            self.seen.add((a["job_id"], a.get("restarts", 0)))
+            if _alive(run.pid, rec.get("ticks")):
+                running.add(run.job_id)
+        return running
+
+
+def _mem_total_mib() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return 1024
+
+
+def _boot_time() -> int:
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _start_ticks(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _alive(pid: int, ticks: int | None) -> bool:
+    """Whether ``pid`` is still the process we started (not a zombie, not a reused pid)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    if fields[0] == "Z":
+        return False
+    return ticks is None or int(fields[19]) == ticks
+
+
+def _group_rss_kib(pgid: int) -> int:
+    total = 0
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            fields = (p / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:
+                continue
+            for line in (p / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+async def _run_health_program(program: str) -> str | None:
+    """Run the admin's health check; a non-zero exit is a fault whose reason is its first output line."""
+    try:
+        proc = await asyncio.create_subprocess_shell(program, stdout=asyncio.subprocess.PIPE,
+                                                     stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout=60)
+    except (OSError, asyncio.TimeoutError) as exc:
+        return f"health check {program!r} failed to run: {exc}"
+    if proc.returncode != 0:
+        first = (out or b"").decode(errors="replace").strip().splitlines()
+        return f"health check failed: {first[0] if first else 'exit ' + str(proc.returncode)}"
+    return None
+
+
+def hostname() -> str:
+    return socket.gethostname().split(".")[0]

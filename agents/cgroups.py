@@ -1,0 +1,171 @@
+"""Per-job cgroups: memory limit, CPU set, OOM detection, peak memory, kill-all (v2, else v1).
+
+Where neither is usable (not root, no controllers), :func:`detect` says why and the agent falls back
+to polling the RSS of the job's processes.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+ROOT = Path("/sys/fs/cgroup")
+
+
+class Cgroups:
+    """Where job cgroups are made: ``version`` 2 or 1, under ``rota/<node>``."""
+
+    def __init__(self, version: int, node: str, root: Path = ROOT) -> None:
+        self.version, self.node, self.root = version, node, root
+
+    def base(self, controller: str) -> Path:
+        if self.version == 2:
+            return self.root / "rota" / self.node
+        return self.root / controller / "rota" / self.node
+
+    def create(self, job_id: int, mem_mib: int, cpus: list[int] | None) -> "JobCgroup":
+        return JobCgroup(self, f"job_{job_id}", mem_mib, cpus)
+
+    def existing(self, job_id: int) -> "JobCgroup | None":
+        cg = JobCgroup(self, f"job_{job_id}", 0, None, make=False)
+        return cg if cg.exists() else None
+
+
+def detect(node: str, root: Path = ROOT) -> tuple[Cgroups | None, str]:
+    """The usable cgroup hierarchy, or None with the reason (said at agent start)."""
+    if os.geteuid() != 0:
+        return None, "not running as root: memory enforced by polling RSS, no CPU binding"
+    if (root / "cgroup.controllers").exists():
+        controllers = (root / "cgroup.controllers").read_text().split()
+        if "memory" in controllers:
+            try:
+                base = root / "rota"
+                base.mkdir(exist_ok=True)
+                (root / "cgroup.subtree_control").write_text("+memory +cpuset")
+                (base / "cgroup.subtree_control").write_text("+memory +cpuset")
+                (base / node).mkdir(exist_ok=True)
+                (base / node / "cgroup.subtree_control").write_text("+memory +cpuset")
+                return Cgroups(2, node, root), "cgroup v2 (memory, cpuset)"
+            except OSError as exc:
+                return None, f"cgroup v2 not writable ({exc}): memory enforced by polling RSS"
+    mem = root / "memory"
+    if (mem / "memory.limit_in_bytes").exists():
+        try:
+            (mem / "rota" / node).mkdir(parents=True, exist_ok=True)
+            cpuset = root / "cpuset"
+            if (cpuset / "cpuset.cpus").exists():
+                for d in (cpuset / "rota", cpuset / "rota" / node):
+                    d.mkdir(exist_ok=True)
+                    for f in ("cpuset.cpus", "cpuset.mems"):
+                        if not (d / f).read_text().strip():
+                            (d / f).write_text((d.parent / f).read_text())
+            return Cgroups(1, node, root), "cgroup v1 (memory, cpuset)"
+        except OSError as exc:
+            return None, f"cgroup v1 not writable ({exc}): memory enforced by polling RSS"
+    return None, "no cgroup memory controller: memory enforced by polling RSS"
+
+
+class JobCgroup:
+    def __init__(self, cgroups: Cgroups, name: str, mem_mib: int, cpus: list[int] | None,
+                 make: bool = True) -> None:
+        self.cg = cgroups
+        self.v2 = cgroups.version == 2
+        self.mem = cgroups.base("memory") / name
+        self.cpuset = None if self.v2 else cgroups.base("cpuset") / name
+        if self.v2:
+            self.cpuset = self.mem
+        if make:
+            self._make(mem_mib, cpus)
+
+    def exists(self) -> bool:
+        return self.mem.is_dir()
+
+    def _make(self, mem_mib: int, cpus: list[int] | None) -> None:
+        self.mem.mkdir(exist_ok=True)
+        limit = str(mem_mib * 1024 * 1024) if mem_mib > 0 else ("max" if self.v2 else "-1")
+        if self.v2:
+            (self.mem / "memory.max").write_text(limit)
+            _try_write(self.mem / "memory.swap.max", "0")
+        else:
+            (self.mem / "memory.limit_in_bytes").write_text(limit)
+            _try_write(self.mem / "memory.memsw.limit_in_bytes", limit)   # no escape into swap
+            _try_write(self.mem / "memory.swappiness", "0")
+        if cpus and self.cpuset is not None:
+            if not self.v2:
+                self.cpuset.mkdir(exist_ok=True)
+                (self.cpuset / "cpuset.mems").write_text((self.cpuset.parent / "cpuset.mems").read_text())
+            _try_write(self.cpuset / "cpuset.cpus", ",".join(map(str, cpus)))
+
+    def proc_files(self) -> list[Path]:
+        """The ``cgroup.procs`` files a process writes its pid to, to join this job's cgroups."""
+        files = [self.mem / "cgroup.procs"]
+        if not self.v2 and self.cpuset is not None and self.cpuset.is_dir():
+            files.append(self.cpuset / "cgroup.procs")
+        return files
+
+    def add(self, pid: int) -> None:
+        (self.mem / "cgroup.procs").write_text(str(pid))
+        if not self.v2 and self.cpuset is not None and self.cpuset.is_dir():
+            _try_write(self.cpuset / "cgroup.procs", str(pid))
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(p) for p in (self.mem / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return []
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel's OOM killer killed something in this job's cgroup."""
+        if self.v2:
+            return _kv(self.mem / "memory.events").get("oom_kill", 0) > 0
+        if _kv(self.mem / "memory.oom_control").get("oom_kill", 0) > 0:
+            return True
+        return False
+
+    def peak_kib(self) -> int:
+        """Peak memory of the job (KiB)."""
+        f = self.mem / ("memory.peak" if self.v2 else "memory.max_usage_in_bytes")
+        try:
+            return int(f.read_text().strip()) // 1024
+        except (OSError, ValueError):
+            return 0
+
+    def kill_all(self, sig: int = signal.SIGKILL) -> None:
+        for pid in self.pids():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def remove(self) -> None:
+        """Kill anything left and remove the cgroup (retried while the kernel reaps the processes)."""
+        for d in {self.mem, self.cpuset} - {None}:
+            for _ in range(50):
+                if not d.is_dir():
+                    break
+                self.kill_all()
+                try:
+                    d.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.02)
+
+
+def _try_write(path: Path, value: str) -> None:
+    try:
+        path.write_text(value)
+    except OSError:
+        pass
+
+
+def _kv(path: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        for line in path.read_text().splitlines():
+            k, _, v = line.partition(" ")
+            if v.strip().isdigit():
+                out[k] = int(v)
+    except OSError:
+        pass
+    return out

@@ -1,0 +1,235 @@
+"""Node agents as real processes against a real nats-server and controller: launch, confinement,
+ends of jobs, health and auto-drain, silent agents, restarts."""
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rota.controller import natsserver
+from rota.controller.agentlink import AgentLink
+from rota.controller.eventlog import JetStreamLog
+from rota.controller.service import Controller
+from rota.core import events as ev
+from rota.core.slurmconf import parse_config
+
+BIN = Path(sys.executable).parent
+CONF = """GresTypes=gpu
+NodeName=n[1-3] CPUs=4 RealMemory=2000 Gres=gpu:a100:2
+PartitionName=main Nodes=n[1-3] Default=YES MaxTime=1:00:00
+"""
+CGROUPS = os.geteuid() == 0 and Path("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists() or \
+    Path("/sys/fs/cgroup/cgroup.controllers").exists() and os.geteuid() == 0
+
+
+class Cluster:
+    def __init__(self, tmp: Path, url: str, controller: Controller) -> None:
+        self.tmp, self.url, self.c = tmp, url, controller
+        self.agents: dict[str, subprocess.Popen] = {}
+
+    def start_agent(self, node: str, gpus: str = "a100:2", *extra: str) -> subprocess.Popen:
+        cmd = [str(BIN / "rota"), "agent", "--node", node, "--nats", self.url, "--state-dir", str(self.tmp / "state"),
+               "--fake-gpus", gpus, "--cpus", "4", "--memory", "2000", "--heartbeat", "0.3",
+               "--health-interval", "0.3", "--kill-wait", "1", *extra]
+        log = open(self.tmp / f"agent-{node}.log", "a")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        self.agents[node] = proc
+        return proc
+
+    def faults(self, node: str, **faults) -> None:
+        path = self.tmp / "state" / "agent" / node / "fake-nvml.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(faults))
+
+    async def until(self, check, timeout: float = 20.0, what: str = "condition"):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = check(self.c.state)
+            if value:
+                return value
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    async def registered(self, *nodes: str) -> None:
+        await self.until(lambda s: all(s.nodes[n].registered for n in nodes), what=f"{nodes} registered")
+
+    async def submit(self, script: str, **spec) -> int:
+        spec.setdefault("user", "root")
+        spec.setdefault("time_limit", 600)
+        spec.setdefault("workdir", str(self.tmp))
+        spec.setdefault("output", str(self.tmp / "out-%j.txt"))
+        r = await self.c.handle("submit", {"spec": ev.JobSpec(script="#!/bin/sh\n" + script, **spec)
+                                           .model_dump(mode="json")})
+        assert r["ok"], r
+        return r["job_id"]
+
+    async def ended(self, jid: int, timeout: float = 20.0):
+        return await self.until(lambda s: s.jobs[jid] if s.jobs[jid].state not in ("PENDING", "RUNNING") else None,
+                                timeout, f"job {jid} to end")
+
+    def output(self, jid: int) -> str:
+        return (self.tmp / f"out-{jid}.txt").read_text()
+
+
+@pytest.fixture
+async def cluster(tmp_path):
+    srv = natsserver.start(tmp_path / "nats")
+    lg = await JetStreamLog.connect(srv.url)
+    config = parse_config(CONF, "slurm.conf").model_copy(update={"agents": True})
+    c = Controller(lg, config=config, debounce=0.01, cycle_interval=0.5)
+    await c.start()
+    await c.serve(lg.nc)
+    link = AgentLink(c, lg.nc, node_timeout=3.0)
+    await link.start()
+    cl = Cluster(tmp_path, srv.url, c)
+    yield cl
+    for p in cl.agents.values():
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    for f in (tmp_path / "state" / "agent").glob("*/jobs/*.json"):   # never leave a job behind
+        pid = json.loads(f.read_text())["pid"]
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    await link.stop()
+    await c.stop()
+    await lg.close()
+    srv.stop()
+
+
+async def test_three_agents_run_concurrent_jobs_each_seeing_only_its_gpus(cluster):
+    for n in ("n1", "n2", "n3"):
+        cluster.start_agent(n)
+    await cluster.registered("n1", "n2", "n3")
+    jobs = [await cluster.submit('echo "$SLURMD_NODENAME $CUDA_VISIBLE_DEVICES $SLURM_JOB_GPUS"; sleep 1',
+                                 gpus_per_node=1) for _ in range(6)]
+    ends = [await cluster.ended(j) for j in jobs]
+    seen = set()
+    for j, job in zip(jobs, ends):
+        assert job.state == "COMPLETED" and job.exit_code == 0
+        node, visible, slurm_gpus = cluster.output(j).split()
+        (alloc,) = job.alloc
+        assert node == alloc.node and visible == slurm_gpus == ",".join(map(str, alloc.gpus))
+        seen.add((node, visible))
+    assert len(seen) == 6, "two concurrent jobs were given the same GPU"
+    assert {n for n, _ in seen} == {"n1", "n2", "n3"}
+
+
+async def test_exit_code_timeout_and_environment(cluster):
+    cluster.start_agent("n1")
+    await cluster.registered("n1")
+    failed = await cluster.submit("env | sort; exit 3", name="fails", cpus_per_task=2, cpus_per_task_given=True)
+    slow = await cluster.submit("trap '' TERM; sleep 30", name="slow", time_limit=1)
+    job = await cluster.ended(failed)
+    assert (job.state, job.exit_code) == ("FAILED", 3)
+    env = dict(line.split("=", 1) for line in cluster.output(failed).splitlines() if "=" in line)
+    assert env["SLURM_JOB_ID"] == str(failed) and env["SLURM_JOB_NAME"] == "fails"
+    assert env["SLURM_CPUS_PER_TASK"] == "2" and env["SLURM_JOB_NODELIST"] == "n1"
+    assert env["SLURM_SUBMIT_DIR"] == str(cluster.tmp) and env["SLURM_JOB_PARTITION"] == "main"
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and env["SLURM_NTASKS"] == "1"
+    t0 = time.monotonic()
+    job = await cluster.ended(slow, timeout=15)
+    assert job.state == "TIMEOUT"          # SIGTERM ignored: SIGKILL after KillWait
+    assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.skipif(not CGROUPS, reason="needs root and a cgroup memory controller to confine jobs")
+async def test_allocating_past_mem_is_out_of_memory_with_maxrss_near_the_limit(cluster):
+    cluster.start_agent("n1")
+    await cluster.registered("n1")
+    jid = await cluster.submit(f"{sys.executable} -c 'b = bytearray(400 * 1024 * 1024); b[::4096] = b\"x\" * len(b[::4096])'",
+                               mem_per_node=100)
+    job = await cluster.ended(jid)
+    assert job.state == "OUT_OF_MEMORY"
+    assert 80 * 1024 <= job.max_rss <= 101 * 1024, job.max_rss
+
+
+async def test_cancel_kills_the_whole_process_tree(cluster):
+    cluster.start_agent("n1")
+    await cluster.registered("n1")
+    pids = cluster.tmp / "pids"
+    jid = await cluster.submit(f"sleep 300 & echo $! >> {pids}; (sleep 300 & echo $! >> {pids}; wait) & "
+                               f"echo $$ >> {pids}; wait")
+    await cluster.until(lambda s: pids.exists() and len(pids.read_text().split()) == 3, what="job processes")
+    r = await cluster.c.handle("cancel", {"job_id": jid})
+    assert r["ok"]
+    procs = [int(p) for p in pids.read_text().split()]
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in procs) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert not any(_alive(p) for p in procs), "a cancelled job's process survived"
+    assert cluster.c.state.jobs[jid].state == "CANCELLED"
+
+
+async def test_xid_drains_the_node_running_job_completes_and_resume_redrains(cluster):
+    cluster.start_agent("n1")
+    await cluster.registered("n1")
+    jid = await cluster.submit("sleep 1.5", gpus_per_node=1)
+    await cluster.until(lambda s: s.jobs[jid].state == "RUNNING", what="job running")
+    cluster.faults("n1", xid=[[1, 79]])
+    node = await cluster.until(lambda s: s.nodes["n1"] if s.nodes["n1"].drain else None, what="drain")
+    assert node.reason == "gpu 1: xid 79 (fell off the bus)" and node.display_state() == "DRAINING"
+    assert (await cluster.ended(jid)).state == "COMPLETED"
+    assert cluster.c.state.nodes["n1"].display_state() == "DRAINED"
+    later = await cluster.submit("true")
+    await asyncio.sleep(0.5)
+    assert cluster.c.state.jobs[later].state == "PENDING"      # no new work on a drained node
+    assert (await cluster.c.handle("resume", {"node": "n1"}))["ok"]
+    node = await cluster.until(lambda s: s.nodes["n1"] if s.nodes["n1"].drain else None, what="re-drain")
+    assert "xid 79" in node.reason
+
+
+async def test_fewer_gpus_than_configured_drains_and_resume_redrains(cluster):
+    cluster.start_agent("n2", gpus="a100:1")
+    node = await cluster.until(lambda s: s.nodes["n2"] if s.nodes["n2"].drain else None, what="drain")
+    assert node.reason == "gres/gpu count reported lower than configured (1 < 2)"
+    assert (await cluster.c.handle("resume", {"node": "n2"}))["ok"]
+    assert not cluster.c.state.nodes["n2"].drain
+    node = await cluster.until(lambda s: s.nodes["n2"] if s.nodes["n2"].drain else None, what="re-drain")
+    assert "gres/gpu count reported lower" in node.reason
+
+
+async def test_a_silent_agent_makes_its_node_down_and_its_job_node_fail(cluster):
+    proc = cluster.start_agent("n3")
+    await cluster.registered("n3")
+    jid = await cluster.submit("sleep 60")
+    requeue = await cluster.submit("sleep 60", requeue=True)
+    await cluster.until(lambda s: s.jobs[jid].state == s.jobs[requeue].state == "RUNNING", what="jobs running")
+    proc.kill()
+    proc.wait()
+    node = await cluster.until(lambda s: s.nodes["n3"] if s.nodes["n3"].down else None, timeout=10, what="DOWN")
+    assert node.reason == "Not responding"
+    assert cluster.c.state.jobs[jid].state == "NODE_FAIL"
+    assert cluster.c.state.jobs[requeue].state == "PENDING" and cluster.c.state.jobs[requeue].restarts == 1
+
+
+async def test_a_restarted_agent_finds_its_running_jobs_again(cluster):
+    proc = cluster.start_agent("n1")
+    await cluster.registered("n1")
+    jid = await cluster.submit("sleep 2; exit 4")
+    await cluster.until(lambda s: s.jobs[jid].state == "RUNNING", what="job running")
+    await asyncio.sleep(0.3)
+    proc.kill()                              # the agent dies; its job does not
+    proc.wait()
+    cluster.start_agent("n1")
+    job = await cluster.ended(jid)
+    assert (job.state, job.exit_code) == ("FAILED", 4)   # the real exit status, found again
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
