@@ -82,7 +82,9 @@ class JobCgroup:
         return self.mem.is_dir()
 
     def _make(self, mem_mib: int, cpus: list[int] | None) -> None:
-        self.mem.mkdir(exist_ok=True)
+        if self.mem.is_dir() or (self.cpuset is not None and self.cpuset.is_dir()):
+            self.remove()   # left by an earlier run of this job id (another cluster, a crash): start clean
+        self.mem.mkdir()
         limit = str(mem_mib * 1024 * 1024) if mem_mib > 0 else ("max" if self.v2 else "-1")
         if self.v2:
             (self.mem / "memory.max").write_text(limit)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import shutil
 
-from . import core_bench, log_bench, sim_bench
+from . import agent_bench, core_bench, log_bench, sim_bench
 from .common import Figure, print_table, write_json
 
 
@@ -22,9 +22,10 @@ def main() -> None:
                               200_000 if args.quick else 1_000_000)
     figures += sim_bench.run(2 if args.quick else 3, sim_bench.default_traces(), quick=args.quick)
     figures += log_bench.run(20_000 if args.quick else 100_000, 500 if args.quick else 2000, 2 if args.quick else 3)
+    figures += agent_bench.bench(200 if args.quick else 1000, 1 if args.quick else 3)
     print()
     print_table(figures, f"rota benchmarks (medians of {runs} runs unless noted)")
-    if shutil.which("sbatch") is None:
+    if shutil.which("sbatch") is None or "rota" in (shutil.which("sbatch") or ""):
         print("  Slurm is not installed on this machine: no side-by-side Slurm figures in this run.")
     write_json(figures, args.json)
 

@@ -21,6 +21,7 @@ from rota.core.schedule import schedule
 from rota.core.state import State, dump_snapshot, load_snapshot
 
 from . import assign
+from .recent import Recent
 from .eventlog import FencedError, LogUnavailable
 
 log = logging.getLogger("rota.controller")
@@ -51,7 +52,7 @@ class Controller:
         self.leader = False
         self._lock = asyncio.Lock()
         self._dirty = asyncio.Event()
-        self._results: dict[str, dict] = {}
+        self._results: Recent[dict] = Recent(100_000)   # answers to recent requests, by request id
         self._tasks: list[asyncio.Task] = []
         self._subs: list[Any] = []
         self._last_snapshot_seq = 0
@@ -59,7 +60,7 @@ class Controller:
         self._writer: asyncio.Task | None = None
         self.max_batch = 256
         self._stale = False                  # the state may hold events the log does not: reload first
-        self._recent: dict[str, int] = {}    # idempotency id -> sequence, for retries after a restart
+        self._recent: Recent[int] = Recent(200_000)   # idempotency id -> sequence, for retries after a restart
         self.on_assign: Callable[[list[tuple[str, dict]]], None] | None = None   # agent messages to send
         self.on_reload: Callable[[], None] | None = None                         # state rebuilt from the log
 
@@ -231,8 +232,6 @@ class Controller:
     def _remember(self, idem: str, seq: int) -> None:
         if idem:
             self._recent[idem] = seq
-            if len(self._recent) > 200_000:
-                self._recent.pop(next(iter(self._recent)))
 
     def _recent_envelope(self, idem: str, actor: str) -> ev.Envelope:
         seq = self._recent[idem]
@@ -257,8 +256,6 @@ class Controller:
             result = {"ok": False, "error": [f"bad request: {exc}"], "code": "bad_request"}
         if rid and result.get("ok"):
             self._results[rid] = result
-            if len(self._results) > 100_000:
-                self._results.pop(next(iter(self._results)))
         return result
 
     async def _dispatch(self, verb: str, body: dict, rid: str) -> dict:
