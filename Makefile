@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up test test-slow bench install clean
+.PHONY: up demo test test-slow bench install clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "rota needs Python 3.11 or newer")'
@@ -15,7 +15,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# rota up: embedded nats-server + controller + a local agent, in the foreground until Ctrl-C.
+# Without an NVIDIA driver the local node gets 4 fake A100s (a fake NVML), so GPU jobs can be tried.
+FAKE_GPUS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,a100:4)
 up: $(STAMP)
+	$(VENV)/bin/rota up $(if $(FAKE_GPUS),--fake-gpus $(FAKE_GPUS))
+
+demo: $(STAMP)
 	$(VENV)/bin/rota demo
 
 test: $(STAMP)

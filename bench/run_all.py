@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sys
+from pathlib import Path
 
 from . import agent_bench, core_bench, log_bench, sim_bench
 from .common import Figure, print_table, write_json
@@ -25,7 +27,8 @@ def main() -> None:
     figures += agent_bench.bench(200 if args.quick else 1000, 1 if args.quick else 3)
     print()
     print_table(figures, f"rota benchmarks (medians of {runs} runs unless noted)")
-    if shutil.which("sbatch") is None or "rota" in (shutil.which("sbatch") or ""):
+    found = shutil.which("sbatch")
+    if found is None or Path(found).parent == Path(sys.executable).parent:   # none, or rota's own
         print("  Slurm is not installed on this machine: no side-by-side Slurm figures in this run.")
     write_json(figures, args.json)
 

@@ -17,7 +17,7 @@ def cluster_url(explicit: str | None = None) -> str:
     env = os.environ.get("ROTA_NATS_URL")
     if env:
         return env
-    from rota.controller.up import default_state_dir
+    from .paths import default_state_dir
 
     info = default_state_dir() / "cluster.json"
     try:
@@ -30,30 +30,20 @@ def cluster_url(explicit: str | None = None) -> str:
 
 def request(verb: str, body: dict, url: str | None = None, timeout: float = 10.0, retries: int = 3) -> dict:
     """Send one API request (retried on timeout with the same request id) and return the reply."""
-    import asyncio
+    from . import lightnats
 
     body = dict(body)
     body.setdefault("rid", uuid.uuid4().hex)
     target = cluster_url(url)
-
-    async def go() -> dict:
-        import nats
-        from nats.errors import NoServersError, TimeoutError as NatsTimeout
-
+    payload = json.dumps(body).encode()
+    for attempt in range(retries):
         try:
-            nc = await nats.connect(target.split(","), connect_timeout=2, max_reconnect_attempts=0)
-        except (NoServersError, OSError) as exc:
+            return json.loads(lightnats.request(target, f"rota.api.{verb}", payload, timeout))
+        except lightnats.NoResponders:
+            raise NoCluster(f"no rota controller answers at {target}; is `rota up` running?") from None
+        except lightnats.RequestTimeout:
+            if attempt == retries - 1:
+                raise NoCluster(f"rota at {target} did not answer within {timeout:.0f} s") from None
+        except (ConnectionError, OSError) as exc:
             raise NoCluster(f"cannot reach rota at {target}: {exc}; is `rota up` running?") from None
-        try:
-            for attempt in range(retries):
-                try:
-                    msg = await nc.request(f"rota.api.{verb}", json.dumps(body).encode(), timeout=timeout)
-                    return json.loads(msg.data)
-                except NatsTimeout:
-                    if attempt == retries - 1:
-                        raise NoCluster(f"rota at {target} did not answer within {timeout:.0f} s") from None
-            raise AssertionError("unreachable")
-        finally:
-            await nc.close()
-
-    return asyncio.run(go())
+    raise AssertionError("unreachable")

@@ -7,7 +7,7 @@ import sys
 import time
 
 from rota.core.arrays import format_indices
-from rota.core.state import STATE_CODES
+from rota.core.states import STATE_CODES
 from rota.core.timefmt import format_limit, format_squeue_time
 
 DEFAULT_FORMAT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"

@@ -15,19 +15,13 @@ log = logging.getLogger("rota.up")
 from rota.core.slurmconf import ConfigError, auto_config, parse_config
 
 from rota.agents.agent import Agent
+from rota.cli.paths import default_state_dir
+from rota.projections.projector import Projector
 
 from . import natsserver
 from .agentlink import AgentLink
 from .eventlog import JetStreamLog
 from .service import Controller
-
-
-def default_state_dir() -> Path:
-    env = os.environ.get("ROTA_STATE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(base) / "rota"
 
 
 def machine_config(fake_gpus: str | None) -> ev.ClusterConfig:
@@ -85,6 +79,8 @@ async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, n
     controller = Controller(eventlog, config=config)
     agent: Agent | None = None
     link: AgentLink | None = None
+    projector: Projector | None = None
+    projecting: asyncio.Task | None = None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -94,6 +90,11 @@ async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, n
         await controller.serve(eventlog.nc)
         link = AgentLink(controller, eventlog.nc, node_timeout=node_timeout)
         await link.start()
+        projector = Projector(state_dir / "projections.sqlite", eventlog)
+        await projector.open()
+        wake = asyncio.Event()
+        await eventlog.nc.subscribe("rota.ev.>", cb=_waker(wake))
+        projecting = asyncio.create_task(projector.follow(stop, wake))
         if agent_node is not None:
             node_cfg = next(n for n in config.nodes if n.name == agent_node)
             opts = dict(agent_options or {})
@@ -123,6 +124,12 @@ async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, n
         log.info("stopping: controller")
         if link is not None:
             await link.stop()
+        if projector is not None:
+            stop.set()
+            if projecting is not None:
+                await asyncio.gather(projecting, return_exceptions=True)
+            await projector.save_state()
+            await projector.close()
         await controller.maybe_snapshot(force=True)
         log.info("stopping: snapshot written")
         await controller.stop()
@@ -130,6 +137,12 @@ async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, n
         if server is not None:
             server.stop()
         echo("rota up: stopped")
+
+
+def _waker(event: asyncio.Event):
+    async def on_event(_msg) -> None:
+        event.set()
+    return on_event
 
 
 def main(state_dir: str | None, config: str | None, nats: str | None, nats_port: int | None,

@@ -1,16 +1,26 @@
 """rota's functional core: events, state, ``apply`` and ``schedule``. Pure: no I/O, no clock."""
 from __future__ import annotations
 
-from .apply import apply, fold
-from .events import (
-    ClusterConfig, ClusterConfigured, ControllerStarted, Envelope, Event, GpuConfig, GpuInfo,
-    HealthFault, JobCancelled, JobExited, JobHeld, JobReleased, JobRequeued, JobSpec, JobsStarted,
-    JobSubmitted, JobUpdated, NodeAlloc, NodeConfig, NodeDown, NodeDrained, NodeNotResponding,
-    NodeRegistered, NodeResumed, PartitionConfig, PriorityWeights, QosConfig, SchedulerParams,
-    Start, decode_envelope, encode_envelope,
-)
-from .schedule import POLICIES, Decision, Pending, Reservation, schedule
-from .state import Job, Node, State, dump_snapshot, load_snapshot
+# Names are imported on first use (PEP 562), so a light command importing one helper module of the
+# core (time formats, hostlists) does not pay for pydantic and the scheduler.
+_LAZY = {
+    "apply": ".apply", "fold": ".apply",
+    "schedule": ".schedule", "POLICIES": ".schedule", "Decision": ".schedule", "Pending": ".schedule",
+    "Reservation": ".schedule",
+    "State": ".state", "Job": ".state", "Node": ".state", "dump_snapshot": ".state", "load_snapshot": ".state",
+}
+
+
+def __getattr__(name: str):
+    import importlib
+
+    module = _LAZY.get(name, ".events" if name in __all__ else None)
+    if module is None:
+        raise AttributeError(f"module 'rota.core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 

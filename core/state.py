@@ -12,22 +12,10 @@ from typing import Any
 from .events import ClusterConfig, JobSpec, NodeAlloc, NodeConfig
 from .request import NodeRequest, PartitionShape, partition_shape
 
-PENDING = "PENDING"
-RUNNING = "RUNNING"
-COMPLETED = "COMPLETED"
-FAILED = "FAILED"
-TIMEOUT = "TIMEOUT"
-OUT_OF_MEMORY = "OUT_OF_MEMORY"
-CANCELLED = "CANCELLED"
-NODE_FAIL = "NODE_FAIL"
-TERMINAL_STATES = frozenset({COMPLETED, FAILED, TIMEOUT, OUT_OF_MEMORY, CANCELLED, NODE_FAIL})
-ACTIVE_STATES = frozenset({PENDING, RUNNING})
-
-STATE_CODES = {
-    PENDING: "PD", RUNNING: "R", COMPLETED: "CD", FAILED: "F", TIMEOUT: "TO",
-    OUT_OF_MEMORY: "OOM", CANCELLED: "CA", NODE_FAIL: "NF", "COMPLETING": "CG",
-    "REQUEUED": "RQ", "SUSPENDED": "S",
-}
+from .states import (  # noqa: F401 - re-exported: the job state names live in a light module
+    ACTIVE_STATES, CANCELLED, COMPLETED, FAILED, NODE_FAIL, OUT_OF_MEMORY, PENDING, RUNNING, STATE_CODES,
+    TERMINAL_STATES, TIMEOUT,
+)
 
 
 @dataclass(slots=True)

@@ -233,3 +233,36 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+async def test_a_failing_health_program_drains_the_node(cluster):
+    cluster.start_agent("n2", "a100:2", "--health-program", "echo 'disk /scratch full'; exit 1")
+    node = await cluster.until(lambda s: s.nodes["n2"] if s.nodes["n2"].drain else None, what="drain")
+    assert node.reason == "health check failed: disk /scratch full"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running a job as another user needs root")
+async def test_the_job_runs_as_the_submitting_user(cluster, tmp_path_factory):
+    import pwd
+    import tempfile
+
+    nobody = pwd.getpwnam("nobody")
+    shared = Path(tempfile.mkdtemp(prefix="rota-agent-"))   # traversable by the job's user
+    shared.chmod(0o755)
+    try:
+        cmd_state = shared / "state"
+        proc = subprocess.Popen([str(BIN / "rota"), "agent", "--node", "n3", "--nats", cluster.url,
+                                 "--state-dir", str(cmd_state), "--fake-gpus", "a100:2", "--cpus", "4",
+                                 "--memory", "2000", "--heartbeat", "0.3"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cluster.agents["n3"] = proc
+        await cluster.registered("n3")
+        jid = await cluster.submit("id -u; id -g", uid=nobody.pw_uid, gid=nobody.pw_gid, user="nobody",
+                                   workdir=str(shared), output=str(shared / "out-%j.txt"))
+        job = await cluster.ended(jid)
+        assert job.state == "COMPLETED"
+        assert (shared / f"out-{jid}.txt").read_text().split() == [str(nobody.pw_uid), str(nobody.pw_gid)]
+    finally:
+        import shutil
+
+        shutil.rmtree(shared, ignore_errors=True)

@@ -1,0 +1,78 @@
+"""One NATS request/reply over a plain socket: the light path for the hot commands.
+
+Importing nats-py (asyncio, its JetStream API) costs about ten times a bare Python start, and
+``sbatch``/``squeue`` are called thousands of times by tools. This speaks just enough of the NATS
+text protocol (INFO, CONNECT, SUB, PUB, MSG/HMSG, PING/PONG) for one request on loopback or a LAN.
+TLS and authenticated servers need the full client (``ROTA_FULL_CLIENT=1``).
+"""
+from __future__ import annotations
+
+import os
+import socket
+from urllib.parse import urlsplit
+
+
+class NoResponders(Exception):
+    """Nobody subscribes to the subject (no controller running)."""
+
+
+class RequestTimeout(Exception):
+    """No reply within the timeout."""
+
+
+def _address(url: str) -> tuple[str, int]:
+    parts = urlsplit(url if "://" in url else f"nats://{url}")
+    return parts.hostname or "127.0.0.1", parts.port or 4222
+
+
+def request(urls: str, subject: str, payload: bytes, timeout: float = 10.0) -> bytes:
+    """Send ``payload`` to ``subject`` and return the first reply's body."""
+    last: Exception | None = None
+    for url in urls.split(","):
+        try:
+            sock = socket.create_connection(_address(url.strip()), timeout=min(timeout, 2.0))
+        except OSError as exc:
+            last = exc
+            continue
+        try:
+            return _exchange(sock, subject, payload, timeout)
+        finally:
+            sock.close()
+    raise ConnectionError(f"cannot connect to {urls}: {last}")
+
+
+def _exchange(sock: socket.socket, subject: str, payload: bytes, timeout: float) -> bytes:
+    sock.settimeout(timeout)
+    reader = sock.makefile("rb")
+    info = reader.readline()
+    if not info.startswith(b"INFO"):
+        raise ConnectionError(f"not a NATS server: {info[:40]!r}")
+    if b'"tls_required":true' in info.replace(b" ", b""):
+        raise ConnectionError("the server requires TLS: set ROTA_FULL_CLIENT=1")
+    inbox = f"_INBOX.{os.urandom(8).hex()}"
+    sock.sendall(b'CONNECT {"verbose":false,"pedantic":false,"headers":true,"no_responders":true,'
+                 b'"lang":"python","version":"rota-light","protocol":1}\r\n'
+                 + f"SUB {inbox} 1\r\nUNSUB 1 1\r\nPUB {subject} {inbox} {len(payload)}\r\n".encode()
+                 + payload + b"\r\nPING\r\n")
+    try:
+        while True:
+            line = reader.readline()
+            if not line:
+                raise ConnectionError("the NATS server closed the connection")
+            if line.startswith(b"MSG "):
+                size = int(line.split()[-1])
+                return reader.read(size + 2)[:size]
+            if line.startswith(b"HMSG "):
+                fields = line.split()
+                hdr_len, total = int(fields[-2]), int(fields[-1])
+                data = reader.read(total + 2)[:total]
+                status = data[:hdr_len].split(b"\r\n", 1)[0]
+                if status.startswith(b"NATS/1.0 503"):
+                    raise NoResponders(subject)
+                return data[hdr_len:]
+            if line.startswith(b"PING"):
+                sock.sendall(b"PONG\r\n")
+            elif line.startswith(b"-ERR"):
+                raise ConnectionError(line.decode(errors="replace").strip())
+    except socket.timeout:
+        raise RequestTimeout(subject) from None

@@ -1,0 +1,339 @@
+"""``sacct``: accounting from the projection database (no daemon round trip, no heavy imports)."""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import re
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+from rota.core.timefmt import format_duration
+
+DEFAULT_FORMAT = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
+BRIEF_FORMAT = "JobID,State,ExitCode"
+LONG_FORMAT = ("JobID,JobIDRaw,JobName,Partition,MaxRSS,AllocCPUS,Elapsed,State,ExitCode,ReqMem,Submit,Start,End,"
+               "NodeList,Timelimit")
+WIDTHS = {
+    "jobid": 12, "jobidraw": 12, "jobname": 10, "partition": 10, "account": 10, "alloccpus": 10, "ncpus": 10,
+    "nnodes": 8, "ntasks": 8, "state": 10, "exitcode": 8, "derivedexitcode": 15, "maxrss": 10, "elapsed": 10,
+    "elapsedraw": 10, "reqmem": 10, "submit": 19, "eligible": 19, "start": 19, "end": 19, "nodelist": 15,
+    "timelimit": 10, "user": 9, "uid": 6, "reqtres": 10, "alloctres": 10, "reason": 22, "qos": 10,
+    "workdir": 10, "restarts": 8, "reqcpus": 8, "reqnodes": 8, "cputime": 10, "cputimeraw": 10,
+}
+NAMES = {k: v for k, v in (
+    ("jobid", "JobID"), ("jobidraw", "JobIDRaw"), ("jobname", "JobName"), ("partition", "Partition"),
+    ("account", "Account"), ("alloccpus", "AllocCPUS"), ("ncpus", "NCPUS"), ("nnodes", "NNodes"),
+    ("ntasks", "NTasks"), ("state", "State"), ("exitcode", "ExitCode"), ("derivedexitcode", "DerivedExitCode"),
+    ("maxrss", "MaxRSS"), ("elapsed", "Elapsed"), ("elapsedraw", "ElapsedRaw"), ("reqmem", "ReqMem"),
+    ("submit", "Submit"), ("eligible", "Eligible"), ("start", "Start"), ("end", "End"), ("nodelist", "NodeList"),
+    ("timelimit", "Timelimit"), ("user", "User"), ("uid", "UID"), ("reqtres", "ReqTRES"),
+    ("alloctres", "AllocTRES"), ("reason", "Reason"), ("qos", "QOS"), ("workdir", "WorkDir"),
+    ("restarts", "Restarts"), ("reqcpus", "ReqCPUS"), ("reqnodes", "ReqNodes"), ("cputime", "CPUTime"),
+    ("cputimeraw", "CPUTimeRAW"))}
+LEFT = {"jobid", "jobidraw"}
+
+
+class Usage(Exception):
+    pass
+
+
+def db_path() -> Path:
+    from .paths import projections_db
+
+    return projections_db()
+
+
+def parse_format(text: str) -> list[tuple[str, int, bool]]:
+    """``JobID,State%20,Reason%-30`` -> [(key, width, left-justified)]."""
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, _, width = item.partition("%")
+        key = name.lower()
+        if key not in NAMES:
+            raise Usage(f"sacct: error: Invalid field requested: \"{name}\"")
+        left = key in LEFT
+        if width:
+            if not re.fullmatch(r"-?\d+", width):
+                raise Usage(f"sacct: error: Invalid field width: \"{item}\"")
+            left = width.startswith("-") or left
+            w = abs(int(width))
+        else:
+            w = WIDTHS[key]
+        out.append((key, w, left))
+    return out
+
+
+def _ts(t: int | None) -> str:
+    if not t:
+        return "Unknown"
+    return _dt.datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _mem(mib: int | None) -> str:
+    if not mib:
+        return "0"
+    return f"{mib // 1024}G" if mib % 1024 == 0 else f"{mib}M"
+
+
+def _tres(cpus: int, mem: int, nodes: int, gpus: int) -> str:
+    parts = [f"billing={cpus}", f"cpu={cpus}"]
+    if gpus:
+        parts.append(f"gres/gpu={gpus}")
+    parts += [f"mem={_mem(mem)}", f"node={nodes}"]
+    return ",".join(parts)
+
+
+def _job_id(r: sqlite3.Row) -> str:
+    if r["array_spec"] is not None:
+        return f"{r['job_id']}_[{r['array_spec']}]"
+    if r["array_task_id"] is not None:
+        return f"{r['array_job_id']}_{r['array_task_id']}"
+    return str(r["job_id"])
+
+
+def job_values(r: sqlite3.Row, now: int) -> dict[str, str]:
+    state = r["state"]
+    shown = f"CANCELLED by {r['cancel_by']}" if state == "CANCELLED" and r["cancel_by"] is not None else state
+    if state == "OUT_OF_MEMORY":
+        exit_code = "0:125"
+    elif state in ("TIMEOUT", "CANCELLED", "NODE_FAIL"):
+        exit_code = "0:0"
+    else:
+        exit_code = f"{r['exit_code'] or 0}:{r['signal'] or 0}"
+    started = bool(r["start"])
+    elapsed = r["elapsed"] if state not in ("RUNNING",) else max(0, now - r["start"])
+    if not started:
+        elapsed = 0
+    cpus = r["alloc_cpus"] or r["req_cpus"] or 1
+    from rota.core.hostlist import compress
+
+    nodes = r["nodes"].split(",") if r["nodes"] else []
+    return {
+        "jobid": _job_id(r), "jobidraw": str(r["job_id"]), "jobname": r["name"] or "",
+        "partition": r["partition"] or "", "account": r["account"] or "", "alloccpus": str(r["alloc_cpus"] or 0),
+        "ncpus": str(cpus), "nnodes": str(r["alloc_nodes"] or r["req_nodes"] or 1), "ntasks": "",
+        "state": shown, "exitcode": exit_code, "derivedexitcode": "0:0", "maxrss": "",
+        "elapsed": format_duration(elapsed or 0), "elapsedraw": str(elapsed or 0), "reqmem": _mem(r["req_mem"]),
+        "submit": _ts(r["submit"]), "eligible": _ts(r["eligible"]), "start": _ts(r["start"]),
+        "end": _ts(r["end_time"]), "nodelist": compress(nodes) if nodes else "None assigned",
+        "timelimit": format_duration(r["time_limit"]) if r["time_limit"] else "Partition_limit",
+        "user": r["user"] or "", "uid": str(r["uid"] or 0),
+        "reqtres": _tres(r["req_cpus"] or 1, r["req_mem"] or 0, r["req_nodes"] or 1, r["req_gpus"] or 0),
+        "alloctres": _tres(r["alloc_cpus"], r["alloc_mem"], r["alloc_nodes"], r["alloc_gpus"]) if started else "",
+        "reason": r["reason"] or "None", "qos": "normal", "workdir": r["workdir"] or "", "restarts": str(r["restarts"] or 0),
+        "reqcpus": str(r["req_cpus"] or 1), "reqnodes": str(r["req_nodes"] or 1),
+        "cputime": format_duration((elapsed or 0) * (r["alloc_cpus"] or 0)),
+        "cputimeraw": str((elapsed or 0) * (r["alloc_cpus"] or 0)),
+    }
+
+
+def step_values(job: dict[str, str], r: sqlite3.Row, s: sqlite3.Row) -> dict[str, str]:
+    v = dict(job)
+    v.update({
+        "jobid": f"{job['jobid']}.batch", "jobidraw": f"{r['job_id']}.batch", "jobname": "batch", "partition": "",
+        "state": s["state"], "exitcode": f"{s['exit_code']}:{s['signal']}",
+        "maxrss": f"{s['max_rss']}K" if s["max_rss"] else "0", "elapsed": format_duration(s["elapsed"] or 0),
+        "reqmem": "", "timelimit": "", "user": "", "reqtres": "", "reason": "", "qos": "", "derivedexitcode": "",
+        "nnodes": "1", "ntasks": "1", "submit": _ts(s["start"]), "eligible": _ts(s["start"]),
+        "alloctres": _tres(r["alloc_cpus"] or 0, r["alloc_mem"] or 0, 1, r["alloc_gpus"] or 0),
+        "nodelist": (r["nodes"] or "").split(",")[0],
+    })
+    return v
+
+
+def render(fields, rows, header: bool, parsable: str | None) -> list[str]:
+    lines = []
+    if parsable is not None:
+        delim, trailing = parsable[0], parsable[1:] == "+"
+        if header:
+            lines.append(delim.join(NAMES[k] for k, _, _ in fields) + (delim if trailing else ""))
+        for v in rows:
+            lines.append(delim.join(v[k] for k, _, _ in fields) + (delim if trailing else ""))
+        return lines
+
+    def cell(text: str, w: int, left: bool) -> str:
+        if len(text) > w:
+            text = text[: w - 1] + "+"
+        return text.ljust(w) if left else text.rjust(w)
+
+    if header:
+        lines.append("".join(cell(NAMES[k], w, left) + " " for k, w, left in fields))
+        lines.append("".join("-" * w + " " for _k, w, _l in fields))
+    for v in rows:
+        lines.append("".join(cell(v[k], w, left) + " " for k, w, left in fields))
+    return lines
+
+
+def parse_time(text: str, now: float) -> int:
+    """sacct -S/-E: YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY], HH:MM[:SS] (today), now[-N(seconds|minutes|hours|days)]."""
+    t = text.strip().lower()
+    m = re.fullmatch(r"now(?:([+-])(\d+)(seconds|minutes|hours|days)?)?", t)
+    if m:
+        if not m.group(1):
+            return int(now)
+        n = int(m.group(2)) * {"seconds": 1, None: 1, "minutes": 60, "hours": 3600, "days": 86400}[m.group(3)]
+        return int(now + n if m.group(1) == "+" else now - n)
+    today = _dt.datetime.fromtimestamp(now).replace(hour=0, minute=0, second=0, microsecond=0)
+    if t in ("today", "midnight"):
+        return int(today.timestamp())
+    for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d"):
+        try:
+            return int(_dt.datetime.strptime(text, fmt).timestamp())
+        except ValueError:
+            pass
+    for fmt in ("%H:%M:%S", "%H:%M"):
+        try:
+            tm = _dt.datetime.strptime(text, fmt)
+            return int(today.replace(hour=tm.hour, minute=tm.minute, second=tm.second).timestamp())
+        except ValueError:
+            pass
+    for fmt in ("%m/%d/%y", "%m/%d"):
+        try:
+            d = _dt.datetime.strptime(text, fmt)
+            return int(d.replace(year=d.year if "%y" in fmt else today.year).timestamp())
+        except ValueError:
+            pass
+    raise Usage(f"sacct: error: Invalid time specification (pos 0): {text}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sacct", add_help=False)
+    p.add_argument("-j", "--jobs", action="append", default=[])
+    p.add_argument("-u", "--user", "--uid", action="append", default=[])
+    p.add_argument("-a", "--allusers", action="store_true")
+    p.add_argument("-s", "--state", action="append", default=[])
+    p.add_argument("-S", "--starttime")
+    p.add_argument("-E", "--endtime")
+    p.add_argument("--name", action="append", default=[])
+    p.add_argument("-X", "--allocations", action="store_true")
+    p.add_argument("-n", "--noheader", action="store_true")
+    p.add_argument("-p", "--parsable", action="store_true")
+    p.add_argument("-P", "--parsable2", action="store_true")
+    p.add_argument("--delimiter", default="|")
+    p.add_argument("-o", "--format")
+    p.add_argument("-b", "--brief", action="store_true")
+    p.add_argument("-l", "--long", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("-r", "--partition", action="append", default=[])
+    p.add_argument("-h", "--help", action="store_true")
+    return p
+
+
+STATE_ALIASES = {"pd": "PENDING", "r": "RUNNING", "cd": "COMPLETED", "f": "FAILED", "to": "TIMEOUT",
+                 "ca": "CANCELLED", "nf": "NODE_FAIL", "oom": "OUT_OF_MEMORY"}
+
+
+def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
+    ns, rest = build_parser().parse_known_args(argv)
+    if ns.help:
+        out.write("Usage: sacct [-j ids] [-u users] [-s states] [-S time] [-E time] [-X] [-n] [-P|-p] "
+                  "[--format fields] [--json]\n")
+        return 0
+    if rest:
+        err.write(f"sacct: error: Unrecognized option: {rest[0]}\n")
+        return 1
+    now = time.time()
+    try:
+        fields = parse_format(ns.format or (BRIEF_FORMAT if ns.brief else LONG_FORMAT if ns.long else
+                                            os.environ.get("SACCT_FORMAT") or DEFAULT_FORMAT))
+        ids = [i for arg in ns.jobs for i in arg.split(",") if i]
+        for i in ids:
+            if not re.fullmatch(r"\d+(_\d+)?(\.batch)?", i):
+                raise Usage(f"sacct: error: Invalid job id: {i}")
+        start = parse_time(ns.starttime, now) if ns.starttime else None
+        end = parse_time(ns.endtime, now) if ns.endtime else None
+    except Usage as exc:
+        err.write(f"{exc}\n")
+        return 1
+    path = db_path()
+    if not path.exists():
+        err.write(f"sacct: error: Problem talking to the database: no rota accounting at {path}; "
+                  "is `rota up` running (or ROTA_STATE_DIR set)?\n")
+        return 1
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    db.row_factory = sqlite3.Row
+    where, args = [], []
+    if ids:
+        clauses = []
+        for i in ids:
+            base, _, task = i.split(".")[0].partition("_")
+            if task:
+                clauses.append("(array_job_id = ? AND array_task_id = ?)")
+                args += [int(base), int(task)]
+            else:
+                clauses.append("(job_id = ? OR array_job_id = ?)")
+                args += [int(base), int(base)]
+        where.append("(" + " OR ".join(clauses) + ")")
+    else:
+        if start is None:
+            start = parse_time("today", now)
+    users = [u for arg in ns.user for u in arg.split(",") if u]
+    if users:
+        where.append(f"(user IN ({','.join('?' * len(users))}) OR CAST(uid AS TEXT) IN ({','.join('?' * len(users))}))")
+        args += users + users
+    elif not ns.allusers and not ids and os.geteuid() != 0:
+        where.append("uid = ?")
+        args.append(os.geteuid())
+    states = [STATE_ALIASES.get(s.lower(), s.upper()) for arg in ns.state for s in arg.split(",") if s]
+    if states:
+        where.append(f"state IN ({','.join('?' * len(states))})")
+        args += states
+    names = [n for arg in ns.name for n in arg.split(",") if n]
+    if names:
+        where.append(f"name IN ({','.join('?' * len(names))})")
+        args += names
+    parts = [p for arg in ns.partition for p in arg.split(",") if p]
+    if parts:
+        where.append(f"partition IN ({','.join('?' * len(parts))})")
+        args += parts
+    if start is not None:   # jobs active at or after the start of the window
+        where.append("(end_time = 0 OR end_time >= ?)")
+        args.append(start)
+    if end is not None:
+        where.append("submit <= ?")
+        args.append(end)
+    sql = ("SELECT * FROM jobs" + (" WHERE " + " AND ".join(where) if where else "")
+           + " ORDER BY COALESCE(array_job_id, job_id), COALESCE(array_task_id, -1), job_id")
+    try:
+        jobs = db.execute(sql, args).fetchall()
+        steps = {} if ns.allocations else {
+            s["job_id"]: s for s in db.execute(
+                f"SELECT * FROM steps WHERE job_id IN ({','.join(str(r['job_id']) for r in jobs) or 'NULL'})")}
+    except sqlite3.Error as exc:
+        err.write(f"sacct: error: Problem talking to the database: {exc}\n")
+        return 1
+    rows = []
+    for r in jobs:
+        v = job_values(r, int(now))
+        rows.append(v)
+        s = steps.get(r["job_id"])
+        if s is not None:
+            rows.append(step_values(v, r, s))
+    if ns.json:
+        out.write(json.dumps({"jobs": [dict(r) for r in jobs]}, indent=2) + "\n")
+        return 0
+    parsable = None
+    if ns.parsable2:
+        parsable = ns.delimiter
+    elif ns.parsable:
+        parsable = ns.delimiter + "+"
+    for line in render(fields, rows, not ns.noheader, parsable):
+        out.write(line + "\n")
+    return 0
+
+
+def main_exit() -> None:
+    try:
+        code = run(sys.argv[1:])
+    except BrokenPipeError:
+        code = 0
+    except KeyboardInterrupt:
+        code = 130
+    raise SystemExit(code)

@@ -1,0 +1,258 @@
+"""Tail the log into SQLite: job rows (array tasks, ``.batch`` steps), nodes, partitions, usage.
+
+The projector folds events with the core reducer (so its rows say exactly what the scheduler saw)
+and writes, for every batch, the rows the batch touched together with the batch's last sequence,
+in one transaction: a crash at any point leaves rows and checkpoint consistent, and re-delivered
+events (sequence at or below the checkpoint) are skipped. Its own state snapshot is stored in the
+same database, so a restart resumes from the checkpoint without replaying the log from zero.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from rota.core import events as ev
+from rota.core.apply import apply
+from rota.core.state import RUNNING, TERMINAL_STATES, Job, State, dump_snapshot, load_snapshot
+
+from .schema import SCHEMA, SCHEMA_VERSION
+
+log = logging.getLogger("rota.projections")
+
+JOB_COLUMNS = ("job_id", "array_job_id", "array_task_id", "array_spec", "name", "user", "uid", "account",
+               "partition", "qos", "state", "cancel_by", "submit", "eligible", "start", "end_time", "time_limit",
+               "exit_code", "signal", "max_rss", "elapsed", "nodes", "alloc_nodes", "alloc_cpus", "alloc_mem",
+               "alloc_gpus", "req_nodes", "req_cpus", "req_mem", "req_gpus", "gpu_type", "restarts", "workdir",
+               "dependency", "hold", "priority", "reason", "seq")
+_UPSERT_JOB = (f"INSERT OR REPLACE INTO jobs ({', '.join(JOB_COLUMNS)}) "
+               f"VALUES ({', '.join('?' * len(JOB_COLUMNS))})")
+
+
+def job_row(job: Job, seq: int, reason: str | None = None) -> tuple:
+    spec, req = job.spec, job.req
+    array_spec = None
+    if job.array_pending is not None and job.array_task_id is None:
+        from rota.core.arrays import format_indices
+
+        array_spec = format_indices(job.array_pending) + (f"%{job.array_throttle}" if job.array_throttle else "")
+    alloc = job.alloc
+    return (job.job_id, job.array_job_id, job.array_task_id, array_spec, spec.name, spec.user, spec.uid,
+            spec.account, job.partition, spec.qos, job.state, job.cancel_by, job.submit_time, job.eligible_time,
+            job.start_time, job.end_time, job.time_limit, job.exit_code, job.signal, job.max_rss, job.elapsed,
+            ",".join(a.node for a in alloc), len(alloc), sum(a.cpus for a in alloc), sum(a.mem for a in alloc),
+            sum(len(a.gpus) for a in alloc),
+            req.nnodes if req else spec.nodes, req.total_cpus if req else 0, (req.mem * req.nnodes) if req else 0,
+            (req.gpus * req.nnodes) if req else 0, spec.gpu_type, job.restarts, spec.workdir, spec.dependency,
+            job.hold, job.priority_override, reason, seq)
+
+
+def _members(state: State, job_id: int) -> list[int]:
+    job = state.jobs.get(job_id)
+    if job is None:
+        return []
+    if job.array_job_id == job_id:
+        return [job_id, *state.array_tasks.get(job_id, ())]
+    return [job_id]
+
+
+def touched(state: State, event: Any) -> list[int]:
+    """The jobs ``event`` may change (looked up before it is applied)."""
+    if isinstance(event, (ev.JobSubmitted, ev.JobExited)):
+        return [event.job_id]
+    if isinstance(event, ev.JobsStarted):
+        out = []
+        for s in event.starts:
+            out.append(s.job_id)
+            if s.array_job_id is not None:
+                out.append(s.array_job_id)
+        return out
+    if isinstance(event, (ev.JobCancelled, ev.JobHeld, ev.JobReleased, ev.JobUpdated, ev.JobRequeued)):
+        return _members(state, event.job_id)
+    if isinstance(event, (ev.NodeDown, ev.NodeRegistered)):
+        node = state.nodes.get(event.node)
+        return list(node.jobs) if node is not None else []
+    if isinstance(event, ev.ClusterConfigured):
+        return list(state.pending) + list(state.running)
+    return []
+
+
+_NODE_EVENTS = (ev.JobsStarted, ev.JobExited, ev.JobCancelled, ev.JobRequeued, ev.NodeRegistered, ev.NodeDrained,
+                ev.NodeResumed, ev.NodeDown, ev.NodeNotResponding, ev.HealthFault, ev.ClusterConfigured)
+
+
+class Projector:
+    def __init__(self, db_path: str | Path, eventlog: Any, *, snapshot_every: int = 20_000) -> None:
+        self.path = Path(db_path)
+        self.log = eventlog
+        self.snapshot_every = snapshot_every
+        self.state = State()
+        self.db: Any = None
+        self._last_snapshot = 0
+
+    async def open(self) -> None:
+        import aiosqlite
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = await aiosqlite.connect(self.path)
+        await self.db.execute("PRAGMA journal_mode=WAL")
+        await self.db.execute("PRAGMA synchronous=NORMAL")
+        await self.db.executescript(SCHEMA)
+        rows = dict(await self.db.execute_fetchall("SELECT key, value FROM meta"))
+        if rows.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+            raise RuntimeError(f"{self.path}: projection schema {rows['schema_version']}, this rota writes "
+                               f"{SCHEMA_VERSION}: run `rota projections rebuild`")
+        if rows.get("state"):
+            self.state = load_snapshot(rows["state"])
+            self._last_snapshot = self.state.seq
+        await self.db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
+        await self.db.commit()
+
+    async def close(self) -> None:
+        if self.db is not None:
+            await self.db.close()
+            self.db = None
+
+    @property
+    def seq(self) -> int:
+        return self.state.seq
+
+    async def catch_up(self, to_seq: int | None = None) -> int:
+        """Project everything the log holds past the checkpoint; returns the number of events."""
+        n = 0
+        async for chunk in self.log.read_batches(self.state.seq + 1, to_seq):
+            chunk = [env for env in chunk if env.seq > self.state.seq]   # re-delivered: already projected
+            if chunk:
+                await self._project(chunk)
+                n += len(chunk)
+        return n
+
+    async def follow(self, stop: asyncio.Event, wakeup: asyncio.Event | None = None, poll: float = 1.0) -> None:
+        """Keep projecting new events until ``stop`` is set (woken early by ``wakeup``)."""
+        while not stop.is_set():
+            try:
+                await self.catch_up()
+            except Exception as exc:  # noqa: BLE001 - the log is briefly unavailable: retry
+                log.warning("projection paused: %s", exc)
+            waiter = wakeup or stop
+            try:
+                await asyncio.wait_for(waiter.wait(), timeout=poll)
+            except asyncio.TimeoutError:
+                pass
+            if wakeup is not None:
+                wakeup.clear()
+
+    async def _project(self, chunk: list[ev.Envelope]) -> None:
+        state = self.state
+        rows: dict[int, tuple] = {}
+        steps: list[tuple] = []
+        usage: dict[tuple[str, str, str], list[int]] = {}
+        nodes_dirty = config_changed = False
+        for env in chunk:
+            e = env.event
+            ids = touched(state, e)
+            before = {j: state.jobs[j].state for j in ids if j in state.jobs}
+            reasons = {j: _pending_reason(state, j) for j, st in before.items() if st == "PENDING"} \
+                if isinstance(e, ev.JobCancelled) else {}
+            apply(state, env)
+            if isinstance(e, ev.JobsStarted):
+                ids = touched(state, e)
+            for j in ids:
+                job = state.jobs.get(j)
+                if job is None:
+                    continue
+                rows[j] = job_row(job, env.seq, reasons.get(j) if job.state in TERMINAL_STATES else None)
+                if before.get(j) == RUNNING and job.state in TERMINAL_STATES:
+                    steps.append(_batch_step(job))
+                    key = (job.spec.user, job.spec.account, job.partition)
+                    u = usage.setdefault(key, [0, 0, 0])
+                    elapsed = job.elapsed or max(0, job.end_time - job.start_time)
+                    u[0] += sum(a.cpus for a in job.alloc) * elapsed
+                    u[1] += sum(len(a.gpus) for a in job.alloc) * elapsed
+                    u[2] += 1
+            if isinstance(e, _NODE_EVENTS):
+                nodes_dirty = True
+            if isinstance(e, ev.ClusterConfigured):
+                config_changed = True
+        db = self.db
+        await db.executemany(_UPSERT_JOB, list(rows.values()))
+        if steps:
+            await db.executemany("INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", steps)
+        for (user, account, part), (cpu, gpu, jobs) in usage.items():
+            await db.execute("INSERT INTO usage VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(user, account, partition) DO "
+                             "UPDATE SET cpu_seconds = cpu_seconds + excluded.cpu_seconds, gpu_seconds = "
+                             "gpu_seconds + excluded.gpu_seconds, jobs = jobs + excluded.jobs",
+                             (user, account, part, cpu, gpu, jobs))
+        if config_changed:
+            await self._write_partitions()
+        if nodes_dirty or config_changed:
+            await self._write_nodes()
+        await db.execute("INSERT OR REPLACE INTO meta VALUES ('seq', ?)", (state.seq,))
+        await db.execute("INSERT OR REPLACE INTO meta VALUES ('now', ?)", (state.now,))
+        if state.seq - self._last_snapshot >= self.snapshot_every:
+            await db.execute("INSERT OR REPLACE INTO meta VALUES ('state', ?)", (dump_snapshot(state),))
+            self._last_snapshot = state.seq
+        await db.commit()
+
+    async def save_state(self) -> None:
+        """Store the projector's state with the checkpoint (on shutdown: a fast restart)."""
+        if self.db is not None and self._last_snapshot != self.state.seq:
+            await self.db.execute("INSERT OR REPLACE INTO meta VALUES ('state', ?)", (dump_snapshot(self.state),))
+            await self.db.commit()
+            self._last_snapshot = self.state.seq
+
+    async def _write_nodes(self) -> None:
+        cfg = self.state.config
+        parts: dict[str, list[str]] = {}
+        if cfg is not None:
+            for p in cfg.partitions:
+                for n in p.nodes:
+                    parts.setdefault(n, []).append(p.name)
+        gres: dict[str, str] = {}
+        if cfg is not None:
+            for nc in cfg.nodes:
+                gres[nc.name] = ",".join(f"gpu:{g.type}:{g.count}" if g.type else f"gpu:{g.count}" for g in nc.gpus)
+        rows = [(n.name, n.index, n.display_state(), n.reason, n.reason_by, n.reason_time, n.cpus, n.alloc_cpus,
+                 n.memory, n.alloc_mem, n.gpu_count, n.gpu_count - n.free_gpus, gres.get(n.name, ""),
+                 ",".join(n.features), ",".join(parts.get(n.name, [])), n.boot_time, ",".join(map(str, n.jobs)))
+                for n in self.state.nodes.values()]
+        await self.db.execute("DELETE FROM nodes")
+        await self.db.executemany(f"INSERT INTO nodes VALUES ({', '.join('?' * 17)})", rows)
+
+    async def _write_partitions(self) -> None:
+        cfg = self.state.config
+        await self.db.execute("DELETE FROM partitions")
+        if cfg is None:
+            return
+        rows = [(p.name, i, int(p.default), p.state, p.max_time, p.default_time, ",".join(p.nodes), p.priority_tier,
+                 p.max_nodes) for i, p in enumerate(cfg.partitions)]
+        await self.db.executemany("INSERT INTO partitions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+
+
+def _pending_reason(state: State, job_id: int) -> str | None:
+    """The reason a pending job keeps when it ends without starting (the static ones)."""
+    from rota.core.deps import NEVER, dependency_status, parse_dependency
+
+    job = state.jobs[job_id]
+    if job.spec.dependency:
+        try:
+            if dependency_status(state, parse_dependency(job.spec.dependency), job_id, state.now) == NEVER:
+                return "DependencyNeverSatisfied"
+        except ValueError:
+            pass
+        return "Dependency"
+    if job.hold is not None:
+        return "JobHeldUser" if job.hold == "user" else "JobHeldAdmin"
+    return None
+
+
+def _batch_step(job: Job) -> tuple:
+    """The ``.batch`` step of a job that ran: a time limit or a cancel ends it by signal 15."""
+    state, exit_code, sig = job.state, job.exit_code, job.signal
+    if state in ("TIMEOUT", "CANCELLED"):
+        state, exit_code, sig = "CANCELLED", 0, 15
+    elif state == "OUT_OF_MEMORY":
+        exit_code, sig = 0, 125
+    elapsed = job.elapsed or max(0, job.end_time - job.start_time)
+    return (job.job_id, "batch", "batch", state, exit_code, sig, job.max_rss, elapsed, job.start_time, job.end_time)

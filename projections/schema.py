@@ -1,0 +1,52 @@
+"""The SQLite tables the projector maintains (squeue/sinfo/sacct views of the log)."""
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id INTEGER PRIMARY KEY,     -- the unique id (an array task's own id)
+    array_job_id INTEGER,
+    array_task_id INTEGER,
+    array_spec TEXT,                -- pending indices of an array's remainder record, e.g. "4-9%2"
+    name TEXT, user TEXT, uid INTEGER, account TEXT, partition TEXT, qos TEXT,
+    state TEXT NOT NULL,
+    cancel_by INTEGER,
+    submit INTEGER, eligible INTEGER, start INTEGER, end_time INTEGER,
+    time_limit INTEGER,
+    exit_code INTEGER, signal INTEGER, max_rss INTEGER, elapsed INTEGER,
+    nodes TEXT,                      -- comma-separated allocation, in order
+    alloc_nodes INTEGER, alloc_cpus INTEGER, alloc_mem INTEGER, alloc_gpus INTEGER,
+    req_nodes INTEGER, req_cpus INTEGER, req_mem INTEGER, req_gpus INTEGER, gpu_type TEXT,
+    restarts INTEGER, workdir TEXT, dependency TEXT, hold TEXT, priority INTEGER,
+    reason TEXT,                     -- why a job that never started ended pending (e.g. DependencyNeverSatisfied)
+    seq INTEGER                      -- log sequence of the last event that changed the row
+);
+CREATE INDEX IF NOT EXISTS jobs_user ON jobs(user);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE INDEX IF NOT EXISTS jobs_array ON jobs(array_job_id);
+CREATE INDEX IF NOT EXISTS jobs_end ON jobs(end_time);
+CREATE TABLE IF NOT EXISTS steps (
+    job_id INTEGER, step TEXT, name TEXT, state TEXT, exit_code INTEGER, signal INTEGER,
+    max_rss INTEGER, elapsed INTEGER, start INTEGER, end_time INTEGER,
+    PRIMARY KEY (job_id, step)
+);
+CREATE TABLE IF NOT EXISTS nodes (
+    name TEXT PRIMARY KEY, idx INTEGER, state TEXT, reason TEXT, reason_by TEXT, reason_time INTEGER,
+    cpus INTEGER, alloc_cpus INTEGER, memory INTEGER, alloc_mem INTEGER,
+    gpus INTEGER, alloc_gpus INTEGER, gres TEXT, features TEXT, partitions TEXT, boot_time INTEGER,
+    jobs TEXT
+);
+CREATE TABLE IF NOT EXISTS partitions (
+    name TEXT PRIMARY KEY, idx INTEGER, is_default INTEGER, state TEXT, max_time INTEGER,
+    default_time INTEGER, nodes TEXT, priority_tier INTEGER, max_nodes INTEGER
+);
+CREATE TABLE IF NOT EXISTS usage (
+    user TEXT, account TEXT, partition TEXT,
+    cpu_seconds INTEGER, gpu_seconds INTEGER, jobs INTEGER,
+    PRIMARY KEY (user, account, partition)
+);
+"""

@@ -1,0 +1,134 @@
+"""The SQLite projection and sacct on top of it, against real Slurm's outputs (slurm-golden)."""
+import io
+import shlex
+import sqlite3
+
+import pytest
+
+from rota.cli import sacct
+from rota.controller.eventlog import MemoryLog
+from rota.core import events as ev
+from rota.core.apply import fold
+from rota.core.testing import Harness, make_cluster
+from rota.projections.projector import Projector
+
+from golden import GOLDEN, assert_same_table, blocks
+
+pytestmark = pytest.mark.skipif(not GOLDEN.exists(), reason="../shared/slurm-golden not present")
+
+
+def golden_history() -> Harness:
+    """The jobs of the golden captures, with their ids: 23625..23631 (+ array tasks 23632..23634)."""
+    h = Harness(make_cluster(nodes=4, gpus=8, cpus=64, memory=257000, max_time=3600))
+    h.state.next_job_id = 23625
+    common = {"user": "alice", "uid": 2001, "gid": 2001, "account": "research", "mem_per_node": 1024}
+    timeout = h.submit(name="timeout-job", time_limit=60, **common)
+    ok = h.submit(name="ok-job", **common)
+    fail = h.submit(name="fail-job", **common)
+    oom = h.submit(name="oom-job", **{**common, "mem_per_node": 100})
+    cancel = h.submit(name="cancel-job", **common)
+    pending = h.submit(name="cancel-pending", hold=True, **common)
+    arr = h.submit(name="arr4", array="0-3", **common)
+    h.cycle()
+    h.advance(1)
+    h.finish(fail, "FAILED", exit_code=3, elapsed=1)
+    h.finish(oom, "OUT_OF_MEMORY", signal=9, elapsed=1)
+    h.advance(3)
+    h.finish(ok, elapsed=4, max_rss=54108)
+    tasks = sorted(h.state.array_tasks[arr], key=lambda j: h.state.jobs[j].array_task_id)
+    for jid, code in zip(tasks, (0, 1, 2, 3)):
+        h.finish(jid, "COMPLETED" if code == 0 else "FAILED", exit_code=code, elapsed=5, max_rss=216)
+    never = h.submit(name="never", dependency=f"afterok:{fail}", **common)
+    assert never == 23635
+    h.cycle()
+    h.advance(2)
+    h.put(ev.JobCancelled(job_id=never, by_uid=2001))
+    h.put(ev.JobCancelled(job_id=cancel, by_uid=2001))
+    h.put(ev.JobCancelled(job_id=pending, by_uid=2001))
+    h.advance(1)
+    h.finish(cancel, "CANCELLED", signal=15, elapsed=7, max_rss=224)
+    h.advance(60)
+    h.finish(timeout, "TIMEOUT", signal=15, elapsed=68, max_rss=220)
+    return h
+
+
+@pytest.fixture
+async def db(tmp_path, monkeypatch):
+    h = golden_history()
+    lg = MemoryLog()
+    lg.entries = list(h.log)
+    path = tmp_path / "projections.sqlite"
+    p = Projector(path, lg)
+    await p.open()
+    await p.catch_up()
+    assert p.state == fold(h.log)
+    await p.close()
+    monkeypatch.setenv("ROTA_PROJECTIONS", str(path))
+    return path
+
+
+def run_sacct(command: str) -> tuple[int, list[str], str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = sacct.run(shlex.split(command)[1:], out, err)
+    return code, out.getvalue().splitlines(), err.getvalue()
+
+
+LOOSE = {"MaxRSS", "Elapsed"}   # timings and memory differ run to run; their layout must not
+
+
+@pytest.mark.parametrize("name", ["sacct_default.txt", "sacct_completed.txt", "sacct_oom.txt", "sacct_array.txt",
+                                  "sacct_cancelled.txt", "sacct_timeout.txt", "sacct_failed.txt"])
+def test_sacct_matches_slurm_field_by_field(db, name):
+    for block in blocks(name):
+        if not block.command.startswith("sacct"):
+            continue
+        code, ours, err = run_sacct(block.command)
+        assert code == block.exit and not err, err
+        header = block.output[0].split()
+        loose = {i for i, h in enumerate(header) if h in LOOSE}
+        assert_same_table(ours, block.output, loose)
+
+
+def test_rows_checkpoint_and_redelivery_are_consistent(db):
+    con = sqlite3.connect(db)
+    seq = con.execute("SELECT value FROM meta WHERE key = 'seq'").fetchone()[0]
+    assert seq == len(golden_history().log)
+    states = dict(con.execute("SELECT job_id, state FROM jobs"))
+    assert states[23626] == "COMPLETED" and states[23625] == "TIMEOUT" and states[23630] == "CANCELLED"
+    assert con.execute("SELECT count(*) FROM steps").fetchone()[0] == 9   # every job that ran has its .batch
+
+
+async def test_reprojecting_the_same_events_changes_nothing_and_resumes_at_the_checkpoint(tmp_path):
+    h = golden_history()
+    lg = MemoryLog()
+    lg.entries = list(h.log[:20])
+    path = tmp_path / "p.sqlite"
+    p = Projector(path, lg, snapshot_every=5)
+    await p.open()
+    await p.catch_up()
+    await p.close()
+    lg.entries = list(h.log)
+    p2 = Projector(path, lg)
+    await p2.open()
+    assert p2.seq == 20                      # resumed from its own stored state
+    await p2.catch_up()
+    await p2.close()
+    con = sqlite3.connect(path)
+    full = tmp_path / "full.sqlite"
+    p3 = Projector(full, lg)
+    await p3.open()
+    await p3.catch_up()
+    await p3.close()
+    con2 = sqlite3.connect(full)
+    q = "SELECT * FROM jobs ORDER BY job_id"
+    assert con.execute(q).fetchall() == con2.execute(q).fetchall()
+
+
+def test_sacct_errors_are_one_clear_line(db, monkeypatch, tmp_path):
+    code, _, err = run_sacct("sacct --format=JobID,Nope")
+    assert code == 1 and err == 'sacct: error: Invalid field requested: "Nope"\n'
+    code, _, err = run_sacct("sacct -S yesterday-ish")
+    assert code == 1 and err.startswith("sacct: error: Invalid time specification")
+    monkeypatch.setenv("ROTA_PROJECTIONS", str(tmp_path / "missing.sqlite"))
+    code, _, err = run_sacct("sacct -j 1")
+    assert code == 1 and "is `rota up` running" in err and "Traceback" not in err
