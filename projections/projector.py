@@ -215,10 +215,11 @@ class Projector:
                 gres[nc.name] = ",".join(f"gpu:{g.type}:{g.count}" if g.type else f"gpu:{g.count}" for g in nc.gpus)
         rows = [(n.name, n.index, n.display_state(), n.reason, n.reason_by, n.reason_time, n.cpus, n.alloc_cpus,
                  n.memory, n.alloc_mem, n.gpu_count, n.gpu_count - n.free_gpus, gres.get(n.name, ""),
-                 ",".join(n.features), ",".join(parts.get(n.name, [])), n.boot_time, ",".join(map(str, n.jobs)))
+                 ",".join(n.features), ",".join(parts.get(n.name, [])), n.boot_time, ",".join(map(str, n.jobs)),
+                 _base_state(n), int(n.drain), int(n.not_responding), n.weight, n.last_busy)
                 for n in self.state.nodes.values()]
         await self.db.execute("DELETE FROM nodes")
-        await self.db.executemany(f"INSERT INTO nodes VALUES ({', '.join('?' * 17)})", rows)
+        await self.db.executemany(f"INSERT INTO nodes VALUES ({', '.join('?' * 22)})", rows)
 
     async def _write_partitions(self) -> None:
         cfg = self.state.config
@@ -228,6 +229,18 @@ class Projector:
         rows = [(p.name, i, int(p.default), p.state, p.max_time, p.default_time, ",".join(p.nodes), p.priority_tier,
                  p.max_nodes) for i, p in enumerate(cfg.partitions)]
         await self.db.executemany("INSERT INTO partitions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+
+
+def _base_state(n: Any) -> str:
+    """Slurm's base node state (flags such as DRAIN and NOT_RESPONDING are separate columns)."""
+    if n.down:
+        return "DOWN"
+    if n.awaiting_agent:
+        return "UNKNOWN"
+    if not n.jobs:
+        return "IDLE"
+    full = n.alloc_cpus >= n.cpus or (n.gpu_owner and 0 not in n.gpu_owner)
+    return "ALLOCATED" if full else "MIXED"
 
 
 def _pending_reason(state: State, job_id: int) -> str | None:

@@ -38,7 +38,7 @@ CREATE TABLE IF NOT EXISTS nodes (
     name TEXT PRIMARY KEY, idx INTEGER, state TEXT, reason TEXT, reason_by TEXT, reason_time INTEGER,
     cpus INTEGER, alloc_cpus INTEGER, memory INTEGER, alloc_mem INTEGER,
     gpus INTEGER, alloc_gpus INTEGER, gres TEXT, features TEXT, partitions TEXT, boot_time INTEGER,
-    jobs TEXT
+    jobs TEXT, base TEXT, drain INTEGER, not_responding INTEGER, weight INTEGER, last_busy INTEGER
 );
 CREATE TABLE IF NOT EXISTS partitions (
     name TEXT PRIMARY KEY, idx INTEGER, is_default INTEGER, state TEXT, max_time INTEGER,

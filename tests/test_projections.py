@@ -132,3 +132,49 @@ def test_sacct_errors_are_one_clear_line(db, monkeypatch, tmp_path):
     monkeypatch.setenv("ROTA_PROJECTIONS", str(tmp_path / "missing.sqlite"))
     code, _, err = run_sacct("sacct -j 1")
     assert code == 1 and "is `rota up` running" in err and "Traceback" not in err
+
+
+def sinfo_history() -> Harness:
+    """gpu01 full, gpu02-03 partly used, gpu04 drained for "gpu xid 79" (as in sinfo_drain.txt)."""
+    import datetime as dt
+
+    names = ("gpu01", "gpu02", "gpu03", "gpu04")
+    long = ev.PartitionConfig(name="long", nodes=names, max_time=7 * 86400)
+    h = Harness(make_cluster(nodes=4, gpus=8, cpus=64, memory=257000, max_time=3600, extra_partitions=(long,)))
+    h.submit(name="full", cpus_per_task=64, cpus_per_task_given=True, nodelist=("gpu01",))
+    h.submit(name="part", cpus_per_task=8, cpus_per_task_given=True, nodelist=("gpu02",))
+    h.submit(name="part", cpus_per_task=8, cpus_per_task_given=True, nodelist=("gpu03",))
+    h.cycle()
+    h.now = int(dt.datetime(2026, 12, 2, 9, 42, 35).timestamp())
+    h.put(ev.NodeDrained(node="gpu04", reason="gpu xid 79", by="root"))
+    return h
+
+
+async def project(h: Harness, path) -> None:
+    lg = MemoryLog()
+    lg.entries = list(h.log)
+    p = Projector(path, lg)
+    await p.open()
+    await p.catch_up()
+    await p.close()
+
+
+async def test_sinfo_matches_slurm(tmp_path, monkeypatch):
+    from rota.cli import sinfo
+
+    path = tmp_path / "p.sqlite"
+    await project(sinfo_history(), path)
+    monkeypatch.setenv("ROTA_PROJECTIONS", str(path))
+    for block in blocks("sinfo_drain.txt"):
+        out, err = io.StringIO(), io.StringIO()
+        code = sinfo.run(shlex.split(block.command)[1:], out, err)
+        assert (code, err.getvalue()) == (block.exit, "")
+        assert out.getvalue().splitlines() == block.output, block.command
+    idle = Harness(make_cluster(nodes=4, gpus=8, cpus=64, memory=257000, max_time=3600, extra_partitions=(
+        ev.PartitionConfig(name="long", nodes=("gpu01", "gpu02", "gpu03", "gpu04"), max_time=7 * 86400),)))
+    await project(idle, tmp_path / "idle.sqlite")
+    monkeypatch.setenv("ROTA_PROJECTIONS", str(tmp_path / "idle.sqlite"))
+    block = blocks("sinfo_idle.txt")[0]
+    out = io.StringIO()
+    assert sinfo.run([], out, io.StringIO()) == 0
+    assert out.getvalue().splitlines() == block.output

@@ -1,0 +1,268 @@
+"""``sinfo``: partitions and nodes from the projection database, in Slurm's layouts."""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import re
+import sqlite3
+import sys
+import time
+from typing import Any
+
+from rota.core.hostlist import compress, expand
+from rota.core.timefmt import format_squeue_time
+
+DEFAULT = "%#P %.5a %.10l %.6D %.6t %N"
+NODE_DEFAULT = "%#N %.6D %#P %6t"
+REASONS = "%20E %9u %19H %N"
+LONG = "%#P %.5a %.10l %.10s %.4r %.8h %.10g %.6D %.11T %N"
+NODE_LONG = "%#N %.6D %#P %11T %.4c %.8z %.6m %.8d %.6w %.8f %20E"
+
+# Slurm orders groups by state value, flags included (DRAIN 0x200, NOT_RESPONDING 0x800), highest first.
+BASE_VALUE = {"UNKNOWN": 0, "DOWN": 1, "IDLE": 2, "ALLOCATED": 3, "MIXED": 5}
+SHORT = {"UNKNOWN": "unk", "DOWN": "down", "IDLE": "idle", "ALLOCATED": "alloc", "MIXED": "mix"}
+LONG_NAMES = {"UNKNOWN": "unknown", "DOWN": "down", "IDLE": "idle", "ALLOCATED": "allocated", "MIXED": "mixed"}
+HEADERS = {"P": "PARTITION", "a": "AVAIL", "l": "TIMELIMIT", "D": "NODES", "t": "STATE", "T": "STATE",
+           "N": "NODELIST", "E": "REASON", "u": "USER", "H": "TIMESTAMP", "G": "GRES", "c": "CPUS",
+           "m": "MEMORY", "f": "AVAIL_FEATURES", "z": "S:C:T", "d": "TMP_DISK", "w": "WEIGHT", "s": "JOB_SIZE",
+           "r": "ROOT", "h": "OVERSUBSCRIBE", "g": "GROUPS", "C": "CPUS(A/I/O/T)", "O": "CPU_LOAD", "n": "HOSTNAMES",
+           "e": "FREE_MEM", "R": "PARTITION"}
+_SPEC = re.compile(r"%(#?)(\.?)(\d*)([A-Za-z])")
+
+
+class Usage(Exception):
+    pass
+
+
+def state_short(n: sqlite3.Row) -> str:
+    base = n["base"]
+    if n["drain"]:
+        s = "drain" if base in ("IDLE", "DOWN", "UNKNOWN") else "drng"
+    else:
+        s = SHORT.get(base, base.lower())
+    return s + ("*" if n["not_responding"] else "")
+
+
+def state_long(n: sqlite3.Row) -> str:
+    base = n["base"]
+    if n["drain"]:
+        s = "drained" if base in ("IDLE", "DOWN", "UNKNOWN") else "draining"
+    else:
+        s = LONG_NAMES.get(base, base.lower())
+    return s + ("*" if n["not_responding"] else "")
+
+
+def state_value(n: sqlite3.Row) -> int:
+    return BASE_VALUE.get(n["base"], 0) + (0x200 if n["drain"] else 0) + (0x800 if n["not_responding"] else 0)
+
+
+def _ts(t: int | None) -> str:
+    return _dt.datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S") if t else "Unknown"
+
+
+def _limit(seconds: int | None) -> str:
+    return "infinite" if not seconds else format_squeue_time(seconds)
+
+
+def field(code: str, part: sqlite3.Row | None, nodes: list[sqlite3.Row], node_oriented: bool) -> str:
+    n = nodes[0]
+    if code in ("P", "R"):
+        if part is None:
+            return "n/a"
+        return part["name"] + ("*" if part["is_default"] and code == "P" else "")
+    if code == "a":
+        return {"UP": "up", "DOWN": "down", "DRAIN": "drain", "INACTIVE": "inact"}.get(part["state"], "up") \
+            if part is not None else "n/a"
+    if code == "l":
+        return _limit(part["max_time"]) if part is not None else "n/a"
+    if code == "D":
+        return str(len(nodes))
+    if code == "t":
+        return state_short(n)
+    if code == "T":
+        return state_long(n)
+    if code in ("N", "n"):
+        return compress([x["name"] for x in nodes])
+    if code == "E":
+        return n["reason"] or "none"
+    if code == "u":
+        return n["reason_by"] or "Unknown"
+    if code == "H":
+        return _ts(n["reason_time"]) if n["reason"] else "Unknown"
+    if code == "G":
+        return n["gres"] or "(null)"
+    if code == "c":
+        return str(n["cpus"])
+    if code == "C":
+        alloc = sum(x["alloc_cpus"] for x in nodes)
+        total = sum(x["cpus"] for x in nodes)
+        other = sum(x["cpus"] for x in nodes if x["drain"] or x["base"] == "DOWN")
+        return f"{alloc}/{total - alloc - other}/{other}/{total}"
+    if code == "m":
+        return str(n["memory"])
+    if code == "e":
+        return str(max(0, n["memory"] - n["alloc_mem"]))
+    if code == "f":
+        return n["features"] or "(null)"
+    if code == "z":
+        return f"1:{n['cpus']}:1"
+    if code == "d":
+        return "0"
+    if code == "w":
+        return str(n["weight"] or 1)
+    if code == "s":
+        return "1-infinite"
+    if code in ("r", "g"):
+        return "no" if code == "r" else "all"
+    if code == "h":
+        return "NO"
+    if code == "O":
+        return "N/A"
+    raise Usage(f"sinfo: error: Invalid node format specification: %{code}")
+
+
+def parse(fmt: str) -> list[tuple[str, Any]]:
+    """Literal text and (code, width, right, natural) specs, like squeue's."""
+    out: list = []
+    pos = 0
+    for m in _SPEC.finditer(fmt):
+        if m.start() > pos:
+            out.append(("lit", fmt[pos:m.start()]))
+        hash_, dot, width, code = m.groups()
+        if code not in HEADERS:
+            raise Usage(f"sinfo: error: Invalid node format specification: {m.group(0)}")
+        out.append(("spec", (code, int(width) if width else None, bool(dot), bool(hash_))))
+        pos = m.end()
+    if pos < len(fmt):
+        out.append(("lit", fmt[pos:]))
+    return out
+
+
+def render(spec, groups: list[tuple[sqlite3.Row | None, list[sqlite3.Row]]], header: bool, node_oriented: bool) -> list[str]:
+    values = [[field(s[0], part, nodes, node_oriented) if kind == "spec" else s for kind, s in spec]
+              for part, nodes in groups]
+    # %#X: width of the longest value (and header)
+    widths = []
+    for i, (kind, s) in enumerate(spec):
+        if kind != "spec":
+            widths.append(None)
+            continue
+        code, width, _right, natural = s
+        if natural:
+            width = max([len(HEADERS[code])] + [len(v[i]) for v in values])
+        widths.append(width)
+
+    def line(cells: list[str]) -> str:
+        out = []
+        for i, (kind, s) in enumerate(spec):
+            if kind != "spec":
+                out.append(s)
+                continue
+            text, w, right = cells[i], widths[i], s[2]
+            if w is not None:
+                text = text[:w]
+                text = text.rjust(w) if right else text.ljust(w)
+            out.append(text)
+        return "".join(out).rstrip() if spec and spec[-1][0] == "spec" and spec[-1][1][1] is None else "".join(out)
+
+    lines = []
+    if header:
+        lines.append(line([HEADERS[s[0]] if kind == "spec" else s for kind, s in spec]))
+    lines += [line(v) for v in values]
+    return lines
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sinfo", add_help=False)
+    p.add_argument("-N", "--Node", action="store_true")
+    p.add_argument("-l", "--long", action="store_true")
+    p.add_argument("-R", "--list-reasons", action="store_true")
+    p.add_argument("-o", "--format")
+    p.add_argument("-h", "--noheader", action="store_true")
+    p.add_argument("-p", "--partition")
+    p.add_argument("-n", "--nodes")
+    p.add_argument("-t", "--states")
+    p.add_argument("-s", "--summarize", action="store_true")
+    p.add_argument("--help", action="store_true")
+    return p
+
+
+def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
+    ns, rest = build_parser().parse_known_args(argv)
+    if ns.help:
+        out.write("Usage: sinfo [-N] [-l] [-R] [-o format] [-h] [-p partition] [-n nodes] [-t states]\n")
+        return 0
+    if rest:
+        err.write(f"sinfo: unrecognized option '{rest[0]}'\nTry \"sinfo --help\" for more information\n")
+        return 1
+    from .paths import projections_db
+
+    path = projections_db()
+    if not path.exists():
+        err.write(f"sinfo: error: no rota cluster state at {path}; is `rota up` running (or ROTA_STATE_DIR set)?\n")
+        return 1
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    db.row_factory = sqlite3.Row
+    nodes = db.execute("SELECT * FROM nodes ORDER BY idx").fetchall()
+    parts = db.execute("SELECT * FROM partitions ORDER BY idx").fetchall()
+    if ns.partition:
+        wanted = set(ns.partition.split(","))
+        parts = [p for p in parts if p["name"] in wanted]
+    if ns.nodes:
+        try:
+            keep = set(expand(ns.nodes))
+        except ValueError as exc:
+            err.write(f"sinfo: error: Invalid node name specified: {exc}\n")
+            return 1
+        nodes = [n for n in nodes if n["name"] in keep]
+    if ns.states:
+        states = {s.strip().lower() for s in ns.states.split(",")}
+        nodes = [n for n in nodes if state_short(n).rstrip("*") in states or state_long(n).rstrip("*") in states
+                 or (n["drain"] and "drain" in states)]
+    try:
+        if ns.list_reasons:
+            spec = parse(ns.format or REASONS)
+            groups: dict[tuple, list] = {}
+            for n in nodes:
+                if n["reason"] and (n["drain"] or n["base"] == "DOWN"):
+                    groups.setdefault((n["reason"], n["reason_by"], n["reason_time"]), []).append(n)
+            lines = render(spec, [(None, g) for g in groups.values()], not ns.noheader, True)
+        elif ns.Node:
+            spec = parse(ns.format or (NODE_LONG if ns.long else NODE_DEFAULT))
+            by_name = {n["name"]: n for n in nodes}
+            rows = [(p, [by_name[name]]) for name in by_name for p in parts
+                    if name in (p["nodes"] or "").split(",")]
+            rows.sort(key=lambda pn: pn[1][0]["idx"])
+            lines = render(spec, rows, not ns.noheader, True)
+            if ns.long and not ns.format:
+                lines.insert(0, time.strftime("%a %b %d %H:%M:%S %Y"))
+        else:
+            spec = parse(ns.format or (LONG if ns.long else DEFAULT))
+            rows = []
+            for p in parts:
+                members = set((p["nodes"] or "").split(","))
+                grouped: dict[tuple, list] = {}
+                for n in nodes:
+                    if n["name"] in members:
+                        grouped.setdefault((state_short(n), n["reason"] if ns.format and "%E" in ns.format else None),
+                                           []).append(n)
+                for g in sorted(grouped.values(), key=lambda g: -state_value(g[0])):
+                    rows.append((p, g))
+            lines = render(spec, rows, not ns.noheader, False)
+            if ns.long and not ns.format:
+                lines.insert(0, time.strftime("%a %b %d %H:%M:%S %Y"))
+    except Usage as exc:
+        err.write(f"{exc}\n")
+        return 1
+    for line in lines:
+        out.write(line + "\n")
+    return 0
+
+
+def main_exit() -> None:
+    try:
+        code = run(sys.argv[1:])
+    except BrokenPipeError:
+        code = 0
+    raise SystemExit(code)
+
