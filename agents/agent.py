@@ -262,6 +262,10 @@ class Agent:
             cgroup = self.cgroups.create(a["job_id"], a["mem"], self._pick_cpus(a["cpus"]))
         status = self.spool / f"job{a['job_id']}.{a.get('restarts', 0)}.status"
         status.unlink(missing_ok=True)
+        uid, gid = a["spec"].get("uid", 0), a["spec"].get("gid", 0)
+        if os.geteuid() == 0 and uid:
+            status.touch(mode=0o600)
+            os.chown(status, uid, gid)   # the shepherd runs as the job's user and writes it
         a = {**a, "status_file": str(status)}
         proc = launch.start(a, self.node, self.spool, cgroup, shepherd=(SHEPHERD, str(status)))
         run = Run(a, proc.pid, time.time(), proc, cgroup)

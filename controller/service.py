@@ -274,13 +274,18 @@ class Controller:
             return {"ok": True, "job_id": env.event.job_id}
         if verb == "cancel":
             jid, uid = int(body["job_id"]), int(body.get("uid", 0))
-            await self.write(lambda state: commands.cancel(state, jid, uid), user, rid)
+            tasks = tuple(int(t) for t in body["tasks"]) if body.get("tasks") is not None else None
+            await self.write(lambda state: commands.cancel(state, jid, uid, tasks), user, rid)
             return {"ok": True}
         if verb in ("hold", "release"):
             jid = int(body["job_id"])
             admin = bool(body.get("admin", False))
             act = commands.hold if verb == "hold" else commands.release
             await self.write(lambda state: act(state, jid, admin), user, rid)
+            return {"ok": True}
+        if verb == "requeue":
+            jid, hold = int(body["job_id"]), bool(body.get("hold", False))
+            await self.write(lambda state: commands.requeue(state, jid, hold), user, rid)
             return {"ok": True}
         if verb == "update_job":
             jid = int(body["job_id"])

@@ -118,25 +118,33 @@ async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, n
             info.unlink()
         except FileNotFoundError:
             pass
-        log.info("stopping: agent")
+        stop.set()
+        steps = []
         if agent is not None:
-            await agent.stop()
-        log.info("stopping: controller")
+            steps.append(("agent", agent.stop()))
         if link is not None:
-            await link.stop()
+            steps.append(("agent link", link.stop()))
         if projector is not None:
-            stop.set()
-            if projecting is not None:
-                await asyncio.gather(projecting, return_exceptions=True)
-            await projector.save_state()
-            await projector.close()
-        await controller.maybe_snapshot(force=True)
-        log.info("stopping: snapshot written")
-        await controller.stop()
-        await eventlog.close()
+            steps.append(("projections", _stop_projector(projector, projecting)))
+        steps.append(("snapshot", controller.maybe_snapshot(force=True)))
+        steps.append(("controller", controller.stop()))
+        steps.append(("event log", eventlog.close()))
+        for what, step in steps:   # each bounded: Ctrl-C always stops rota up
+            log.info("stopping: %s", what)
+            try:
+                await asyncio.wait_for(step, timeout=5)
+            except Exception as exc:  # noqa: BLE001 - keep stopping the rest
+                log.warning("stopping %s: %s", what, exc or type(exc).__name__)
         if server is not None:
             server.stop()
         echo("rota up: stopped")
+
+
+async def _stop_projector(projector: Projector, projecting: asyncio.Task | None) -> None:
+    if projecting is not None:
+        await asyncio.gather(projecting, return_exceptions=True)
+    await projector.save_state()
+    await projector.close()
 
 
 def _waker(event: asyncio.Event):

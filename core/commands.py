@@ -126,6 +126,14 @@ def cancel(state: State, job_id: int, by_uid: int, tasks: tuple[int, ...] | None
     return ev.JobCancelled(job_id=job_id, by_uid=by_uid, tasks=tasks)
 
 
+def requeue(state: State, job_id: int, hold: bool = False) -> ev.JobRequeued:
+    """``scontrol requeue``: a running or finished batch job goes back to the queue (same id)."""
+    job = _job(state, job_id)
+    if job.state == PENDING:
+        raise Rejected("Job is pending execution", code="pending")
+    return ev.JobRequeued(job_id=job_id, hold=hold)
+
+
 def hold(state: State, job_id: int, admin: bool) -> ev.JobHeld:
     job = _job(state, job_id)
     if job.state != PENDING:

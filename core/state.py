@@ -214,7 +214,10 @@ def dump_snapshot(state: State) -> bytes:
     doc = {"snapshot_version": SNAPSHOT_VERSION, "meta": [getattr(state, f) for f in _META],
            "config": state.config.model_dump(mode="json") if state.config is not None else None,
            "specs": specs, "jobs": jobs, "nodes": nodes,
-           "ended": [[k, g, b] for k, (g, b) in state.ended.items()]}
+           # most purged jobs are single jobs that did (1, 0) or did not (0, 1) complete: two id lists
+           "ended_ok": [k for k, v in state.ended.items() if v == (1, 0)],
+           "ended_bad": [k for k, v in state.ended.items() if v == (0, 1)],
+           "ended": [[k, g, b] for k, (g, b) in state.ended.items() if (g, b) not in ((1, 0), (0, 1))]}
     return orjson.dumps(doc)
 
 
@@ -254,6 +257,9 @@ def _load(raw: dict[str, Any]) -> State:
         for f, v in zip(_NODE_SCALARS, scalars, strict=True):
             setattr(node, f, v)
         state.nodes[node.name] = node
-    state.ended = {k: (g, b) for k, g, b in raw["ended"]}
+    ended = dict.fromkeys(raw["ended_ok"], (1, 0))
+    ended.update(dict.fromkeys(raw["ended_bad"], (0, 1)))
+    ended.update({k: (g, b) for k, g, b in raw["ended"]})
+    state.ended = ended
     state.rebuild_indexes()
     return state

@@ -95,8 +95,9 @@ def test_kill_9_during_a_submit_burst_loses_nothing_and_starts_nothing_twice(tmp
     env = dict(os.environ, ROTA_STATE_DIR=str(tmp_path / "state"))
 
     def controller():
-        return subprocess.Popen([str(BIN / "rota"), "up", "--nats", srv.url, "--config", str(conf)],
-                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(tmp_path / "up.log", "a") as log:
+            return subprocess.Popen([str(BIN / "rota"), "up", "--nats", srv.url, "--config", str(conf)],
+                                    env=dict(env, ROTA_LOGLEVEL="INFO"), stdout=log, stderr=subprocess.STDOUT)
 
     first = controller()
     wait_for(tmp_path / "state" / "cluster.json")
@@ -136,7 +137,11 @@ def test_kill_9_during_a_submit_burst_loses_nothing_and_starts_nothing_twice(tmp
             await asyncio.wait_for(asyncio.gather(*tasks), timeout=240)
         finally:
             second.send_signal(signal.SIGINT)
-            second.wait(timeout=20)
+            try:
+                second.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                second.kill()
+                raise AssertionError("rota up did not stop:\n" + (tmp_path / "up.log").read_text()[-3000:])
 
     asyncio.run(burst())
 
@@ -191,3 +196,43 @@ def _stat(pid: int) -> bytes:
         return Path(f"/proc/{pid}/stat").read_bytes().split(b") ", 1)[1][:1]
     except (OSError, IndexError):
         return b"Z"
+
+
+def test_the_slurm_commands_work_end_to_end(up):
+    out = Path(up["ROTA_STATE_DIR"])
+    r = run(up, "sbatch", "--parsable", "-J", "quick", "-o", str(out / "q-%j.txt"), "--wrap", "exit 3")
+    quick = r.stdout.strip()
+    r = run(up, "sbatch", "--parsable", "-J", "long", "-o", str(out / "l-%j.txt"), "--wrap", "sleep 60")
+    long = r.stdout.strip()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        r = run(up, "sacct", "-X", "-j", quick, "-n", "-P", "--format=JobID,State,ExitCode")
+        if r.stdout.strip():
+            break
+        time.sleep(0.2)
+    assert r.stdout == f"{quick}|FAILED|3:0\n", r.stderr
+    r = run(up, "scancel", long)
+    assert r.returncode == 0 and r.stderr == ""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        r = run(up, "sacct", "-j", long, "-n", "-P", "--format=JobID,State")
+        if "CANCELLED" in r.stdout:
+            break
+        time.sleep(0.2)
+    assert r.stdout.splitlines()[0].startswith(f"{long}|CANCELLED by ")
+    assert r.stdout.splitlines()[1] == f"{long}.batch|CANCELLED"
+    r = run(up, "scontrol", "update", "NodeName=gpu02", "State=DRAIN")
+    assert r.returncode == 1 and "You must specify a reason" in r.stderr
+    assert run(up, "scontrol", "update", "NodeName=gpu02", "State=DRAIN", "Reason=bad fan").returncode == 0
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        r = run(up, "sinfo", "-R", "-h", "-o", "%E|%u|%N")
+        if r.stdout.strip():
+            break
+        time.sleep(0.2)
+    assert r.stdout == "bad fan|root|gpu02\n"
+    r = run(up, "scontrol", "show", "node", "gpu02")
+    assert "State=UNKNOWN+DRAIN" in r.stdout and "Reason=bad fan [root@" in r.stdout
+    assert run(up, "scontrol", "update", "NodeName=gpu02", "State=RESUME").returncode == 0
+    r = run(up, "scontrol", "show", "hostnames", "gpu[01-03]")
+    assert r.stdout == "gpu01\ngpu02\ngpu03\n"

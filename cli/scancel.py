@@ -1,0 +1,107 @@
+"""``scancel``: cancel jobs by id (``123``, ``123_4``, ``123_[1-3]``) or by filter (-u, -t, -n, -p)."""
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import re
+import sys
+
+SIGNALS = {"HUP": 1, "INT": 2, "QUIT": 3, "KILL": 9, "USR1": 10, "USR2": 12, "TERM": 15, "CONT": 18, "STOP": 19}
+_ID = re.compile(r"(\d+)(?:_(\d+|\[[\d,\-]+\]))?")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="scancel", add_help=False)
+    p.add_argument("ids", nargs="*")
+    p.add_argument("-u", "--user")
+    p.add_argument("-t", "--state")
+    p.add_argument("-n", "--name", "--jobname")
+    p.add_argument("-p", "--partition")
+    p.add_argument("-s", "--signal")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-Q", "--quiet", action="store_true")
+    p.add_argument("--me", action="store_true")
+    p.add_argument("-h", "--help", action="store_true")
+    return p
+
+
+def _signal(text: str | None) -> int:
+    if text is None:
+        return 15
+    t = text.upper().removeprefix("SIG")
+    if t.isdigit():
+        return int(t)
+    if t not in SIGNALS:
+        raise ValueError(f"scancel: error: Unknown job signal: {text}")
+    return SIGNALS[t]
+
+
+def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
+    from .client import NoCluster, request
+
+    ns, rest = build_parser().parse_known_args(argv)
+    if ns.help:
+        out.write("Usage: scancel [-u user] [-t state] [-n name] [-p partition] [-s signal] [-v] [job_id[_task]...]\n")
+        return 0
+    if rest:
+        err.write(f"scancel: unrecognized option '{rest[0]}'\nTry \"scancel --help\" for more information\n")
+        return 1
+    try:
+        sig = _signal(ns.signal)
+    except ValueError as exc:
+        err.write(f"{exc}\n")
+        return 1
+    if sig not in (9, 15):
+        err.write("scancel: error: signalling a job without cancelling it (--signal) is not supported by rota yet\n")
+        return 1
+    targets: list[tuple[int, list[int] | None]] = []
+    for item in ns.ids:
+        for part in re.split(r",(?![^\[]*\])", item):
+            m = _ID.fullmatch(part)
+            if not m:
+                err.write(f"scancel: error: Invalid job id {part}\n")
+                return 1
+            tasks = None
+            if m.group(2):
+                from rota.core.arrays import parse_array
+
+                tasks = list(parse_array(m.group(2).strip("[]")).indices)
+            targets.append((int(m.group(1)), tasks))
+    filters = ns.user or ns.me or ns.state or ns.name or ns.partition
+    if not targets and not filters:
+        err.write("scancel: error: No job identification provided\n")
+        return 1
+    uid = os.geteuid()
+    me = getpass.getuser()
+    try:
+        if filters:
+            jobs = request("queue", {})["jobs"]
+            user = me if ns.me else ns.user
+            states = {s.strip().upper() for s in (ns.state or "").split(",") if s}
+            states = {{"PD": "PENDING", "R": "RUNNING"}.get(s, s) for s in states}
+            chosen = [j for j in jobs
+                      if (user is None or j["user"] == user) and (not states or j["state"] in states)
+                      and (ns.name is None or j["name"] == ns.name)
+                      and (ns.partition is None or j["partition"] == ns.partition)
+                      and (not targets or j["job_id"] in {t for t, _ in targets})]
+            targets = [(j["job_id"], None) for j in chosen]
+        code = 0
+        for jid, tasks in targets:
+            if ns.verbose:
+                err.write(f"scancel: Terminating job {jid}\n")
+            body = {"job_id": jid, "uid": uid, "user": me, "signal": sig}
+            if tasks is not None:
+                body["tasks"] = tasks
+            reply = request("cancel", body)
+            if not reply.get("ok") and reply.get("code") not in ("no_job",):
+                err.write(f"scancel: error: Kill job error on job id {jid}: {reply['error'][0]}\n")
+                code = 1
+        return code
+    except NoCluster as exc:
+        err.write(f"scancel: error: {exc}\n")
+        return 1
+
+
+def main_exit() -> None:
+    raise SystemExit(run(sys.argv[1:]))

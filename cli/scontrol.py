@@ -1,0 +1,249 @@
+"""``scontrol``: show node|partition|hostnames|hostlist, update NodeName=/JobId=, hold, release, requeue."""
+from __future__ import annotations
+
+import datetime as _dt
+import getpass
+import os
+import re
+import sqlite3
+import sys
+
+from rota.core.hostlist import compress, expand
+
+
+class Fail(Exception):
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _ts(t: int | None) -> str:
+    return _dt.datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S") if t else "None"
+
+
+def _db() -> sqlite3.Connection:
+    from .paths import projections_db
+
+    path = projections_db()
+    if not path.exists():
+        raise Fail(f"no rota cluster state at {path}; is `rota up` running (or ROTA_STATE_DIR set)?")
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    db.row_factory = sqlite3.Row
+    return db
+
+
+def _mem(mib: int) -> str:
+    return f"{mib // 1024}G" if mib and mib % 1024 == 0 else f"{mib}M"
+
+
+def show_node(names: list[str]) -> list[str]:
+    from .sinfo import state_long
+
+    db = _db()
+    rows = db.execute("SELECT * FROM nodes ORDER BY idx").fetchall()
+    if names:
+        wanted = set(names)
+        rows = [r for r in rows if r["name"] in wanted]
+        if not rows:
+            raise Fail(f"Node {names[0]} not found")
+    out: list[str] = []
+    for n in rows:
+        state = n["base"] + ("+DRAIN" if n["drain"] else "") + ("*" if n["not_responding"] else "")
+        gpus = n["gpus"]
+        cfg_tres = f"cpu={n['cpus']},mem={n['memory']}M,billing={n['cpus']}" + (f",gres/gpu={gpus}" if gpus else "")
+        alloc_tres = ""
+        if n["alloc_cpus"]:
+            alloc_tres = f"cpu={n['alloc_cpus']},mem={_mem(n['alloc_mem'])}" + \
+                (f",gres/gpu={n['alloc_gpus']}" if n["alloc_gpus"] else "")
+        out += [
+            f"NodeName={n['name']} Arch=x86_64 CoresPerSocket={n['cpus']} ",
+            f"   CPUAlloc={n['alloc_cpus']} CPUEfctv={n['cpus']} CPUTot={n['cpus']} CPULoad=N/A",
+            f"   AvailableFeatures={n['features'] or '(null)'}",
+            f"   ActiveFeatures={n['features'] or '(null)'}",
+            f"   Gres={n['gres'] or '(null)'}",
+            f"   NodeAddr={n['name']} NodeHostName={n['name']} Version=rota",
+            f"   RealMemory={n['memory']} AllocMem={n['alloc_mem']} FreeMem=N/A Sockets=1 Boards=1",
+            f"   State={state} ThreadsPerCore=1 TmpDisk=0 Weight={n['weight'] or 1} Owner=N/A MCS_label=N/A",
+            f"   Partitions={n['partitions']} ",
+            f"   BootTime={_ts(n['boot_time'])} SlurmdStartTime={_ts(n['boot_time'])}",
+            f"   LastBusyTime={_ts(n['last_busy'])}",
+            f"   CfgTRES={cfg_tres}",
+            f"   AllocTRES={alloc_tres}",
+            "   CapWatts=n/a",
+            "   CurrentWatts=0 AveWatts=0",
+            "   ExtSensorsJoules=n/s ExtSensorsWatts=0 ExtSensorsTemp=n/s",
+        ]
+        if n["reason"]:
+            out.append(f"   Reason={n['reason']} [{n['reason_by'] or 'root'}@{_ts(n['reason_time'])}]")
+        out.append("")
+        _ = state_long
+    return out
+
+
+def show_partition(names: list[str]) -> list[str]:
+    from rota.core.timefmt import format_duration
+
+    rows = _db().execute("SELECT * FROM partitions ORDER BY idx").fetchall()
+    if names:
+        rows = [r for r in rows if r["name"] in set(names)]
+        if not rows:
+            raise Fail(f"Partition {names[0]} not found")
+    out = []
+    for p in rows:
+        limit = format_duration(p["max_time"]) if p["max_time"] else "UNLIMITED"
+        default_time = format_duration(p["default_time"]) if p["default_time"] else "NONE"
+        out += [f"PartitionName={p['name']}",
+                "   AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL",
+                f"   Default={'YES' if p['is_default'] else 'NO'} QoS=N/A",
+                f"   DefaultTime={default_time} DisableRootJobs=NO ExclusiveUser=NO GraceTime=0 Hidden=NO",
+                f"   MaxNodes={p['max_nodes'] or 'UNLIMITED'} MaxTime={limit} MinNodes=0 LLN=NO",
+                f"   Nodes={compress((p['nodes'] or '').split(',')) if p['nodes'] else '(null)'}",
+                f"   PriorityJobFactor=1 PriorityTier={p['priority_tier']} RootOnly=NO ReqResv=NO OverSubscribe=NO",
+                f"   State={p['state']}", ""]
+    return out
+
+
+def _kv(args: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for a in args:
+        k, eq, v = a.partition("=")
+        if not eq:
+            raise Fail(f"Invalid input: {a}\nRequest aborted")
+        out[k.lower()] = v
+    return out
+
+
+def _request(verb: str, body: dict) -> dict:
+    from .client import NoCluster, request
+
+    try:
+        return request(verb, {"user": getpass.getuser(), "uid": os.geteuid(), "admin": os.geteuid() == 0, **body})
+    except NoCluster as exc:
+        raise Fail(f"slurm_load_partitions error: {exc}") from None
+
+
+def update(args: list[str]) -> list[str]:
+    kv = _kv(args)
+    admin = os.geteuid() == 0
+    if "nodename" in kv:
+        if not admin:
+            raise Fail("slurm_update error: Invalid user id")
+        state = kv.get("state", "").upper()
+        reason = kv.get("reason", "")
+        if state in ("DRAIN", "DOWN", "FAIL") and not reason:
+            raise Fail("You must specify a reason when DOWNING or DRAINING a node. Request denied")
+        verb = {"DRAIN": "drain", "DOWN": "down", "FAIL": "drain", "RESUME": "resume", "UNDRAIN": "resume",
+                "IDLE": "resume"}.get(state)
+        if verb is None:
+            raise Fail(f"Invalid node state specified: {kv.get('state', '')}\nslurm_update error: Invalid node "
+                       "state specified")
+        try:
+            names = expand(kv["nodename"])
+        except ValueError:
+            raise Fail("slurm_update error: Invalid node name specified") from None
+        for name in names:
+            reply = _request(verb, {"node": name, "reason": reason})
+            if not reply.get("ok"):
+                raise Fail(f"slurm_update error: {reply['error'][0]}")
+        return []
+    if "jobid" in kv:
+        if not args[0].lower().startswith("jobid="):
+            raise Fail("JobId must precede other options\nRequest aborted")
+        from rota.core.timefmt import TimeSpecError, parse_time_limit
+
+        body: dict = {"job_id": int(kv["jobid"].split("_")[0])}
+        limit = next((k for k in ("timelimit", "timelimit+", "timelimit-") if k in kv), None)
+        if limit is not None:
+            try:
+                seconds = parse_time_limit(kv[limit])
+            except TimeSpecError:
+                raise Fail(f"Invalid TimeLimit value: {kv[limit]}") from None
+            if limit != "timelimit":
+                current = _current_limit(body["job_id"])
+                seconds = current + seconds if limit.endswith("+") else max(0, current - seconds)
+            body["time_limit"] = seconds
+        if "priority" in kv:
+            body["priority"] = int(kv["priority"])
+        reply = _request("update_job", body)
+        if not reply.get("ok"):
+            raise Fail(f"{reply['error'][0]}\nslurm_update error: {reply['error'][0]}")
+        return []
+    raise Fail("No valid entity in update command\nInput line must include \"NodeName\", \"PartitionName\", "
+               "\"Reservation\", \"JobId\" ...")
+
+
+def _current_limit(job_id: int) -> int:
+    for j in _request("queue", {}).get("jobs", []):
+        if j["job_id"] == job_id:
+            return j["time_limit"] or 0
+    raise Fail("Invalid job id specified")
+
+
+def job_verb(verb: str, ids: list[str]) -> list[str]:
+    if not ids:
+        raise Fail(f"Invalid job id specified\nscontrol {verb}: no job id given")
+    failed = False
+    lines = []
+    for item in ",".join(ids).split(","):
+        if not re.fullmatch(r"\d+(_\d+)?", item):
+            raise Fail(f"Invalid job id specified: {item}")
+        jid = int(item.split("_")[0])
+        api = {"hold": "hold", "uhold": "hold", "release": "release", "requeue": "requeue",
+               "requeuehold": "requeue"}[verb]
+        body: dict = {"job_id": jid}
+        if verb == "requeuehold":
+            body["hold"] = True
+        if verb == "uhold":
+            body["admin"] = False
+        reply = _request(api, body)
+        if not reply.get("ok"):
+            failed = True
+            msg = reply["error"][0]
+            lines.append(f"{msg} for job {item}")
+            lines.append(f"slurm_suspend error: {msg}" if verb in ("hold", "uhold", "release")
+                         else f"slurm_requeue error: {msg}")
+    if failed:
+        raise Fail("\n".join(lines))
+    return []
+
+
+def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
+    args = [a for a in argv if a not in ("-o", "--oneliner", "-d", "--details")]
+    if not args or args[0] in ("-h", "--help", "help"):
+        out.write("Usage: scontrol show node|partition|hostnames|hostlist [NAME] | update NodeName=... State=... "
+                  "Reason=... | update JobId=N TimeLimit=T | hold|release|requeue IDS\n")
+        return 0
+    cmd, rest = args[0].lower(), args[1:]
+    try:
+        if cmd == "show":
+            what = rest[0].lower() if rest else ""
+            names = rest[1:]
+            if what in ("node", "nodes"):
+                lines = show_node([n for arg in names for n in expand(arg)])
+            elif what in ("partition", "partitions"):
+                lines = show_partition(names)
+            elif what == "hostnames":
+                lines = expand(names[0] if names else os.environ.get("SLURM_JOB_NODELIST", ""))
+            elif what == "hostlist":
+                lines = [compress([h for arg in names for h in arg.split(",")])]
+            else:
+                raise Fail(f"invalid entity:{what} for keyword:show")
+        elif cmd == "update":
+            lines = update(rest)
+        elif cmd in ("hold", "uhold", "release", "requeue", "requeuehold"):
+            lines = job_verb(cmd, rest)
+        else:
+            raise Fail(f"invalid keyword: {args[0]}")
+    except Fail as exc:
+        err.write(f"{exc}\n")
+        return exc.code
+    except ValueError as exc:
+        err.write(f"scontrol: error: {exc}\n")
+        return 1
+    for line in lines:
+        out.write(line + "\n")
+    return 0
+
+
+def main_exit() -> None:
+    raise SystemExit(run(sys.argv[1:]))
