@@ -18,7 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
 from rota.core import __version__
 from rota.core import events as ev
@@ -53,6 +53,34 @@ async def ensure_streams(js: Any, replicas: int = 1) -> None:
                 if attempt == 39:
                     raise
                 await asyncio.sleep(0.25)
+
+
+async def work_queue(js: Any, stream: str, subject: str, durable: str, *, batch: int, ack_wait: float,
+                     what: str) -> AsyncIterator[list[Any]]:
+    """Batches of messages from a durable pull consumer on a work-queue stream, forever; the caller
+    acks each message once it has acted on it (unacked ones come back after ``ack_wait``)."""
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    cfg = ConsumerConfig(durable_name=durable, filter_subject=subject, ack_policy=AckPolicy.EXPLICIT,
+                         deliver_policy=DeliverPolicy.ALL, ack_wait=ack_wait)
+    while True:
+        try:
+            sub = await js.pull_subscribe(subject, durable=durable, stream=stream, config=cfg)
+            break
+        except Exception as exc:  # noqa: BLE001 - the stream or a cluster leader is not there yet
+            log.warning("cannot read %s yet: %s", what, exc)
+            await asyncio.sleep(0.5)
+    while True:
+        try:
+            msgs = await sub.fetch(batch, timeout=1.0)
+        except asyncio.TimeoutError:
+            continue
+        except Exception as exc:  # noqa: BLE001 - reconnecting
+            if "timeout" not in str(exc).lower():
+                log.warning("reading %s: %s", what, exc)
+            await asyncio.sleep(0.2)
+            continue
+        yield msgs
 
 
 @dataclass
@@ -194,29 +222,8 @@ class Agent:
     # ------------------------------------------------------------ assignments
 
     async def _assignments(self) -> None:
-        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
-        durable = f"agent-{self.node}"
-        cfg = ConsumerConfig(durable_name=durable, filter_subject=f"{ASSIGN_PREFIX}.{self.node}",
-                             ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL, ack_wait=60)
-        while True:
-            try:
-                sub = await self.js.pull_subscribe(f"{ASSIGN_PREFIX}.{self.node}", durable=durable,
-                                                   stream=ASSIGN_STREAM, config=cfg)
-                break
-            except Exception as exc:  # noqa: BLE001
-                log.warning("cannot subscribe to assignments yet: %s", exc)
-                await asyncio.sleep(0.5)
-        while True:
-            try:
-                msgs = await sub.fetch(64, timeout=1.0)
-            except asyncio.TimeoutError:
-                continue
-            except Exception as exc:  # noqa: BLE001 - reconnecting
-                if "timeout" not in str(exc).lower():
-                    log.warning("fetching assignments: %s", exc)
-                await asyncio.sleep(0.2)
-                continue
+        async for msgs in work_queue(self.js, ASSIGN_STREAM, f"{ASSIGN_PREFIX}.{self.node}", f"agent-{self.node}",
+                                     batch=64, ack_wait=60, what="assignments"):
             for msg in msgs:
                 try:
                     self.act(json.loads(msg.data))

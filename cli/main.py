@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -188,6 +189,85 @@ def config_check(
     typer.echo(f"{file}: OK: {len(cfg.nodes)} nodes, {sum(n.cpus for n in cfg.nodes)} CPUs, {gpus} GPUs, "
                f"{len(cfg.partitions)} partitions ({', '.join(p.name for p in cfg.partitions)}), "
                f"policy {cfg.scheduler.policy}")
+
+
+projections_app = typer.Typer(help="The SQLite projection of the log (sacct, sinfo read it).",
+                              no_args_is_help=True)
+app.add_typer(projections_app, name="projections")
+
+
+def _open_log(nats: Optional[str]):
+    from .client import NoCluster, cluster_url
+
+    try:
+        return cluster_url(nats)
+    except NoCluster as exc:
+        _fail(str(exc))
+
+
+@projections_app.command("rebuild")
+def projections_rebuild(
+    nats: Optional[str] = typer.Option(None, help="NATS servers (default: the running rota up)"),
+    db: Optional[str] = typer.Option(None, help="database file (default: the state directory's projections.sqlite)"),
+) -> None:
+    """Rebuild the projection from the start of the log (into a new file, then swapped in)."""
+    import asyncio
+    import time as _time
+
+    from rota.controller.eventlog import JetStreamLog
+    from rota.projections.projector import Projector
+
+    from .paths import projections_db
+
+    url = _open_log(nats)
+    target = Path(db) if db else projections_db()
+    tmp = target.with_name(target.name + ".rebuild")
+    for p in (tmp, Path(str(tmp) + "-wal"), Path(str(tmp) + "-shm")):
+        p.unlink(missing_ok=True)
+
+    async def go() -> tuple[int, float]:
+        lg = await JetStreamLog.connect(url.split(","))
+        try:
+            proj = Projector(tmp, lg)
+            await proj.open()
+            t0 = _time.perf_counter()
+            n = await proj.catch_up()
+            await proj.save_state()
+            await proj.close()
+            return n, _time.perf_counter() - t0
+        finally:
+            await lg.close()
+
+    n, dt = asyncio.run(go())
+    tmp.replace(target)
+    typer.echo(f"rota: projected {n:,} events in {dt:.1f} s ({n / dt if dt else 0:,.0f} events/s) into {target}; "
+               "a running rota up keeps projecting from there after its restart")
+
+
+@app.command("export")
+def export(
+    parquet: str = typer.Option(..., "--parquet", help="directory to write events/jobs/steps/nodes/usage .parquet"),
+    nats: Optional[str] = typer.Option(None, help="NATS servers (default: the running rota up)"),
+) -> None:
+    """Export the event log and the accounting rows as Parquet files for analysis."""
+    import asyncio
+
+    from rota.controller.eventlog import JetStreamLog
+    from rota.projections.export import export_parquet
+
+    from .paths import projections_db
+
+    url = _open_log(nats)
+
+    async def go() -> dict[str, int]:
+        lg = await JetStreamLog.connect(url.split(","))
+        try:
+            return await export_parquet(lg, projections_db(), Path(parquet))
+        finally:
+            await lg.close()
+
+    for name, rows in asyncio.run(go()).items():
+        typer.echo(f"{Path(parquet) / name}: {rows:,} rows")
 
 
 @app.command()

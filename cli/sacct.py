@@ -330,10 +330,6 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
 
 
 def main_exit() -> None:
-    try:
-        code = run(sys.argv[1:])
-    except BrokenPipeError:
-        code = 0
-    except KeyboardInterrupt:
-        code = 130
-    raise SystemExit(code)
+    from .exits import exit_with
+
+    exit_with(run)

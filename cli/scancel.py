@@ -104,4 +104,6 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
 
 
 def main_exit() -> None:
-    raise SystemExit(run(sys.argv[1:]))
+    from .exits import exit_with
+
+    exit_with(run)

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from rota.agents.agent import (
-    ASSIGN_PREFIX, ASSIGN_STREAM, HEARTBEAT_PREFIX, INBOX_PREFIX, INBOX_STREAM, ensure_streams,
+    ASSIGN_PREFIX, ASSIGN_STREAM, HEARTBEAT_PREFIX, INBOX_PREFIX, INBOX_STREAM, ensure_streams, work_queue,
 )
 from rota.core import commands
 from rota.core import events as ev
@@ -104,28 +104,8 @@ class AgentLink:
     # ------------------------------------------------------------ inbox
 
     async def _inbox(self) -> None:
-        from nats.js.api import AckPolicy, ConsumerConfig
-
-        cfg = ConsumerConfig(durable_name="controller", ack_policy=AckPolicy.EXPLICIT, ack_wait=30,
-                             filter_subject=f"{INBOX_PREFIX}.>")
-        while True:
-            try:
-                sub = await self.js.pull_subscribe(f"{INBOX_PREFIX}.>", durable="controller", stream=INBOX_STREAM,
-                                                   config=cfg)
-                break
-            except Exception as exc:  # noqa: BLE001
-                log.warning("cannot read the agents' inbox yet: %s", exc)
-                await asyncio.sleep(0.5)
-        while True:
-            try:
-                msgs = await sub.fetch(256, timeout=1.0)
-            except asyncio.TimeoutError:
-                continue
-            except Exception as exc:  # noqa: BLE001
-                if "timeout" not in str(exc).lower():
-                    log.warning("reading the inbox: %s", exc)
-                await asyncio.sleep(0.2)
-                continue
+        async for msgs in work_queue(self.js, INBOX_STREAM, f"{INBOX_PREFIX}.>", "controller", batch=256,
+                                     ack_wait=30, what="the agents' inbox"):
             results = await asyncio.gather(*(self._take(m) for m in msgs), return_exceptions=True)
             for m, r in zip(msgs, results):
                 if r is True:

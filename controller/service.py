@@ -63,6 +63,7 @@ class Controller:
         self._recent: Recent[int] = Recent(200_000)   # idempotency id -> sequence, for retries after a restart
         self.on_assign: Callable[[list[tuple[str, dict]]], None] | None = None   # agent messages to send
         self.on_reload: Callable[[], None] | None = None                         # state rebuilt from the log
+        self._last_decision: tuple[int, Any] | None = None   # (state sequence, Decision) for queue views
 
     # ------------------------------------------------------------ state
 
@@ -312,7 +313,14 @@ class Controller:
 
     def queue_view(self) -> list[dict]:
         """Pending and running jobs with their current reasons (as squeue needs them)."""
-        d = schedule(self.state, self.now(), explain=False) if self.state.pending else None
+        d = None
+        if self.state.pending:
+            # the last cycle's reasons, as slurmctld shows them; a fresh pass only when jobs arrived since
+            last = self._last_decision
+            fresh = last is not None and last[0] == self.state.seq
+            d = last[1] if fresh else schedule(self.state, self.now(), explain=False)
+            if not fresh:
+                self._last_decision = (self.state.seq, d)
         out = []
         for jid in list(self.state.pending) + list(self.state.running):
             job = self.state.jobs[jid]
@@ -348,6 +356,7 @@ class Controller:
             decision = schedule(state, max(self.now(), state.now))
             event = decision.event()
             if event is None:
+                self._last_decision = (state.seq, decision)
                 raise _NothingToDo
             decided.append(event)
             return event

@@ -207,7 +207,7 @@ def test_the_slurm_commands_work_end_to_end(up):
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         r = run(up, "sacct", "-X", "-j", quick, "-n", "-P", "--format=JobID,State,ExitCode")
-        if r.stdout.strip():
+        if r.stdout.strip() and "PENDING" not in r.stdout and "RUNNING" not in r.stdout:
             break
         time.sleep(0.2)
     assert r.stdout == f"{quick}|FAILED|3:0\n", r.stderr
@@ -236,3 +236,25 @@ def test_the_slurm_commands_work_end_to_end(up):
     assert run(up, "scontrol", "update", "NodeName=gpu02", "State=RESUME").returncode == 0
     r = run(up, "scontrol", "show", "hostnames", "gpu[01-03]")
     assert r.stdout == "gpu01\ngpu02\ngpu03\n"
+
+
+def test_export_parquet_and_projection_rebuild(up, tmp_path):
+    import pyarrow.parquet as pq
+
+    r = run(up, "sbatch", "--parsable", "-o", "/dev/null", "--wrap", "true")
+    jid = int(r.stdout)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and "COMPLETED" not in run(up, "sacct", "-j", str(jid), "-n", "-X").stdout:
+        time.sleep(0.2)
+    rebuilt = tmp_path / "rebuilt.sqlite"
+    r = run(up, "rota", "projections", "rebuild", "--db", str(rebuilt))
+    assert r.returncode == 0 and "projected" in r.stdout, r.stderr
+    fresh = run(dict(up, ROTA_PROJECTIONS=str(rebuilt)), "sacct", "-j", str(jid), "-P", "-n")
+    assert fresh.stdout == run(up, "sacct", "-j", str(jid), "-P", "-n").stdout != ""
+    r = run(up, "rota", "export", "--parquet", str(tmp_path / "pq"))
+    assert r.returncode == 0, r.stderr
+    events = pq.read_table(tmp_path / "pq" / "events.parquet").to_pydict()
+    assert events["seq"] == list(range(1, len(events["seq"]) + 1))
+    assert "jobs.started" in events["type"] and "job.exited" in events["type"]
+    jobs = pq.read_table(tmp_path / "pq" / "jobs.parquet").to_pydict()
+    assert dict(zip(jobs["job_id"], jobs["state"]))[jid] == "COMPLETED"
