@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 
 
 class NoCluster(Exception):
@@ -33,7 +32,7 @@ def request(verb: str, body: dict, url: str | None = None, timeout: float = 10.0
     from . import lightnats
 
     body = dict(body)
-    body.setdefault("rid", uuid.uuid4().hex)
+    body.setdefault("rid", os.urandom(16).hex())
     target = cluster_url(url)
     payload = json.dumps(body).encode()
     for attempt in range(retries):

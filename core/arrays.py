@@ -1,7 +1,7 @@
 """Job array specifications: ``0-99``, ``1,3,5-9``, ``0-15:4``, ``0-15%4`` (pure)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import namedtuple
 
 MAX_ARRAY_SIZE = 1001
 
@@ -10,10 +10,9 @@ class ArraySpecError(ValueError):
     """An array specification Slurm would reject."""
 
 
-@dataclass(frozen=True, slots=True)
-class ArraySpec:
-    indices: tuple[int, ...]
-    throttle: int  # 0 = unlimited
+# (indices, throttle): sorted unique indices and the %N limit (0 = unlimited). A namedtuple, not a
+# dataclass: sbatch imports this module and the dataclasses machinery costs it ~8 ms at start.
+ArraySpec = namedtuple("ArraySpec", ["indices", "throttle"])
 
 
 def parse_array(text: str, max_array_size: int = MAX_ARRAY_SIZE) -> ArraySpec:
