@@ -270,6 +270,149 @@ def export(
         typer.echo(f"{Path(parquet) / name}: {rows:,} rows")
 
 
+def _history(log: Optional[str], nats: Optional[str]):
+    from .client import NoCluster
+    from .timetravel import load_envelopes
+
+    try:
+        envs = load_envelopes(log, nats)
+    except (OSError, ValueError, NoCluster) as exc:
+        _fail(str(exc))
+    if not envs:
+        _fail("the log is empty")
+    return envs
+
+
+@app.command()
+def why(
+    job: int = typer.Argument(..., help="job id"),
+    at: Optional[str] = typer.Option(None, help="explain as of this moment: a log sequence, epoch seconds or ISO time"),
+    log: Optional[str] = typer.Option(None, help="a JSON-lines event log (rota simulate --log) instead of the cluster's"),
+    nats: Optional[str] = typer.Option(None, help="NATS servers of the cluster (default: the running rota up)"),
+    as_json: bool = typer.Option(False, "--json", help="the whole explanation as JSON"),
+) -> None:
+    """Why did job N wait? Its wait as intervals, each with the reason and the evidence."""
+    from rota.core.events import JobsStarted, JobSubmitted
+    from rota.core.timetravel import why as explain
+
+    from .timetravel import parse_at, why_json, why_text
+
+    try:
+        at_seq, at_time = parse_at(at)
+    except ValueError as exc:
+        _fail(str(exc))
+    envs = _history(log, nats)
+    if at_time is not None:
+        at_seq = max((e.seq for e in envs if e.ts <= at_time), default=0)
+    rep = explain(envs, job, at_seq)
+    if not rep.found:
+        _fail(f"job {job} is not in the log (sequences {envs[0].seq}-{envs[-1].seq})")
+    if as_json:
+        typer.echo(why_json(rep))
+        return
+    users = {e.event.job_id: e.event.spec.user for e in envs if isinstance(e.event, JobSubmitted)}
+    for e in envs:   # array tasks started under their own ids
+        if isinstance(e.event, JobsStarted):
+            for s in e.event.starts:
+                if s.array_job_id is not None:
+                    users[s.job_id] = users.get(s.array_job_id, "?")
+    for line in why_text(rep, users):
+        typer.echo(line)
+
+
+@app.command()
+def replay(
+    at: str = typer.Option(..., help="the moment: a log sequence, epoch seconds or ISO time"),
+    log: Optional[str] = typer.Option(None, help="a JSON-lines event log instead of the cluster's"),
+    nats: Optional[str] = typer.Option(None, help="NATS servers of the cluster (default: the running rota up)"),
+) -> None:
+    """The queue and the nodes as they were at a moment of the log."""
+    from .timetravel import parse_at, replay_views
+
+    try:
+        at_seq, at_time = parse_at(at)
+    except ValueError as exc:
+        _fail(str(exc))
+    for line in replay_views(_history(log, nats), at_seq, at_time):
+        typer.echo(line)
+
+
+@app.command()
+def verify(
+    from_seq: int = typer.Option(1, "--from", help="first log sequence to check"),
+    to_seq: Optional[int] = typer.Option(None, "--to", help="last log sequence to check"),
+    log: Optional[str] = typer.Option(None, help="a JSON-lines event log instead of the cluster's"),
+    nats: Optional[str] = typer.Option(None, help="NATS servers of the cluster (default: the running rota up)"),
+) -> None:
+    """Re-run the scheduler at every recorded cycle and check it makes exactly the recorded decisions."""
+    import time as _time
+
+    from rota.core.timetravel import verify as check
+
+    envs = _history(log, nats)
+    t0 = _time.perf_counter()
+    cycles, bad = 0, []
+    for _seq, div in check(envs, from_seq, to_seq):
+        cycles += 1
+        if div is not None:
+            bad.append(div)
+    dt = _time.perf_counter() - t0
+    for d in bad:
+        typer.echo(f"DIVERGES at sequence {d.seq} (cycle {d.cycle}), job {d.job_id}: recorded {d.recorded}; "
+                   f"the scheduler now says {d.recomputed}")
+    last = to_seq or envs[-1].seq
+    if bad:
+        typer.echo(f"{len(bad)} of {cycles} recorded cycles diverge (sequences {from_seq}-{last}, {dt:.1f} s)")
+        raise typer.Exit(1)
+    typer.echo(f"OK: all {cycles} recorded cycles in sequences {from_seq}-{last} are exactly what the scheduler "
+               f"decides from the state before them ({dt:.1f} s)")
+
+
+@app.command()
+def whatif(
+    set_: list[str] = typer.Option(..., "--set", help="KEY=VALUE, e.g. policy=easy, bf_window=3600, priority.age=1000"),
+    log: Optional[str] = typer.Option(None, help="a JSON-lines event log instead of the cluster's"),
+    nats: Optional[str] = typer.Option(None, help="NATS servers of the cluster (default: the running rota up)"),
+    as_json: bool = typer.Option(False, "--json", help="figures and per-job changes as JSON"),
+    top: int = typer.Option(10, help="how many winners and losers to list"),
+) -> None:
+    """Replay the recorded submits and real run times under other settings and compare."""
+    import json as _json
+    from dataclasses import asdict
+
+    from rota.core.timetravel import whatif as compare
+
+    settings = {}
+    for item in set_:
+        key, eq, value = item.partition("=")
+        if not eq:
+            _fail(f"--set {item!r}: use KEY=VALUE")
+        settings[key.strip()] = value.strip()
+    try:
+        res = compare(_history(log, nats), settings)
+    except ValueError as exc:
+        _fail(str(exc))
+    if as_json:
+        typer.echo(_json.dumps(asdict(res), indent=2))
+        return
+    typer.echo(f"replayed {res.replayed} jobs (recorded submits and run times); under the recorded settings "
+               f"{res.baseline_matches_history} start exactly when they did")
+    skipped = ", ".join(f"{v} {k}" for k, v in res.skipped.items() if v)
+    if skipped:
+        typer.echo(f"not modelled: {skipped}")
+    typer.echo(f"{'figure':<22} {'recorded settings':>18} {'with ' + ' '.join(set_):>24}")
+    for k in ("avg_wait", "avg_bsld", "util", "gpu_util", "makespan", "backfilled"):
+        if k in res.baseline:
+            typer.echo(f"{k:<22} {res.baseline[k]:>18,.2f} {res.changed.get(k, 0):>24,.2f}")
+    ranked = sorted(res.per_job, key=lambda j: j["change"])
+    gains = [j for j in ranked if j["change"] < 0][:top]
+    losses = [j for j in reversed(ranked) if j["change"] > 0][:top]
+    for title, rows in (("waits less", gains), ("waits more", losses)):
+        if rows:
+            typer.echo(f"{title}: " + ", ".join(f"job {j['job_id']} ({j['user']}) {j['change']:+,d} s" for j in rows))
+    typer.echo("by user (mean change of wait): " + ", ".join(f"{u} {c:+,.0f} s" for u, c in res.by_user.items()))
+
+
 @app.command()
 def version() -> None:
     """Print rota's version."""

@@ -1,0 +1,181 @@
+"""``rota why | replay | verify | whatif``: time travel over the log (a JSON-lines file or the cluster's)."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from dataclasses import asdict
+from typing import Any, Iterable
+
+from rota.core import events as ev
+from rota.core.timefmt import format_duration
+
+SENTENCES = {
+    "Priority": "waiting behind higher-priority jobs",
+    "Resources": "waiting for the resources it needs to free up",
+    "ReqNodeNotAvail": "nodes it can use were unavailable (drained, down or not responding)",
+    "JobHeldUser": "held by its owner",
+    "JobHeldAdmin": "held by an administrator",
+    "Dependency": "waiting for the jobs it depends on",
+    "DependencyNeverSatisfied": "its dependency can never be satisfied",
+    "BeginTime": "its requested begin time had not come",
+    "PartitionTimeLimit": "its time limit is longer than the partition allows",
+    "PartitionNodeLimit": "it asks for more nodes than the partition allows",
+    "PartitionDown": "its partition was down",
+    "PartitionInactive": "its partition was inactive",
+    "JobArrayTaskLimit": "its array already ran as many tasks as its limit allows",
+    "BadConstraints": "no node has the features it asks for",
+}
+
+
+def load_envelopes(log_file: str | None, nats: str | None) -> list[ev.Envelope]:
+    """The whole log: from a JSON-lines file (``rota simulate --log``) or from the cluster."""
+    if log_file:
+        out = []
+        with open(log_file, "rb") as fh:
+            for n, line in enumerate(fh, start=1):
+                if line.strip():
+                    try:
+                        out.append(ev.decode_envelope(line))
+                    except ValueError as exc:
+                        raise ValueError(f"{log_file}:{n}: not an event envelope ({str(exc).splitlines()[0]})") from None
+        return out
+    import asyncio
+
+    from rota.controller.eventlog import JetStreamLog
+
+    from .client import cluster_url
+
+    url = cluster_url(nats)
+
+    async def read() -> list[ev.Envelope]:
+        lg = await JetStreamLog.connect(url.split(","))
+        try:
+            out: list[ev.Envelope] = []
+            async for chunk in lg.read_batches(1):
+                out.extend(chunk)
+            return out
+        finally:
+            await lg.close()
+
+    return asyncio.run(read())
+
+
+def parse_at(text: str | None) -> tuple[int | None, int | None]:
+    """``--at``: a log sequence (a plain number below 10^9), epoch seconds, or YYYY-MM-DD[THH:MM[:SS]]."""
+    if text is None:
+        return None, None
+    t = text.strip()
+    if t.isdigit():
+        n = int(t)
+        return (n, None) if n < 1_000_000_000 else (None, n)
+    for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d"):
+        try:
+            return None, int(_dt.datetime.strptime(t, fmt).timestamp())
+        except ValueError:
+            pass
+    raise ValueError(f"--at {text!r}: use a log sequence number, epoch seconds or YYYY-MM-DDTHH:MM[:SS]")
+
+
+def _t(ts: int | None) -> str:
+    return _dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "unknown"
+
+
+def _dur(seconds: int) -> str:
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    d, rem = divmod(s, 86400)
+    h, rem = divmod(rem, 3600)
+    m, sec = divmod(rem, 60)
+    parts = [f"{d}d"] if d else []
+    parts += [f"{h}h"] if h else []
+    parts += [f"{m:02d}m" if (d or h) else f"{m}m"]
+    if sec and not d:
+        parts.append(f"{sec:02d}s")
+    return "".join(parts)
+
+
+def why_text(rep: Any, users: dict[int, str]) -> list[str]:
+    if not rep.found:
+        return [f"job {rep.job_id} is not in this log (sequences {rep.log_range[0]}-{rep.log_range[1]})"]
+    out = []
+    head = f'Job {rep.job_id} "{rep.name}" (user {rep.user}, partition {rep.partition})'
+    if rep.start_time is not None:
+        waited = rep.start_time - rep.submit_time
+        out.append(f"{head} waited {_dur(waited)}: submitted {_t(rep.submit_time)}, started {_t(rep.start_time)} "
+                   f"on {','.join(rep.nodes)}" + (" by backfill." if rep.backfilled else "."))
+    else:
+        end = rep.intervals[-1].end if rep.intervals else rep.submit_time
+        state = f" It ended {rep.end_state} without starting." if rep.end_state else " It is still pending."
+        out.append(f"{head} was submitted {_t(rep.submit_time)} and had waited {_dur(end - rep.submit_time)}"
+                   f" by the last recorded cycle.{state}")
+    if not rep.intervals:
+        out.append("  No scheduling cycle was recorded while it waited (rota logs only cycles that start "
+                   "something), so there is no evaluation to show.")
+    for iv in rep.intervals:
+        sentence = SENTENCES.get(iv.reason, iv.reason)
+        line = f"  From {_t(iv.start)} for {_dur(iv.end - iv.start)}: {sentence} [{iv.text}]."
+        if not iv.evaluated:
+            line += " The cycles stopped before reaching it (bf_max_job_test): it was not evaluated, only ranked."
+        out.append(line)
+        if iv.rank:
+            ahead = ", ".join(f"job {j} ({users.get(j, '?')})" for j in iv.ahead[:8])
+            more = f" and {len(iv.ahead) - 8} more" if len(iv.ahead) > 8 else ""
+            out.append(f"     It was number {iv.rank} in priority order (priority {iv.priority})"
+                       + (f"; ahead of it, competing for the same nodes: {ahead}{more}." if ahead else "."))
+        if iv.blockers:
+            ends = [f"job {j} ({users.get(j, '?')})" + (f", which ended {_t(rep.blocker_ends[j])}"
+                                                         if j in rep.blocker_ends else "")
+                    for j in iv.blockers[:8]]
+            out.append(f"     What it needs was held by {'; '.join(ends)}.")
+        if iv.detail:
+            out.append(f"     In numbers: {iv.detail}.")
+        if iv.expected_start:
+            out.append(f"     Expected start then: {_t(iv.expected_start)} (a reservation was held for it).")
+        out.append(f"     Evaluated at {iv.cycles} recorded cycle(s), log sequences {iv.first_seq}-{iv.last_seq}.")
+    moved = [(t, s) for t, s in rep.estimates if s]
+    if len(moved) > 1:
+        out.append("  How its expected start moved: " + "; ".join(f"at {_t(t)}: {_t(s)}" for t, s in moved) + ".")
+    for b in rep.backfilled_past:
+        out.append(f"  Job {b['job_id']} ({b['user']}) started ahead of it by backfill at {_t(b['time'])}: it had to end "
+                   f"by {_t(b['ends_by'])}, before this job's reserved start {_t(b['reserved_start'])}, "
+                   "so it did not delay it.")
+    for a in rep.actions:
+        what = {"node.drained": "drained", "node.down": "set down", "node.resumed": "resumed",
+                "node.health_fault": "health fault on", "job.held": "held the job", "job.released": "released the job",
+                "job.updated": "updated the job", "cluster.configured": "changed the cluster configuration"}[a["action"]]
+        target = f" {a['node']}" if "node" in a else ""
+        reason = f' ("{a["reason"]}")' if a.get("reason") else ""
+        out.append(f"  At {_t(a['time'])} {a['actor']} {what}{target}{reason} (sequence {a['seq']}).")
+    out.append(f"Derived from log sequences {rep.log_range[0]}-{rep.log_range[1]}, the configuration of sequence "
+               f"{rep.config_seq}, rota {', '.join(rep.versions) or '?'} (policy {rep.policy}); reasons are "
+               "recomputed at each recorded cycle from the state just before it.")
+    return out
+
+
+def why_json(rep: Any) -> str:
+    return json.dumps(asdict(rep), indent=2, default=list)
+
+
+def replay_views(envelopes: Iterable[ev.Envelope], at_seq: int | None, at_time: int | None) -> list[str]:
+    from rota.core.schedule import schedule
+    from rota.core.timetravel import replay_to
+
+    st = replay_to(envelopes, at_seq, at_time)
+    now = at_time if at_time is not None else st.now
+    d = schedule(st, now, explain=False) if st.pending else None
+    out = [f"as of {_t(now)} (log sequence {st.seq})", "",
+           f"{'JOBID':>8} {'PARTITION':>9} {'NAME':>10} {'USER':>8} {'ST':>2} {'TIME':>10} {'NODES':>6} NODELIST(REASON)"]
+    for jid in list(st.running) + list(st.pending):
+        job = st.jobs[jid]
+        running = job.state == "RUNNING"
+        reason = ",".join(a.node for a in job.alloc) if running else \
+            f"({d.pending[jid].display if d and jid in d.pending else 'None'})"
+        t = format_duration(now - job.start_time) if running else "0:00"
+        out.append(f"{jid:>8} {job.partition:>9.9} {job.spec.name:>10.10} {job.spec.user:>8.8} "
+                   f"{'R' if running else 'PD':>2} {t:>10} {len(job.alloc) or 1:>6} {reason}")
+    out += ["", f"{'NODE':<10} {'STATE':<10} {'CPUS(A/T)':>10} {'GPUS(A/T)':>10} REASON"]
+    for n in st.nodes.values():
+        out.append(f"{n.name:<10} {n.display_state().lower():<10} {f'{n.alloc_cpus}/{n.cpus}':>10} "
+                   f"{f'{n.gpu_count - n.free_gpus}/{n.gpu_count}':>10} {n.reason or ''}")
+    return out

@@ -1,0 +1,338 @@
+"""Time travel over a log (pure): why a job waited, the state at any moment, verification of every
+recorded decision, and "what if" replays of the recorded inputs under other settings.
+
+Everything here is a fold of envelopes: the same log gives the same answers on any machine.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+from . import events as ev
+from .apply import apply
+from .schedule import schedule
+from .state import PENDING, RUNNING, TERMINAL_STATES, State
+
+
+def replay_to(envelopes: Iterable[ev.Envelope], at_seq: int | None = None, at_time: int | None = None,
+              state: State | None = None) -> State:
+    """The state after the last event at or before ``at_seq`` / ``at_time`` (all of it when neither)."""
+    st = state if state is not None else State()
+    for env in envelopes:
+        if (at_seq is not None and env.seq > at_seq) or (at_time is not None and env.ts > at_time):
+            break
+        apply(st, env)
+    return st
+
+
+# ---------------------------------------------------------------- why
+
+@dataclass
+class Interval:
+    start: int                       # log time the interval began
+    end: int                         # log time it ended (the next change, the start, or the end of the log)
+    first_seq: int
+    last_seq: int
+    reason: str                      # Slurm reason code
+    text: str                        # what squeue showed
+    detail: str                      # the numbers behind it
+    rank: int
+    priority: int
+    expected_start: int | None
+    blockers: tuple[int, ...]
+    ahead: tuple[int, ...]
+    evaluated: bool
+    cycles: int = 1                  # recorded cycles this interval spans
+
+    def key(self) -> tuple:
+        return (self.reason, self.text, self.blockers, self.ahead, self.evaluated)
+
+
+@dataclass
+class WhyReport:
+    job_id: int
+    name: str = ""
+    user: str = ""
+    partition: str = ""
+    submit_time: int = 0
+    submit_seq: int = 0
+    start_time: int | None = None
+    start_seq: int | None = None
+    nodes: tuple[str, ...] = ()
+    backfilled: bool = False
+    end_state: str | None = None
+    intervals: list[Interval] = field(default_factory=list)
+    estimates: list[tuple[int, int | None]] = field(default_factory=list)   # (time, expected start) when it moved
+    backfilled_past: list[dict] = field(default_factory=list)    # jobs started around it, checked against it
+    actions: list[dict] = field(default_factory=list)            # holds, releases, drains, updates that touched it
+    blocker_ends: dict[int, int] = field(default_factory=dict)   # blocking job -> when it ended
+    log_range: tuple[int, int] = (0, 0)
+    config_seq: int = 0
+    versions: tuple[str, ...] = ()
+    policy: str = ""
+    found: bool = True
+
+
+def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None) -> WhyReport:
+    """Explain job ``job_id``'s wait: re-run the scheduler in explain mode at every recorded cycle while
+    it was pending (the state just before the cycle's decision), and collect what touched it."""
+    st = State()
+    rep = WhyReport(job_id)
+    versions: list[str] = []
+    first_seq = last_seq = 0
+    watching_nodes: set[str] = set()
+    for env in envelopes:
+        if at_seq is not None and env.seq > at_seq:
+            break
+        first_seq = first_seq or env.seq
+        last_seq = env.seq
+        e = env.event
+        job = st.jobs.get(job_id)
+        if job is not None and job.state == PENDING and isinstance(e, ev.JobsStarted):
+            _sample(rep, st, e, job_id)
+        if isinstance(e, ev.ControllerStarted) and e.version not in versions:
+            versions.append(e.version)
+        if job is not None and job.state == PENDING:
+            _note_action(rep, env, e, job_id, watching_nodes)
+        apply(st, env)
+        _note_blocker_ends(rep, st, env)
+        if isinstance(e, ev.JobSubmitted) and e.job_id == job_id:
+            j = st.jobs[job_id]
+            rep.name, rep.user, rep.partition = j.spec.name, j.spec.user, j.partition
+            rep.submit_time, rep.submit_seq = env.ts, env.seq
+            cfg = st.config
+            if cfg is not None:
+                part = st.partition(j.partition)
+                watching_nodes = set(part.nodes) if part is not None else set()
+        job = st.jobs.get(job_id)
+        if job is not None and rep.start_time is None and job.state == RUNNING:
+            rep.start_time, rep.start_seq = job.start_time, env.seq
+            rep.nodes = tuple(a.node for a in job.alloc)
+            rep.backfilled = job.backfilled
+            rep.partition = job.partition
+            if rep.intervals:
+                rep.intervals[-1].end = job.start_time
+        if job is not None and job.state in TERMINAL_STATES:
+            rep.end_state = job.state
+    rep.found = rep.submit_seq > 0
+    rep.log_range = (first_seq, last_seq)
+    rep.config_seq = st.config_seq
+    rep.versions = tuple(versions)
+    rep.policy = st.config.scheduler.policy if st.config is not None else ""
+    if rep.intervals and rep.start_time is None:
+        rep.intervals[-1].end = st.now
+    return rep
+
+
+def _sample(rep: WhyReport, st: State, e: ev.JobsStarted, job_id: int) -> None:
+    d = schedule(st, e.now, e.policy, explain=True)
+    started = next((s for s in e.starts if s.job_id == job_id or s.array_job_id == job_id), None)
+    p = d.pending.get(job_id)
+    if p is None and started is None:
+        return
+    if p is not None:
+        iv = Interval(e.now, e.now, st.seq + 1, st.seq + 1, p.reason, p.display, p.detail, p.rank, p.priority,
+                      p.start, p.blockers, p.ahead, p.evaluated)
+        last = rep.intervals[-1] if rep.intervals else None
+        if last is not None and last.key() == iv.key():
+            last.end, last.last_seq, last.cycles = e.now, st.seq + 1, last.cycles + 1
+            last.detail, last.expected_start = iv.detail, iv.expected_start
+        else:
+            if last is not None:
+                last.end = e.now
+            rep.intervals.append(iv)
+        if not rep.estimates or rep.estimates[-1][1] != p.start:
+            rep.estimates.append((e.now, p.start))
+    for s in e.starts:
+        if s.backfilled and s.job_id != job_id and job_id in d.checked.get(s.job_id, ()):
+            res = d.reservations.get(job_id)
+            rep.backfilled_past.append({"time": e.now, "job_id": s.job_id, "user": st.jobs[s.array_job_id or s.job_id].spec.user,
+                                        "ends_by": e.now + s.time_limit,
+                                        "reserved_start": res.start if res is not None else None})
+
+
+def _note_action(rep: WhyReport, env: ev.Envelope, e: Any, job_id: int, nodes: set[str]) -> None:
+    kind = None
+    if isinstance(e, (ev.JobHeld, ev.JobReleased, ev.JobUpdated)) and e.job_id == job_id:
+        kind = e.type
+    elif isinstance(e, (ev.NodeDrained, ev.NodeDown, ev.NodeResumed, ev.HealthFault)) and e.node in nodes:
+        kind = e.type
+    elif isinstance(e, ev.ClusterConfigured):
+        kind = e.type
+    if kind is not None:
+        detail = {k: v for k, v in e.model_dump(mode="json").items() if k not in ("type", "v", "config")}
+        rep.actions.append({"time": env.ts, "seq": env.seq, "actor": env.actor, "action": kind, **detail})
+
+
+def _note_blocker_ends(rep: WhyReport, st: State, env: ev.Envelope) -> None:
+    if not rep.intervals or not isinstance(env.event, ev.JobExited):
+        return
+    jid = env.event.job_id
+    if any(jid in iv.blockers for iv in rep.intervals) and jid not in rep.blocker_ends:
+        rep.blocker_ends[jid] = env.ts
+
+
+# ---------------------------------------------------------------- verify
+
+@dataclass
+class Divergence:
+    seq: int
+    cycle: int
+    job_id: int | None
+    recorded: str
+    recomputed: str
+
+
+def verify(envelopes: Iterable[ev.Envelope], from_seq: int = 1, to_seq: int | None = None
+           ) -> Iterator[tuple[int, Divergence | None]]:
+    """Re-run the scheduler at every recorded cycle from the state just before it; yields
+    (sequence, None) for a cycle that matches, (sequence, Divergence) for one that does not."""
+    st = State()
+    for env in envelopes:
+        if to_seq is not None and env.seq > to_seq:
+            break
+        e = env.event
+        if isinstance(e, ev.JobsStarted) and env.seq >= from_seq:
+            d = schedule(st, e.now, e.policy)
+            yield env.seq, _compare(env.seq, e, d.starts)
+        apply(st, env)
+
+
+def _compare(seq: int, e: ev.JobsStarted, starts: list[ev.Start]) -> Divergence | None:
+    recorded = {s.job_id: s for s in e.starts}
+    again = {s.job_id: s for s in starts}
+    for jid in sorted(set(recorded) | set(again)):
+        a, b = recorded.get(jid), again.get(jid)
+        if a == b:
+            continue
+        return Divergence(seq, e.cycle, jid, _start_text(a), _start_text(b))
+    if [s.job_id for s in e.starts] != [s.job_id for s in starts]:
+        return Divergence(seq, e.cycle, None, "order " + ",".join(str(s.job_id) for s in e.starts),
+                          "order " + ",".join(str(s.job_id) for s in starts))
+    return None
+
+
+def _start_text(s: ev.Start | None) -> str:
+    if s is None:
+        return "not started"
+    where = " ".join(f"{a.node}(cpus={a.cpus},mem={a.mem},gpus={list(a.gpus)})" for a in s.alloc)
+    return f"started in {s.partition} on {where}" + (" (backfilled)" if s.backfilled else "")
+
+
+# ---------------------------------------------------------------- what if
+
+@dataclass
+class Recorded:
+    """The inputs of a history: its configuration and, per job, submit time, request and real run time."""
+
+    config: ev.ClusterConfig
+    jobs: list[Any]                               # TraceJob
+    outcomes: dict[int, tuple[int, int, int]]     # job id -> (submit, start, end) as recorded
+    skipped: dict[str, int]                       # inputs the replay does not model, counted
+
+
+def recorded_inputs(envelopes: Iterable[ev.Envelope]) -> Recorded:
+    """Submits with their real run times (from the recorded exits) and the config in force first."""
+    from .sim import TraceJob
+
+    st = State()
+    config = None
+    submits: dict[int, tuple[int, ev.JobSpec]] = {}
+    runtime: dict[int, int] = {}
+    outcomes: dict[int, list[int]] = {}
+    skipped = {"cancelled": 0, "node actions": 0, "array jobs": 0, "never ran": 0}
+    for env in envelopes:
+        e = env.event
+        if isinstance(e, ev.ClusterConfigured) and config is None:
+            config = e.config
+        elif isinstance(e, ev.JobSubmitted):
+            submits[e.job_id] = (env.ts, e.spec)
+            outcomes[e.job_id] = [env.ts, 0, 0]
+        elif isinstance(e, ev.JobCancelled):
+            skipped["cancelled"] += 1
+        elif isinstance(e, (ev.NodeDrained, ev.NodeDown, ev.NodeResumed, ev.HealthFault)):
+            skipped["node actions"] += 1
+        elif isinstance(e, ev.JobsStarted):
+            for s in e.starts:
+                if s.job_id in outcomes:
+                    outcomes[s.job_id][1] = e.now
+        elif isinstance(e, ev.JobExited) and e.job_id in outcomes:
+            job = st.jobs.get(e.job_id)
+            start = job.start_time if job is not None else outcomes[e.job_id][1]
+            runtime[e.job_id] = e.elapsed or max(0, env.ts - start)
+            outcomes[e.job_id][2] = env.ts
+        apply(st, env)
+    if config is None:
+        raise ValueError("the log has no cluster configuration")
+    jobs = []
+    for jid, (t, spec) in submits.items():
+        if spec.array:
+            skipped["array jobs"] += 1
+            continue
+        if jid not in runtime:
+            skipped["never ran"] += 1
+            continue
+        jobs.append(TraceJob(t, spec, runtime[jid], trace_id=jid))
+    return Recorded(config, jobs, {k: tuple(v) for k, v in outcomes.items()}, skipped)
+
+
+def apply_settings(config: ev.ClusterConfig, settings: dict[str, str]) -> ev.ClusterConfig:
+    """``scheduler.policy=easy``, ``scheduler.bf_window=3600``, ``priority.age=1000`` ... on a config."""
+    data = config.model_dump(mode="json")
+    for key, value in settings.items():
+        parts = key.split(".")
+        if len(parts) == 1:
+            parts = ["scheduler", parts[0]]
+        target = data
+        for p in parts[:-1]:
+            if not isinstance(target, dict) or p not in target:
+                raise ValueError(f"unknown setting {key!r}")
+            target = target[p]
+        if not isinstance(target, dict) or parts[-1] not in target:
+            raise ValueError(f"unknown setting {key!r}: {parts[-1]!r} is not a field of {'.'.join(parts[:-1])}")
+        old = target[parts[-1]]
+        target[parts[-1]] = int(value) if isinstance(old, int) and not isinstance(old, bool) and \
+            value.lstrip("-").isdigit() else (value.lower() in ("1", "true", "yes") if isinstance(old, bool) else value)
+    return ev.ClusterConfig.model_validate(data)
+
+
+@dataclass
+class WhatIf:
+    baseline: dict[str, float]
+    changed: dict[str, float]
+    per_job: list[dict]                # job id, user, wait before/after
+    by_user: dict[str, float]          # user -> mean change of wait (s): negative = gains
+    skipped: dict[str, int]
+    baseline_matches_history: int      # jobs whose replayed start under the recorded config is the recorded one
+    replayed: int
+
+
+def whatif(envelopes: Iterable[ev.Envelope], settings: dict[str, str]) -> WhatIf:
+    """Replay the recorded submits and real run times under the recorded config (baseline) and under
+    the changed one; compare per job and in aggregate."""
+    from .sim import Simulator
+
+    rec = recorded_inputs(envelopes)
+    new_config = apply_settings(rec.config, settings)
+    start = min((j.submit for j in rec.jobs), default=0)
+
+    def run(cfg: ev.ClusterConfig):
+        return Simulator(cfg, record_log=False, start_time=start).run(rec.jobs)
+
+    base, after = run(rec.config), run(new_config)
+
+    def by_trace(result) -> dict[int, Any]:
+        return {o.trace_id: o for o in result.outcomes.values()}
+
+    b, a = by_trace(base), by_trace(after)
+    per_job, users = [], {}
+    for tid in sorted(b):
+        if tid not in a:
+            continue
+        wb, wa = b[tid].start - b[tid].submit, a[tid].start - a[tid].submit
+        user = next((j.spec.user for j in rec.jobs if j.trace_id == tid), "")
+        per_job.append({"job_id": tid, "user": user, "wait_before": wb, "wait_after": wa, "change": wa - wb})
+        users.setdefault(user, []).append(wa - wb)
+    same = sum(1 for tid, o in b.items() if tid in rec.outcomes and rec.outcomes[tid][1] == o.start)
+    return WhatIf(base.metrics(), after.metrics(), per_job,
+                  {u: sum(v) / len(v) for u, v in sorted(users.items())}, rec.skipped, same, len(b))
