@@ -295,22 +295,31 @@ def why(
     from rota.core.events import JobsStarted, JobSubmitted
     from rota.core.timetravel import why as explain
 
-    from .timetravel import parse_at, why_json, why_text
+    from .timetravel import load_seek, parse_at, submit_seq_of, why_json, why_text
 
     try:
         at_seq, at_time = parse_at(at)
     except ValueError as exc:
         _fail(str(exc))
-    envs = _history(log, nats)
+    start_state = None
+    submitted = submit_seq_of(job) if log is None else None
+    if submitted is not None:   # the cluster's log: seek to a snapshot before the submit
+        try:
+            start_state, envs = load_seek(nats, target_seq=submitted - 1)
+        except Exception as exc:  # noqa: BLE001 - unreachable cluster: one clear line
+            _fail(f"cannot read the log: {exc}")
+    else:
+        envs = _history(log, nats)
     if at_time is not None:
         at_seq = max((e.seq for e in envs if e.ts <= at_time), default=0)
-    rep = explain(envs, job, at_seq)
+    rep = explain(envs, job, at_seq, start_state)
     if not rep.found:
-        _fail(f"job {job} is not in the log (sequences {envs[0].seq}-{envs[-1].seq})")
+        _fail(f"job {job} is not in the log (sequences {envs[0].seq if envs else 0}-{envs[-1].seq if envs else 0})")
     if as_json:
         typer.echo(why_json(rep))
         return
-    users = {e.event.job_id: e.event.spec.user for e in envs if isinstance(e.event, JobSubmitted)}
+    users = {jid: j.spec.user for jid, j in (start_state.jobs.items() if start_state else ())}
+    users.update({e.event.job_id: e.event.spec.user for e in envs if isinstance(e.event, JobSubmitted)})
     for e in envs:   # array tasks started under their own ids
         if isinstance(e.event, JobsStarted):
             for s in e.event.starts:
@@ -327,13 +336,21 @@ def replay(
     nats: Optional[str] = typer.Option(None, help="NATS servers of the cluster (default: the running rota up)"),
 ) -> None:
     """The queue and the nodes as they were at a moment of the log."""
-    from .timetravel import parse_at, replay_views
+    from .timetravel import load_seek, parse_at, replay_views
 
     try:
         at_seq, at_time = parse_at(at)
     except ValueError as exc:
         _fail(str(exc))
-    for line in replay_views(_history(log, nats), at_seq, at_time):
+    state = None
+    if log is None:
+        try:
+            state, envs = load_seek(nats, at_seq, at_time)
+        except Exception as exc:  # noqa: BLE001 - unreachable cluster: one clear line
+            _fail(f"cannot read the log: {exc}")
+    else:
+        envs = _history(log, nats)
+    for line in replay_views(envs, at_seq, at_time, state):
         typer.echo(line)
 
 

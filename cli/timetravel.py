@@ -60,6 +60,54 @@ def load_envelopes(log_file: str | None, nats: str | None) -> list[ev.Envelope]:
     return asyncio.run(read())
 
 
+def load_seek(nats: str | None, target_seq: int | None = None, target_time: int | None = None):
+    """From the cluster: the newest time-travel snapshot at or before the target (None: from the start)
+    and the envelopes after it, to the end of the log."""
+    import asyncio
+
+    from rota.controller import snapshots
+    from rota.controller.eventlog import JetStreamLog
+
+    from .client import cluster_url
+
+    url = cluster_url(nats)
+
+    async def read():
+        lg = await JetStreamLog.connect(url.split(","))
+        try:
+            store = await snapshots.open_store(lg.js)
+            state = None
+            if target_seq is not None:
+                state = await snapshots.at_or_before(store, target_seq)
+            elif target_time is not None:
+                state = await snapshots.at_or_before_time(store, target_time)
+            out: list[ev.Envelope] = []
+            async for chunk in lg.read_batches((state.seq if state else 0) + 1):
+                out.extend(chunk)
+            return state, out
+        finally:
+            await lg.close()
+
+    return asyncio.run(read())
+
+
+def submit_seq_of(job_id: int) -> int | None:
+    """The job's submit sequence from the projection database, when there is one."""
+    import sqlite3
+
+    from .paths import projections_db
+
+    path = projections_db()
+    if not path.exists():
+        return None
+    try:
+        row = sqlite3.connect(f"file:{path}?mode=ro", uri=True).execute(
+            "SELECT submit_seq FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+    except sqlite3.Error:
+        return None
+    return row[0] if row and row[0] else None
+
+
 def parse_at(text: str | None) -> tuple[int | None, int | None]:
     """``--at``: a log sequence (a plain number below 10^9), epoch seconds, or YYYY-MM-DD[THH:MM[:SS]]."""
     if text is None:
@@ -147,6 +195,8 @@ def why_text(rep: Any, users: dict[int, str]) -> list[str]:
         target = f" {a['node']}" if "node" in a else ""
         reason = f' ("{a["reason"]}")' if a.get("reason") else ""
         out.append(f"  At {_t(a['time'])} {a['actor']} {what}{target}{reason} (sequence {a['seq']}).")
+    if rep.from_snapshot:
+        out.append(f"Replayed from the snapshot at sequence {rep.from_snapshot}.")
     out.append(f"Derived from log sequences {rep.log_range[0]}-{rep.log_range[1]}, the configuration of sequence "
                f"{rep.config_seq}, rota {', '.join(rep.versions) or '?'} (policy {rep.policy}); reasons are "
                "recomputed at each recorded cycle from the state just before it.")
@@ -157,11 +207,12 @@ def why_json(rep: Any) -> str:
     return json.dumps(asdict(rep), indent=2, default=list)
 
 
-def replay_views(envelopes: Iterable[ev.Envelope], at_seq: int | None, at_time: int | None) -> list[str]:
+def replay_views(envelopes: Iterable[ev.Envelope], at_seq: int | None, at_time: int | None,
+                 state: Any = None) -> list[str]:
     from rota.core.schedule import schedule
     from rota.core.timetravel import replay_to
 
-    st = replay_to(envelopes, at_seq, at_time)
+    st = replay_to(envelopes, at_seq, at_time, state)
     now = at_time if at_time is not None else st.now
     d = schedule(st, now, explain=False) if st.pending else None
     out = [f"as of {_t(now)} (log sequence {st.seq})", "",

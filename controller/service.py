@@ -18,15 +18,14 @@ from rota.core import commands, events as ev
 from rota.core import __version__
 from rota.core.apply import apply, fold
 from rota.core.schedule import schedule
-from rota.core.state import State, dump_snapshot, load_snapshot
+from rota.core.state import State, dump_snapshot
 
-from . import assign
+from . import assign, snapshots
 from .recent import Recent
 from .eventlog import FencedError, LogUnavailable
 
 log = logging.getLogger("rota.controller")
 API = "rota.api"
-SNAPSHOT_BUCKET = "rota-snapshots"
 
 
 _AGENT_EVENTS = (ev.JobsStarted, ev.JobCancelled, ev.JobRequeued, ev.JobUpdated, ev.NodeDown, ev.NodeRegistered,
@@ -40,7 +39,8 @@ class _NothingToDo(Exception):
 class Controller:
     def __init__(self, eventlog: Any, *, config: ev.ClusterConfig | None = None,
                  clock: Callable[[], float] = time.time, cycle_interval: float = 5.0,
-                 debounce: float = 0.02, snapshot_every: int = 10_000, name: str = "controller") -> None:
+                 debounce: float = 0.02, snapshot_every: int = 10_000, history_every: int = 50_000,
+                 name: str = "controller") -> None:
         self.log = eventlog
         self.state = State()
         self.config = config
@@ -48,6 +48,8 @@ class Controller:
         self.cycle_interval = cycle_interval
         self.debounce = debounce
         self.snapshot_every = snapshot_every
+        self.history_every = history_every     # also keep a snapshot for time travel this often
+        self._last_history_seq = 0
         self.name = name
         self.leader = False
         self._lock = asyncio.Lock()
@@ -396,12 +398,7 @@ class Controller:
     async def _store(self):
         """The JetStream object store holding snapshots (chunked: any size), or None in memory."""
         js = getattr(self.log, "js", None)
-        if js is None:
-            return None
-        try:
-            return await js.object_store(SNAPSHOT_BUCKET)
-        except Exception:
-            return await js.create_object_store(bucket=SNAPSHOT_BUCKET)
+        return None if js is None else await snapshots.open_store(js)
 
     async def maybe_snapshot(self, force: bool = False) -> bool:
         """Write a snapshot (with its sequence inside) every ``snapshot_every`` events."""
@@ -414,25 +411,16 @@ class Controller:
             if self._stale:
                 return False
             data, seq = dump_snapshot(self.state), self.state.seq
-        await store.put("latest", data)
+        history = seq - self._last_history_seq >= self.history_every
+        await snapshots.put(store, data, seq, history)
+        if history:
+            self._last_history_seq = seq
         self._last_snapshot_seq = seq
         return True
 
     async def _read_snapshot(self) -> State | None:
         store = await self._store()
-        if store is None:
-            return None
-        try:
-            entry = await store.get("latest")
-        except Exception:
-            return None
-        if entry is None or not entry.data:
-            return None
-        try:
-            return load_snapshot(entry.data)
-        except ValueError as exc:
-            log.warning("ignoring unreadable snapshot: %s", exc)
-            return None
+        return None if store is None else await snapshots.latest(store)
 
     # ------------------------------------------------------------ serving over NATS
 

@@ -71,13 +71,17 @@ class WhyReport:
     versions: tuple[str, ...] = ()
     policy: str = ""
     found: bool = True
+    from_snapshot: int = 0            # the replay started from a snapshot at this sequence (0: from the start)
 
 
-def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None) -> WhyReport:
+def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None,
+        state: State | None = None) -> WhyReport:
     """Explain job ``job_id``'s wait: re-run the scheduler in explain mode at every recorded cycle while
-    it was pending (the state just before the cycle's decision), and collect what touched it."""
-    st = State()
+    it was pending (the state just before the cycle's decision), and collect what touched it.
+    ``state``: a snapshot taken before the job's submission to start from (``envelopes`` follow it)."""
+    st = state if state is not None else State()
     rep = WhyReport(job_id)
+    rep.from_snapshot = st.seq
     versions: list[str] = []
     first_seq = last_seq = 0
     watching_nodes: set[str] = set()

@@ -25,7 +25,7 @@ JOB_COLUMNS = ("job_id", "array_job_id", "array_task_id", "array_spec", "name", 
                "partition", "qos", "state", "cancel_by", "submit", "eligible", "start", "end_time", "time_limit",
                "exit_code", "signal", "max_rss", "elapsed", "nodes", "alloc_nodes", "alloc_cpus", "alloc_mem",
                "alloc_gpus", "req_nodes", "req_cpus", "req_mem", "req_gpus", "gpu_type", "restarts", "workdir",
-               "dependency", "hold", "priority", "reason", "seq")
+               "dependency", "hold", "priority", "submit_seq", "reason", "seq")
 _UPSERT_JOB = (f"INSERT OR REPLACE INTO jobs ({', '.join(JOB_COLUMNS)}) "
                f"VALUES ({', '.join('?' * len(JOB_COLUMNS))})")
 
@@ -45,7 +45,7 @@ def job_row(job: Job, seq: int, reason: str | None = None) -> tuple:
             sum(len(a.gpus) for a in alloc),
             req.nnodes if req else spec.nodes, req.total_cpus if req else 0, (req.mem * req.nnodes) if req else 0,
             (req.gpus * req.nnodes) if req else 0, spec.gpu_type, job.restarts, spec.workdir, spec.dependency,
-            job.hold, job.priority_override, reason, seq)
+            job.hold, job.priority_override, job.submit_seq, reason, seq)
 
 
 def _members(state: State, job_id: int) -> list[int]:

@@ -1,6 +1,6 @@
 """The SQLite tables the projector maintains (squeue/sinfo/sacct views of the log)."""
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -22,6 +22,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     alloc_nodes INTEGER, alloc_cpus INTEGER, alloc_mem INTEGER, alloc_gpus INTEGER,
     req_nodes INTEGER, req_cpus INTEGER, req_mem INTEGER, req_gpus INTEGER, gpu_type TEXT,
     restarts INTEGER, workdir TEXT, dependency TEXT, hold TEXT, priority INTEGER,
+    submit_seq INTEGER,
     reason TEXT,                     -- why a job that never started ended pending (e.g. DependencyNeverSatisfied)
     seq INTEGER                      -- log sequence of the last event that changed the row
 );

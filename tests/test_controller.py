@@ -198,3 +198,24 @@ async def test_a_retry_after_a_restart_is_not_appended_again():
     again = await c2.handle("submit", {"rid": "once", "spec": spec()})
     assert first == again == {"ok": True, "job_id": 1}
     assert sum(1 for e in lg.entries if e.event.type == "job.submitted") == 1
+
+
+async def test_time_travel_snapshots_are_kept_and_found_by_sequence(js):
+    from rota.controller import snapshots
+
+    lg = await js()
+    c = Controller(lg, config=CFG, clock=Clock(), snapshot_every=5, history_every=10)
+    await c.start()
+    kept = []
+    for i in range(40):
+        await c.handle("submit", {"rid": f"s{i}", "spec": spec(hold=True)})
+        if await c.maybe_snapshot():
+            kept.append(c.state.seq)
+    store = await snapshots.open_store(lg.js)
+    found = await snapshots.at_or_before(store, kept[2] + 3)
+    history = [s for s in kept if s - 0 >= 10]
+    assert found is not None and found.seq <= kept[2] + 3 and found.seq in kept
+    entries = [e async for e in lg.read(1)]
+    assert found == fold(entries[:found.seq])          # a snapshot is the state at its sequence
+    assert await snapshots.at_or_before(store, 1) is None
+    assert history

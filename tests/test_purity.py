@@ -48,5 +48,5 @@ def test_public_api_is_honest():
         assert hasattr(rota.core, name), name
     public = {n for n in dir(rota.core) if not n.startswith("_")}
     modules = {"apply", "events", "schedule", "state", "profile", "priority", "request", "deps",
-               "arrays", "hostlist", "timefmt", "commands", "sim", "traces", "testing", "slurmconf", "states"}
+               "arrays", "hostlist", "timefmt", "commands", "sim", "traces", "testing", "slurmconf", "states", "timetravel"}
     assert public - modules - {"annotations"} <= set(rota.core.__all__)

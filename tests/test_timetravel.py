@@ -50,7 +50,7 @@ def test_why_names_the_backfilled_job_that_did_not_delay_it():
 
 def test_why_held_by_the_user_then_blocked_by_a_drained_node():
     h = Harness(make_cluster(nodes=1, gpus=8))
-    other = h.submit(name="other", gpus_per_node=1, time_limit=600, user="ann")
+    h.submit(name="other", gpus_per_node=1, time_limit=600, user="ann")
     job = h.submit(name="mine", gpus_per_node=1, time_limit=600, user="bob", hold=True)
     h.cycle()                                             # starts `other`; `mine` is held
     h.advance(60)

@@ -258,3 +258,21 @@ def test_export_parquet_and_projection_rebuild(up, tmp_path):
     assert "jobs.started" in events["type"] and "job.exited" in events["type"]
     jobs = pq.read_table(tmp_path / "pq" / "jobs.parquet").to_pydict()
     assert dict(zip(jobs["job_id"], jobs["state"]))[jid] == "COMPLETED"
+
+
+def test_why_and_replay_against_the_running_cluster(up):
+    first = run(up, "sbatch", "--parsable", "-o", "/dev/null", "--gres=gpu:8", "--wrap", "sleep 2").stdout.strip()
+    second = run(up, "sbatch", "--parsable", "-o", "/dev/null", "--gres=gpu:8", "--wrap", "true").stdout.strip()
+    time.sleep(0.3)
+    small = run(up, "sbatch", "--parsable", "-o", "/dev/null", "-t", "1", "--wrap", "true").stdout.strip()  # a cycle
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and "COMPLETED" not in run(up, "sacct", "-X", "-n", "-j", second).stdout:
+        time.sleep(0.2)
+    r = run(up, "rota", "why", second)
+    assert r.returncode == 0, r.stderr
+    assert "[Resources]" in r.stdout and f"job {first}" in r.stdout and "started" in r.stdout, r.stdout
+    assert f"Job {small} (root) started ahead of it by backfill" in r.stdout
+    r = run(up, "rota", "replay", "--at", "4")
+    assert r.returncode == 0 and "log sequence 4" in r.stdout, r.stderr
+    r = run(up, "rota", "verify")
+    assert r.returncode == 0 and r.stdout.startswith("OK: all"), r.stdout + r.stderr
