@@ -88,6 +88,7 @@ class _Cycle:
         cfg = state.config
         assert cfg is not None
         self.state, self.now, self.policy, self.explain = state, now, policy, explain
+        self.focus: int | None = None
         self.cfg = cfg
         self.params = cfg.scheduler
         self.parts = {p.name: p for p in cfg.partitions}
@@ -339,8 +340,13 @@ def _node_can_ever_fit(n: Node, req: NodeRequest) -> bool:
 # ---------------------------------------------------------------- the cycle
 
 
-def schedule(state: State, now: int, policy: str | None = None, explain: bool = False) -> Decision:
-    """Decide which pending jobs start at ``now`` and when the others expect to start."""
+def schedule(state: State, now: int, policy: str | None = None, explain: bool = False,
+             focus: int | None = None) -> Decision:
+    """Decide which pending jobs start at ``now`` and when the others expect to start.
+
+    ``focus`` (with ``explain``): only that job's situation is wanted (``rota why``): the walk stops
+    after it (lower-priority jobs cannot change it) and only it is explained. The decision is then
+    partial: use it to explain, never to act."""
     cfg = state.config
     pol = policy or (cfg.scheduler.policy if cfg is not None else "conservative")
     if pol not in POLICIES:
@@ -368,6 +374,10 @@ def schedule(state: State, now: int, policy: str | None = None, explain: bool = 
         priorities[jid] = prio
         ready.append(((-tier, -prio, job.submit_seq, jid), job, parts))
     ready.sort(key=lambda r: r[0])
+    if focus is not None:
+        cy.focus = focus
+        cut = next((i for i, r in enumerate(ready) if r[1].job_id == focus), None)
+        ready = ready[: cut + 1] if cut is not None else []
     _walk(cy, decision, ready)
     return decision
 
@@ -455,7 +465,7 @@ def _walk(cy: _Cycle, decision: Decision, ready: list) -> None:
                 if not resv_made:
                     resv_made = True
                     shadow = t
-            if cy.explain:
+            if cy.explain and cy.focus in (None, jid):
                 _explain_pending(cy, job, parts, pend, decision.reservations.get(jid))
             decision.pending[jid] = pend
             break

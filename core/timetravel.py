@@ -118,6 +118,8 @@ def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None
                 rep.intervals[-1].end = job.start_time
         if job is not None and job.state in TERMINAL_STATES:
             rep.end_state = job.state
+            if at_seq is None:
+                break   # nothing later changes its story
     rep.found = rep.submit_seq > 0
     rep.log_range = (first_seq, last_seq)
     rep.config_seq = st.config_seq
@@ -129,7 +131,7 @@ def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None
 
 
 def _sample(rep: WhyReport, st: State, e: ev.JobsStarted, job_id: int) -> None:
-    d = schedule(st, e.now, e.policy, explain=True)
+    d = schedule(st, e.now, e.policy, explain=True, focus=job_id)
     started = next((s for s in e.starts if s.job_id == job_id or s.array_job_id == job_id), None)
     p = d.pending.get(job_id)
     if p is None and started is None:
@@ -147,12 +149,17 @@ def _sample(rep: WhyReport, st: State, e: ev.JobsStarted, job_id: int) -> None:
             rep.intervals.append(iv)
         if not rep.estimates or rep.estimates[-1][1] != p.start:
             rep.estimates.append((e.now, p.start))
+    res = d.reservations.get(job_id)
+    if res is None:
+        return
+    ranked_before = set(d.order)
     for s in e.starts:
-        if s.backfilled and s.job_id != job_id and job_id in d.checked.get(s.job_id, ()):
-            res = d.reservations.get(job_id)
-            rep.backfilled_past.append({"time": e.now, "job_id": s.job_id, "user": st.jobs[s.array_job_id or s.job_id].spec.user,
-                                        "ends_by": e.now + s.time_limit,
-                                        "reserved_start": res.start if res is not None else None})
+        owner = s.array_job_id or s.job_id
+        # a backfilled job ranked below this one, on nodes of its reservation: placed around it
+        if s.backfilled and owner != job_id and owner not in ranked_before and \
+                set(res.nodes).intersection(a.node for a in s.alloc):
+            rep.backfilled_past.append({"time": e.now, "job_id": s.job_id, "user": st.jobs[owner].spec.user,
+                                        "ends_by": e.now + s.time_limit, "reserved_start": res.start})
 
 
 def _note_action(rep: WhyReport, env: ev.Envelope, e: Any, job_id: int, nodes: set[str]) -> None:
