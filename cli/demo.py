@@ -23,6 +23,9 @@ def _queue_table(h: Harness, d) -> list[str]:
 def run_demo(echo=print) -> Harness:
     """Run the demo, printing what a user would see after each scheduling cycle."""
     h = Harness(make_cluster(nodes=4, gpus=8, max_time=86400), now=1_800_000_000)
+    from rota.core import __version__
+
+    h.put(ev.ControllerStarted(version=__version__, policy="conservative"), actor="controller")
     echo("rota demo: 4 nodes x 8 A100, conservative backfill, simulated clock\n")
     h.submit(name="llm-pretrain", user="ana", nodes=2, gpus_per_node=8, time_limit=4 * 3600)
     h.submit(name="sweep", user="bo", gpus_per_node=1, time_limit=3600, array="0-7%4")

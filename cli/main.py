@@ -57,11 +57,20 @@ def agent(
 
 
 @app.command()
-def demo() -> None:
+def demo(
+    log: Optional[str] = typer.Option(None, help="also write the demo's event log (JSON lines) for rota why/replay/verify"),
+) -> None:
     """Run a short simulated scheduling demo through rota's core (no daemons needed)."""
+    from rota.core.events import encode_envelope
+
     from .demo import run_demo
 
-    run_demo(typer.echo)
+    h = run_demo(typer.echo)
+    if log:
+        with open(log, "wb") as fh:
+            for env in h.log:
+                fh.write(encode_envelope(env) + b"\n")
+        typer.echo(f"\nthe demo's log: {log} ({len(h.log)} events); try: rota why 9 --log {log}")
 
 
 @app.command()

@@ -160,46 +160,61 @@ def why_text(rep: Any, users: dict[int, str]) -> list[str]:
     if not rep.intervals:
         out.append("  No scheduling cycle was recorded while it waited (rota logs only cycles that start "
                    "something), so there is no evaluation to show.")
+    story: list[tuple[int, int, list[str]]] = []   # (time, sequence, lines): told in log order
     for iv in rep.intervals:
-        sentence = SENTENCES.get(iv.reason, iv.reason)
-        line = f"  From {_t(iv.start)} for {_dur(iv.end - iv.start)}: {sentence} [{iv.text}]."
-        if not iv.evaluated:
-            line += " The cycles stopped before reaching it (bf_max_job_test): it was not evaluated, only ranked."
-        out.append(line)
-        if iv.rank:
-            ahead = ", ".join(f"job {j} ({users.get(j, '?')})" for j in iv.ahead[:8])
-            more = f" and {len(iv.ahead) - 8} more" if len(iv.ahead) > 8 else ""
-            out.append(f"     It was number {iv.rank} in priority order (priority {iv.priority})"
-                       + (f"; ahead of it, competing for the same nodes: {ahead}{more}." if ahead else "."))
-        if iv.blockers:
-            ends = [f"job {j} ({users.get(j, '?')})" + (f", which ended {_t(rep.blocker_ends[j])}"
-                                                         if j in rep.blocker_ends else "")
-                    for j in iv.blockers[:8]]
-            out.append(f"     What it needs was held by {'; '.join(ends)}.")
-        if iv.detail:
-            out.append(f"     In numbers: {iv.detail}.")
-        if iv.expected_start:
-            out.append(f"     Expected start then: {_t(iv.expected_start)} (a reservation was held for it).")
-        out.append(f"     Evaluated at {iv.cycles} recorded cycle(s), log sequences {iv.first_seq}-{iv.last_seq}.")
+        story.append((iv.start, iv.first_seq, _interval_lines(iv, rep, users)))
+    for b in rep.backfilled_past:
+        story.append((b["time"], b["seq"], [
+            f"  Job {b['job_id']} ({b['user']}) started ahead of it by backfill at {_t(b['time'])}: it had to end "
+            f"by {_t(b['ends_by'])}, before this job's reserved start {_t(b['reserved_start'])}, so it did not "
+            "delay it."]))
+    for a in rep.actions:
+        what = {"node.drained": "drained", "node.down": "set down", "node.resumed": "resumed",
+                "node.health_fault": "reported a health fault on", "job.held": "held the job",
+                "job.released": "released the job", "job.updated": "updated the job",
+                "cluster.configured": "changed the cluster configuration"}[a["action"]]
+        target = f" {a['node']}" if "node" in a else ""
+        reason = f' ("{a["reason"]}")' if a.get("reason") else ""
+        story.append((a["time"], a["seq"], [f"  At {_t(a['time'])} {a['actor']} {what}{target}{reason} "
+                                            f"(sequence {a['seq']})."]))
+    for _t0, _seq, lines in sorted(story, key=lambda x: (x[0], x[1])):
+        out += lines
     moved = [(t, s) for t, s in rep.estimates if s]
     if len(moved) > 1:
         out.append("  How its expected start moved: " + "; ".join(f"at {_t(t)}: {_t(s)}" for t, s in moved) + ".")
-    for b in rep.backfilled_past:
-        out.append(f"  Job {b['job_id']} ({b['user']}) started ahead of it by backfill at {_t(b['time'])}: it had to end "
-                   f"by {_t(b['ends_by'])}, before this job's reserved start {_t(b['reserved_start'])}, "
-                   "so it did not delay it.")
-    for a in rep.actions:
-        what = {"node.drained": "drained", "node.down": "set down", "node.resumed": "resumed",
-                "node.health_fault": "health fault on", "job.held": "held the job", "job.released": "released the job",
-                "job.updated": "updated the job", "cluster.configured": "changed the cluster configuration"}[a["action"]]
-        target = f" {a['node']}" if "node" in a else ""
-        reason = f' ("{a["reason"]}")' if a.get("reason") else ""
-        out.append(f"  At {_t(a['time'])} {a['actor']} {what}{target}{reason} (sequence {a['seq']}).")
+    if rep.start_time is not None:
+        out.append(f"  It started at {_t(rep.start_time)} (sequence {rep.start_seq}).")
     if rep.from_snapshot:
         out.append(f"Replayed from the snapshot at sequence {rep.from_snapshot}.")
     out.append(f"Derived from log sequences {rep.log_range[0]}-{rep.log_range[1]}, the configuration of sequence "
                f"{rep.config_seq}, rota {', '.join(rep.versions) or '?'} (policy {rep.policy}); reasons are "
                "recomputed at each recorded cycle from the state just before it.")
+    return out
+
+
+def _interval_lines(iv: Any, rep: Any, users: dict[int, str]) -> list[str]:
+    sentence = SENTENCES.get(iv.reason, iv.reason)
+    code = iv.reason if iv.text == iv.reason else f"{iv.reason}: {iv.text}"
+    out = [f"  From {_t(iv.start)} for {_dur(iv.end - iv.start)}: {sentence} [{code}]."]
+    if not iv.evaluated:
+        out.append("     The cycles stopped before reaching it (bf_max_job_test): it was ranked, not evaluated.")
+    if iv.rank:
+        ahead = ", ".join(f"job {j} ({users.get(j, '?')})" for j in iv.ahead[:8])
+        more = f" and {len(iv.ahead) - 8} more" if len(iv.ahead) > 8 else ""
+        out.append(f"     It was number {iv.rank} in priority order (priority {iv.priority})"
+                   + (f"; ahead of it, competing for the same nodes: {ahead}{more}." if ahead else "."))
+    if iv.blockers:
+        ends = [f"job {j} ({users.get(j, '?')})" + (f", which ended {_t(rep.blocker_ends[j])}"
+                                                     if j in rep.blocker_ends else "") for j in iv.blockers[:8]]
+        more = f" and {len(iv.blockers) - 8} more" if len(iv.blockers) > 8 else ""
+        out.append(f"     What it needs was held by {'; '.join(ends)}{more}.")
+    if iv.detail:
+        out.append(f"     In numbers: {iv.detail}.")
+    if iv.expected_start:
+        out.append(f"     Expected start then: {_t(iv.expected_start)} (a reservation was held for it).")
+    cycles = "1 recorded cycle" if iv.cycles == 1 else f"{iv.cycles} recorded cycles"
+    out.append(f"     Seen at {cycles} (log sequences {iv.first_seq}-{iv.last_seq}); the next recorded evaluation "
+               f"was at {_t(iv.end)}.")
     return out
 
 

@@ -158,7 +158,8 @@ def _sample(rep: WhyReport, st: State, e: ev.JobsStarted, job_id: int) -> None:
         # a backfilled job ranked below this one, on nodes of its reservation: placed around it
         if s.backfilled and owner != job_id and owner not in ranked_before and \
                 set(res.nodes).intersection(a.node for a in s.alloc):
-            rep.backfilled_past.append({"time": e.now, "job_id": s.job_id, "user": st.jobs[owner].spec.user,
+            rep.backfilled_past.append({"time": e.now, "seq": st.seq + 1, "job_id": s.job_id,
+                                        "user": st.jobs[owner].spec.user,
                                         "ends_by": e.now + s.time_limit, "reserved_start": res.start})
 
 
@@ -172,7 +173,8 @@ def _note_action(rep: WhyReport, env: ev.Envelope, e: Any, job_id: int, nodes: s
         kind = e.type
     if kind is not None:
         detail = {k: v for k, v in e.model_dump(mode="json").items() if k not in ("type", "v", "config")}
-        rep.actions.append({"time": env.ts, "seq": env.seq, "actor": env.actor, "action": kind, **detail})
+        actor = detail.pop("by", None) or env.actor   # who did it, as the event records it
+        rep.actions.append({"time": env.ts, "seq": env.seq, "actor": actor, "action": kind, **detail})
 
 
 def _note_blocker_ends(rep: WhyReport, st: State, env: ev.Envelope) -> None:
