@@ -11,6 +11,7 @@ from rota.core.states import STATE_CODES
 from rota.core.timefmt import format_limit, format_squeue_time
 
 DEFAULT_FORMAT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
+LONG_FORMAT = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R"
 HEADERS = {"i": "JOBID", "A": "JOBID", "P": "PARTITION", "j": "NAME", "u": "USER", "t": "ST",
            "T": "STATE", "M": "TIME", "l": "TIME_LIMIT", "D": "NODES", "R": "NODELIST(REASON)",
            "r": "REASON", "N": "NODELIST", "C": "CPUS", "S": "START_TIME", "V": "SUBMIT_TIME",
@@ -119,6 +120,11 @@ def render(fmt: str, jobs: list[dict], now: int, header: bool = True) -> list[st
 STATE_NAMES = {"PD": "PENDING", "R": "RUNNING"}
 
 
+def order(job: dict) -> tuple:
+    """Slurm's default order "P,t,-p": partition, then state (pending first), then priority, highest first."""
+    return job["partition"], 0 if job["state"] == "PENDING" else 1, -job.get("priority", 0), job["job_id"]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="squeue", allow_abbrev=False, add_help=False)
     p.add_argument("-o", "--format")
@@ -127,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-t", "--states")
     p.add_argument("-p", "--partition")
     p.add_argument("-h", "--noheader", action="store_true")
+    p.add_argument("-l", "--long", action="store_true")
     p.add_argument("--me", action="store_true")
     p.add_argument("--nats", help=argparse.SUPPRESS)
     p.add_argument("--help", action="help")
@@ -163,9 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     if o.states and o.states.lower() != "all":
         states = {STATE_NAMES.get(s.upper(), s.upper()) for s in o.states.split(",")}
         jobs = [j for j in jobs if j["state"] in states]
-    jobs.sort(key=lambda j: (0 if j["state"] == "PENDING" else 1, j["job_id"]))
+    jobs.sort(key=order)
+    fmt = o.format or (LONG_FORMAT if o.long else DEFAULT_FORMAT)
+    if o.long and not o.format and not o.noheader:
+        print(time.strftime("%a %b %d %H:%M:%S %Y"))
     try:
-        for row in render(o.format or DEFAULT_FORMAT, jobs, reply["now"], header=not o.noheader):
+        for row in render(fmt, jobs, reply["now"], header=not o.noheader):
             print(row)
     except FormatError as exc:
         print(f"squeue: error: {exc}", file=sys.stderr)

@@ -336,6 +336,7 @@ class Controller:
                 "num_nodes": len(job.alloc) or (job.req.nnodes if job.req else 1),
                 "reason": (p.display if p is not None else "None") if job.state == "PENDING" else "None",
                 "expected_start": p.start if p is not None else None,
+                "priority": (d.priorities.get(jid, 0) if d is not None else 0) if job.state == "PENDING" else 0,
                 "cpus": sum(a.cpus for a in job.alloc) or (job.req.total_cpus if job.req else 1),
             })
         return out

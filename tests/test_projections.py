@@ -178,3 +178,65 @@ async def test_sinfo_matches_slurm(tmp_path, monkeypatch):
     out = io.StringIO()
     assert sinfo.run([], out, io.StringIO()) == 0
     assert out.getvalue().splitlines() == block.output
+
+
+async def test_squeue_rows_match_slurm_reasons_and_layout():
+    """The jobs of squeue_reasons.txt: every row (reason strings, widths, array display) as Slurm prints it."""
+    from rota.cli import squeue
+    from rota.controller.service import Controller
+
+    names = ("gpu01", "gpu02", "gpu03", "gpu04")
+    long = ev.PartitionConfig(name="long", nodes=names, max_time=7 * 86400)
+    cfg = make_cluster(nodes=4, gpus=8, cpus=64, memory=257000, max_time=3600, extra_partitions=(long,),
+                       enforce_part_limits="NO")
+    h = Harness(cfg)
+    h.state.next_job_id = 7
+    a = {"user": "alice", "uid": 2001}
+    h.submit(name="blocker-excl", exclusive=True, time_limit=3000, nodelist=("gpu01",), **a)
+    h.submit(name="blocker-gpus2", gpus_per_node=8, time_limit=3000, nodelist=("gpu02",), **a)
+    h.submit(name="blocker-gpus3", gpus_per_node=8, time_limit=2400, nodelist=("gpu03",), **a)
+    h.cycle()
+    h.put(ev.NodeDrained(node="gpu04", reason="gpu xid 79", by="root"))
+    h.submit(name="wants-gpu-1", gpus_per_node=1, time_limit=1800, **a)
+    h.submit(name="wants-gpu-2", gpus_per_node=1, time_limit=1800, **a)
+    h.submit(name="too-long", time_limit=7200, **a)
+    h.submit(name="wants-gpu04", gpus_per_node=1, nodelist=("gpu04",), **a)
+    h.submit(name="after-blocker", dependency="afterok:7", **a)
+    h.submit(name="held-by-user", hold=True, **a)
+    h.submit(name="begins-later", begin=h.now + 3600, **a)
+    h.submit(name="arr4", array="0-3", gpus_per_node=8, **a)
+    admin_held = h.submit(name="held-by-admin", **a)
+    h.put(ev.JobHeld(job_id=admin_held, admin=True))
+    h.submit(name="long-part", partitions=("long",), gpus_per_node=8, time_limit=86400, **a)
+    h.submit(name="five-nodes", nodes=5, **a)
+    lg = MemoryLog()
+    lg.entries = list(h.log)
+    c = Controller(lg, clock=lambda: h.now + 40)
+    await c.load()
+    jobs = sorted(c.queue_view(), key=squeue.order)
+    for block in blocks("squeue_reasons.txt"):
+        cmd = shlex.split(block.command)
+        if cmd[1:] == []:
+            fmt, golden = squeue.DEFAULT_FORMAT, block.output
+        elif cmd[1:] == ["-l"]:
+            fmt, golden = squeue.LONG_FORMAT, block.output[1:]   # after the date line
+        elif "-o" in cmd:
+            fmt, golden = cmd[cmd.index("-o") + 1], block.output
+        else:
+            continue
+        ours = squeue.render(fmt, jobs, h.now + 40)
+        assert ours[0] == golden[0]
+        by_id = {line.split()[0]: line for line in ours[1:]}
+        assert set(by_id) == {line.split()[0] for line in golden[1:]}, block.command
+        for line in golden[1:]:
+            mine = by_id[line.split()[0]]
+            if line.split()[0] == "19":
+                # Known difference: Slurm says ReqNodeNotAvail ("... reserved for jobs in higher priority
+                # partitions") for the 1-day long-partition job that cannot be planned inside bf_window;
+                # rota says Resources. Layout up to the reason must still match.
+                assert mine[:line.index("(")] == line[:line.index("(")]
+                continue
+            if " R " in line or "RUNNING" in line:   # run time differs by seconds
+                assert len(mine) == len(line) and mine.split()[-1] == line.split()[-1]
+            else:
+                assert mine == line, f"{block.command}\n{mine}\n{line}"
