@@ -7,12 +7,14 @@ a sequence. A retried append with the same idempotency id is stored once.
 from __future__ import annotations
 
 import asyncio
+import logging
 import json
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from rota.core import events as ev
 
+log = logging.getLogger("rota.eventlog")
 STREAM = "ROTA_EVENTS"
 SUBJECT_PREFIX = "rota.ev"
 
@@ -198,65 +200,25 @@ class JetStreamLog:
         end = to_seq if to_seq is not None else await self.last_seq()
         if end < from_seq:
             return
-        consumer = await self._ephemeral_consumer(from_seq)
-        inbox = self.nc.new_inbox()
-        got: list[tuple[int, dict | None, bytes]] = []
-        ready = asyncio.Event()
-        failure: list[str] = []
-
-        async def on_msg(msg: Any) -> None:
-            reply = msg.reply
-            if not reply:   # a status message: 404/408 when a request ran dry or expired
-                status = (msg.headers or {}).get("Status", "")
-                if status not in ("404", "408", "409"):
-                    failure.append(f"pull request failed: status {status!r}")
-                ready.set()
-                return
-            seq = _stream_seq(reply)
-            got.append((seq, msg.headers, msg.data))
-            if len(got) >= batch or seq >= end:
-                ready.set()
-
-        sub = await self.nc.subscribe(inbox, cb=on_msg, pending_msgs_limit=batch * 8,
-                                      pending_bytes_limit=256 * 1024 * 1024)
-        next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{consumer}"
-        requested = from_seq - 1
         delivered = from_seq - 1
-
-        async def ask() -> None:
-            nonlocal requested
-            n = min(batch, end - requested)
-            if n > 0:
-                body = json.dumps({"batch": n, "expires": 30_000_000_000}).encode()
-                await self.nc.publish(next_subject, body, reply=inbox)
-                requested += n
-
-        try:
-            await ask()
-            await ask()
-            while delivered < end:
-                try:
-                    await asyncio.wait_for(ready.wait(), timeout=30)
-                except asyncio.TimeoutError:
-                    raise LogUnavailable(f"reading the log stalled at sequence {delivered}") from None
-                ready.clear()
-                if failure:
-                    raise LogUnavailable(failure[0])
-                chunk, got[:] = list(got), []
-                if not chunk:
-                    continue
-                delivered = chunk[-1][0]
-                while requested < end and requested - delivered < 2 * batch:
-                    await ask()
-                if delivered > end:
-                    chunk = [m for m in chunk if m[0] <= end]
-                yield chunk
-        finally:
-            await sub.unsubscribe()
+        for attempt in range(20):
+            reader = _PullReader(self, delivered + 1, end, batch)
             try:
-                await self.js.delete_consumer(self.stream, consumer)
-            except Exception:  # noqa: BLE001 - it expires on its own (inactive_threshold)
-                pass
+                await reader.open()
+                async for chunk in reader.chunks():
+                    chunk = [m for m in chunk if m[0] > delivered]   # never twice, never out of order
+                    if chunk:
+                        delivered = chunk[-1][0]
+                        yield chunk
+                return
+            except LogUnavailable as exc:
+                # a consumer lost with its server, a leader being elected: resume from what we have
+                if attempt == 19:
+                    raise
+                log.warning("reading the log: %s; resuming after sequence %d", exc, delivered)
+                await asyncio.sleep(0.25)
+            finally:
+                await reader.close()
 
     async def _ephemeral_consumer(self, from_seq: int) -> str:
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -279,6 +241,80 @@ class JetStreamLog:
         except Exception:  # noqa: BLE001 - closing anyway
             pass
         await self.nc.close()
+
+
+class _PullReader:
+    """One ephemeral pull consumer reading [start, end], two batched requests in flight."""
+
+    def __init__(self, log: "JetStreamLog", start: int, end: int, batch: int) -> None:
+        self.log, self.start, self.end, self.batch = log, start, end, batch
+        self.consumer: str | None = None
+        self.sub: Any = None
+        self.got: list[tuple[int, dict | None, bytes]] = []
+        self.ready = asyncio.Event()
+        self.failure: list[str] = []
+        self.requested = start - 1
+
+    async def open(self) -> None:
+        self.consumer = await self.log._ephemeral_consumer(self.start)
+        self.inbox = self.log.nc.new_inbox()
+        self.sub = await self.log.nc.subscribe(self.inbox, cb=self._on_msg, pending_msgs_limit=self.batch * 8,
+                                               pending_bytes_limit=256 * 1024 * 1024)
+        self.next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.log.stream}.{self.consumer}"
+
+    async def _on_msg(self, msg: Any) -> None:
+        reply = msg.reply
+        if not reply:   # a status message: 404/408 when a request ran dry or expired
+            status = (msg.headers or {}).get("Status", "")
+            if status not in ("404", "408", "409"):
+                self.failure.append(f"pull request failed: status {status!r}")
+            self.ready.set()
+            return
+        seq = _stream_seq(reply)
+        self.got.append((seq, msg.headers, msg.data))
+        if len(self.got) >= self.batch or seq >= self.end:
+            self.ready.set()
+
+    async def _ask(self) -> None:
+        n = min(self.batch, self.end - self.requested)
+        if n > 0:
+            body = json.dumps({"batch": n, "expires": 30_000_000_000}).encode()
+            await self.log.nc.publish(self.next_subject, body, reply=self.inbox)
+            self.requested += n
+
+    async def chunks(self) -> AsyncIterator[list[tuple[int, dict | None, bytes]]]:
+        delivered = self.start - 1
+        await self._ask()
+        await self._ask()
+        while delivered < self.end:
+            try:
+                await asyncio.wait_for(self.ready.wait(), timeout=10)
+            except asyncio.TimeoutError:
+                raise LogUnavailable(f"reading the log stalled at sequence {delivered}") from None
+            self.ready.clear()
+            if self.failure:
+                raise LogUnavailable(self.failure[0])
+            chunk, self.got[:] = list(self.got), []
+            if not chunk:
+                continue
+            delivered = chunk[-1][0]
+            while self.requested < self.end and self.requested - delivered < 2 * self.batch:
+                await self._ask()
+            if delivered > self.end:
+                chunk = [m for m in chunk if m[0] <= self.end]
+            yield chunk
+
+    async def close(self) -> None:
+        if self.sub is not None:
+            try:
+                await self.sub.unsubscribe()
+            except Exception:  # noqa: BLE001 - the connection may be reconnecting
+                pass
+        if self.consumer is not None:
+            try:
+                await self.log.js.delete_consumer(self.log.stream, self.consumer)
+            except Exception:  # noqa: BLE001 - it expires on its own (inactive_threshold)
+                pass
 
 
 def _stream_seq(reply: str) -> int:
