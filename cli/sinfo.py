@@ -34,22 +34,23 @@ class Usage(Exception):
     pass
 
 
-def state_short(n: sqlite3.Row) -> str:
+def _state(n: sqlite3.Row, names: dict[str, str], drained: str, draining: str) -> str:
     base = n["base"]
     if n["drain"]:
-        s = "drain" if base in ("IDLE", "DOWN", "UNKNOWN") else "drng"
+        s = drained if base in ("IDLE", "DOWN", "UNKNOWN") else draining
     else:
-        s = SHORT.get(base, base.lower())
+        s = names.get(base, base.lower())
     return s + ("*" if n["not_responding"] else "")
+
+
+def state_short(n: sqlite3.Row) -> str:
+    """%t: idle, mix, alloc, drain, drng, down, unk (+ "*" when not responding)."""
+    return _state(n, SHORT, "drain", "drng")
 
 
 def state_long(n: sqlite3.Row) -> str:
-    base = n["base"]
-    if n["drain"]:
-        s = "drained" if base in ("IDLE", "DOWN", "UNKNOWN") else "draining"
-    else:
-        s = LONG_NAMES.get(base, base.lower())
-    return s + ("*" if n["not_responding"] else "")
+    """%T: idle, mixed, allocated, drained, draining, down, unknown (+ "*")."""
+    return _state(n, LONG_NAMES, "drained", "draining")
 
 
 def state_value(n: sqlite3.Row) -> int:
