@@ -80,6 +80,94 @@ def show_node(names: list[str]) -> list[str]:
     return out
 
 
+END_REASONS = {"TIMEOUT": "TimeLimit", "FAILED": "NonZeroExitCode", "OUT_OF_MEMORY": "OutOfMemory",
+               "NODE_FAIL": "NodeDown"}
+
+
+def show_job(ids: list[str]) -> list[str]:
+    """Slurm's ``scontrol show job`` layout, from the controller's view of the job."""
+    from rota.core.hostlist import compress as _compress
+    from rota.core.timefmt import format_duration
+
+    if not ids or not ids[0].split("_")[0].isdigit():
+        raise Fail("slurm_load_jobs error: Invalid job id specified")
+    reply = _request("job", {"job_id": int(ids[0].split("_")[0])})
+    if not reply.get("ok"):
+        raise Fail("slurm_load_jobs error: Invalid job id specified")
+    j, now = reply["job"], reply["now"]
+    spec = j["spec"]
+    req = j["req"] or [spec.get("nodes", 1), 1, 0, 0, None, False, False, False, 1]
+    nnodes, cpn, mem_node, gpn = req[0], req[1], req[2], req[3]
+    ntasks = (req[8] if len(req) > 8 else 1) * nnodes
+    state = j["state"]
+    pending = state == "PENDING"
+    if pending:
+        reason = j["reason"] or "None"
+    else:
+        reason = END_REASONS.get(state, "None")
+    limit = j["time_limit"]
+    start = j["start_time"] or (j["expected_start"] if pending else 0)
+    end = j["end_time"] or (start + limit if start and limit else 0)
+    run_time = (j["end_time"] or now) - j["start_time"] if j["start_time"] else 0
+    exit_code = f"{j['exit_code']}:{j['signal']}" if state != "TIMEOUT" else "0:15"
+    user, uid, gid = spec.get("user", "?"), spec.get("uid", 0), spec.get("gid", 0)
+    workdir = spec.get("workdir") or "/"
+    default_out = f"slurm-{j['array_job_id']}_{j['array_task_id']}.out" if j["array_task_id"] is not None \
+        else f"slurm-{j['job_id']}.out"
+    out_path = spec.get("output") or default_out
+    out_path = out_path if out_path.startswith("/") else f"{workdir.rstrip('/')}/{out_path}"
+    err_path = spec.get("error") or out_path
+    cpus = j["alloc_cpus"] or cpn * nnodes
+    mem = j["alloc_mem"] or mem_node * nnodes
+    gpus = j["alloc_gpus"] or gpn * nnodes
+    tres = f"cpu={cpus},mem={_mem(mem)},node={nnodes},billing={cpus}" + (f",gres/gpu={gpus}" if gpus else "")
+    head = f"JobId={j['job_id']} "
+    if j["array_task_id"] is not None:
+        head += f"ArrayJobId={j['array_job_id']} ArrayTaskId={j['array_task_id']} "
+    lines = [
+        head + f"JobName={spec.get('name', '')}",
+        f"   UserId={user}({uid}) GroupId={user}({gid}) MCS_label=N/A",
+        f"   Priority={j['priority']} Nice={j['nice']} Account={spec.get('account') or '(null)'} "
+        f"QOS={spec.get('qos') or 'normal'}",
+        f"   JobState={state} Reason={reason} Dependency={spec.get('dependency') or '(null)'}",
+        f"   Requeue={1 if spec.get('requeue') else 0} Restarts={j['restarts']} BatchFlag=1 Reboot=0 "
+        f"ExitCode={exit_code}",
+        f"   RunTime={format_duration(run_time)} TimeLimit={format_duration(limit) if limit else 'UNLIMITED'} "
+        "TimeMin=N/A",
+        f"   SubmitTime={_ts(j['submit_time'])} EligibleTime={_ts(j['eligible_time'])}",
+        f"   AccrueTime={_ts(j['eligible_time'])}",
+        f"   StartTime={_ts(start) if start else 'Unknown'} EndTime={_ts(end) if end else 'Unknown'} Deadline=N/A",
+        f"   SuspendTime=None SecsPreSuspend=0 LastSchedEval={_ts(now)} "
+        f"Scheduler={'Backfill' if j['backfilled'] else 'Main'}",
+        f"   Partition={j['partition']} AllocNode:Sid={spec.get('submit_host') or 'localhost'}:0",
+        f"   ReqNodeList={','.join(spec.get('nodelist') or []) or '(null)'} "
+        f"ExcNodeList={','.join(spec.get('exclude') or []) or '(null)'}",
+        f"   NodeList={_compress(j['nodes']) if j['nodes'] else ''}",
+    ]
+    if j["nodes"]:
+        lines.append(f"   BatchHost={j['nodes'][0]}")
+    lines += [
+        f"   NumNodes={nnodes} NumCPUs={cpus} NumTasks={ntasks} CPUs/Task={spec.get('cpus_per_task', 1)} "
+        "ReqB:S:C:T=0:0:*:*",
+        f"   TRES={tres}",
+        "   Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=*",
+        f"   MinCPUsNode={cpn} " + (f"MinMemoryNode={_mem(mem_node)}" if spec.get("mem_per_node")
+                                 else f"MinMemoryCPU={_mem(max(1, mem_node // max(1, cpn)))}") + " MinTmpDiskNode=0",
+        f"   Features={spec.get('constraint') or '(null)'} DelayBoot=00:00:00",
+        "   OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null)",
+        "   Command=(null)",
+        f"   WorkDir={workdir}",
+        f"   StdErr={err_path}",
+        f"   StdIn={spec.get('input') or '/dev/null'}",
+        f"   StdOut={out_path}",
+        "   Power=",
+    ]
+    if gpn:
+        lines.append(f"   TresPerNode=gres:gpu:{spec.get('gpu_type') + ':' if spec.get('gpu_type') else ''}{gpn}")
+    lines += ["   ", ""]
+    return lines
+
+
 def show_partition(names: list[str]) -> list[str]:
     from rota.core.timefmt import format_duration
 
@@ -220,6 +308,8 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
             names = rest[1:]
             if what in ("node", "nodes"):
                 lines = show_node([n for arg in names for n in expand(arg)])
+            elif what in ("job", "jobs"):
+                lines = show_job(names)
             elif what in ("partition", "partitions"):
                 lines = show_partition(names)
             elif what == "hostnames":

@@ -305,6 +305,8 @@ class Controller:
             else:
                 await self.write(lambda state: commands.resume(state, node, user), user, rid)
             return {"ok": True}
+        if verb == "job":
+            return {"ok": True, "job": self.job_view(int(body["job_id"])), "now": self.now()}
         if verb == "queue":
             return {"ok": True, "jobs": self.queue_view(), "now": self.now()}
         if verb == "nodes":
@@ -340,6 +342,29 @@ class Controller:
                 "cpus": sum(a.cpus for a in job.alloc) or (job.req.total_cpus if job.req else 1),
             })
         return out
+
+    def job_view(self, job_id: int) -> dict:
+        """Everything ``scontrol show job`` prints about a job the controller still holds."""
+        job = self.state.jobs.get(job_id)
+        if job is None:
+            raise commands.Rejected("Invalid job id specified", code="no_job")
+        p = None
+        if job.state == "PENDING":
+            last = self._last_decision
+            d = last[1] if last is not None and last[0] == self.state.seq else schedule(self.state, self.now())
+            p = d.pending.get(job_id)
+        req = job.req
+        return {
+            "job_id": job.job_id, "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
+            "spec": job.spec.model_dump(mode="json", exclude={"script", "env"}), "state": job.state,
+            "reason": p.reason if p is not None else None, "expected_start": p.start if p is not None else None,
+            "priority": p.priority if p is not None else 0, "hold": job.hold, "partition": job.partition,
+            "submit_time": job.submit_time, "eligible_time": job.eligible_time, "start_time": job.start_time,
+            "end_time": job.end_time, "time_limit": job.time_limit, "exit_code": job.exit_code, "signal": job.signal,
+            "restarts": job.restarts, "nodes": [a.node for a in job.alloc], "alloc_cpus": sum(a.cpus for a in job.alloc),
+            "alloc_mem": sum(a.mem for a in job.alloc), "alloc_gpus": sum(len(a.gpus) for a in job.alloc),
+            "req": list(req) if req is not None else None, "backfilled": job.backfilled, "nice": job.nice,
+        }
 
     def nodes_view(self) -> list[dict]:
         return [{"name": n.name, "state": n.display_state(), "cpus": n.cpus, "alloc_cpus": n.alloc_cpus,

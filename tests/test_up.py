@@ -276,3 +276,29 @@ def test_why_and_replay_against_the_running_cluster(up):
     assert r.returncode == 0 and "log sequence 4" in r.stdout, r.stderr
     r = run(up, "rota", "verify")
     assert r.returncode == 0 and r.stdout.startswith("OK: all"), r.stdout + r.stderr
+
+
+def test_scontrol_show_job_has_slurms_layout(up):
+    import re
+    import sys as _sys
+
+    _sys.path.insert(0, str(Path(__file__).parent))
+    from golden import GOLDEN, blocks
+
+    if not GOLDEN.exists():
+        pytest.skip("../shared/slurm-golden not present")
+    jid = run(up, "sbatch", "--parsable", "-o", "/dev/null", "-J", "fails", "--wrap", "exit 3").stdout.strip()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and "JobState=FAILED" not in run(up, "scontrol", "show", "job", jid).stdout:
+        time.sleep(0.2)
+    ours = run(up, "scontrol", "show", "job", jid).stdout.splitlines()
+    golden = next(b for b in blocks("scontrol_show_job_completed.txt") if b.exit == 0).output
+
+    def keys(lines):
+        return [re.findall(r"([A-Za-z/:]+)=", line) for line in lines]
+
+    assert keys(ours) == keys(golden[:len(ours)]), "\n".join(ours)
+    assert ours[0] == f"JobId={jid} JobName=fails"
+    assert "JobState=FAILED Reason=NonZeroExitCode" in ours[3] and "ExitCode=3:0" in ours[4]
+    r = run(up, "scontrol", "show", "job", "999999")
+    assert r.returncode == 1 and r.stderr == "slurm_load_jobs error: Invalid job id specified\n"
