@@ -15,7 +15,15 @@ LONG_FORMAT = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R"
 HEADERS = {"i": "JOBID", "A": "JOBID", "P": "PARTITION", "j": "NAME", "u": "USER", "t": "ST",
            "T": "STATE", "M": "TIME", "l": "TIME_LIMIT", "D": "NODES", "R": "NODELIST(REASON)",
            "r": "REASON", "N": "NODELIST", "C": "CPUS", "S": "START_TIME", "V": "SUBMIT_TIME",
-           "L": "TIME_LEFT", "F": "ARRAY_JOB_ID", "K": "ARRAY_TASK_ID"}
+           "L": "TIME_LEFT", "F": "ARRAY_JOB_ID", "K": "ARRAY_TASK_ID", "Y": "SCHEDNODES", "a": "ACCOUNT",
+           "U": "UID", "Q": "PRIORITY", "p": "PRIORITY", "q": "QOS"}
+START_FORMAT = "%.18i %.9P %.8j %.8u %.2t %.19S %.6D %20Y %R"
+# -O/--Format names and the specifier each one stands for (width 20 unless given: Name[:[.]width])
+FORMAT_NAMES = {"jobid": "A", "jobarrayid": "i", "arrayjobid": "F", "arraytaskid": "K", "partition": "P",
+                "name": "j", "username": "u", "userid": "U", "state": "T", "statecompact": "t", "timeused": "M",
+                "timelimit": "l", "timeleft": "L", "numnodes": "D", "numcpus": "C", "nodelist": "N",
+                "reasonlist": "R", "reason": "r", "starttime": "S", "submittime": "V", "schednodes": "Y",
+                "account": "a", "priority": "Q", "qos": "q"}
 SPEC = re.compile(r"%(\.)?(\d+)?([a-zA-Z])")
 
 
@@ -86,6 +94,18 @@ def field(job: dict, code: str, now: int) -> str:
         return str(job["array_job_id"] or job["job_id"])
     if code == "K":
         return str(job["array_task_id"]) if job["array_task_id"] is not None else "N/A"
+    if code == "Y":
+        from rota.core.hostlist import compress
+
+        return compress(job["sched_nodes"]) if job.get("sched_nodes") else "(null)"
+    if code == "a":
+        return job.get("account") or "(null)"
+    if code == "U":
+        return str(job.get("uid", 0))
+    if code in ("Q", "p"):
+        return str(job.get("priority", 0))
+    if code == "q":
+        return "normal"
     raise FormatError(f"unsupported format specifier %{code}")
 
 
@@ -120,6 +140,22 @@ def render(fmt: str, jobs: list[dict], now: int, header: bool = True) -> list[st
 STATE_NAMES = {"PD": "PENDING", "R": "RUNNING"}
 
 
+def format_from_names(text: str) -> str:
+    """``-O JobID:10,Name,State:.8`` -> the equivalent ``-o`` format (Slurm's default width 20)."""
+    out = []
+    for item in text.split(","):
+        name, _, width = item.strip().partition(":")
+        code = FORMAT_NAMES.get(name.lower())
+        if code is None:
+            raise FormatError(f"Invalid job format specification: {name}")
+        right = width.startswith(".")
+        w = width.lstrip(".") or "20"
+        if not w.isdigit():
+            raise FormatError(f"Invalid field width: {item}")
+        out.append(f"%{'.' if right else ''}{w}{code}")
+    return "".join(out)   # -O fields are not separated: their widths space them
+
+
 def order(job: dict) -> tuple:
     """Slurm's default order "P,t,-p": partition, then state (pending first), then priority, highest first."""
     return job["partition"], 0 if job["state"] == "PENDING" else 1, -job.get("priority", 0), job["job_id"]
@@ -134,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-p", "--partition")
     p.add_argument("-h", "--noheader", action="store_true")
     p.add_argument("-l", "--long", action="store_true")
+    p.add_argument("-O", "--Format")
+    p.add_argument("--start", action="store_true")
     p.add_argument("--me", action="store_true")
     p.add_argument("--nats", help=argparse.SUPPRESS)
     p.add_argument("--help", action="help")
@@ -171,7 +209,15 @@ def main(argv: list[str] | None = None) -> int:
         states = {STATE_NAMES.get(s.upper(), s.upper()) for s in o.states.split(",")}
         jobs = [j for j in jobs if j["state"] in states]
     jobs.sort(key=order)
-    fmt = o.format or (LONG_FORMAT if o.long else DEFAULT_FORMAT)
+    if o.start:   # Slurm: --sort=S --states=PENDING
+        jobs = [j for j in jobs if j["state"] == "PENDING"]
+        jobs.sort(key=lambda j: (j.get("expected_start") or float("inf"), j["job_id"]))
+    try:
+        fmt = format_from_names(o.Format) if o.Format else \
+            o.format or (START_FORMAT if o.start else LONG_FORMAT if o.long else DEFAULT_FORMAT)
+    except FormatError as exc:
+        print(f"squeue: error: {exc}", file=sys.stderr)
+        return 1
     if o.long and not o.format and not o.noheader:
         print(time.strftime("%a %b %d %H:%M:%S %Y"))
     try:

@@ -339,6 +339,8 @@ class Controller:
                 "reason": (p.display if p is not None else "None") if job.state == "PENDING" else "None",
                 "expected_start": p.start if p is not None else None,
                 "priority": (d.priorities.get(jid, 0) if d is not None else 0) if job.state == "PENDING" else 0,
+                "sched_nodes": list(d.reservations[jid].nodes) if d is not None and jid in d.reservations else [],
+                "account": job.spec.account, "uid": job.spec.uid,
                 "cpus": sum(a.cpus for a in job.alloc) or (job.req.total_cpus if job.req else 1),
             })
         return out

@@ -302,3 +302,21 @@ def test_scontrol_show_job_has_slurms_layout(up):
     assert "JobState=FAILED Reason=NonZeroExitCode" in ours[3] and "ExitCode=3:0" in ours[4]
     r = run(up, "scontrol", "show", "job", "999999")
     assert r.returncode == 1 and r.stderr == "slurm_load_jobs error: Invalid job id specified\n"
+
+
+def test_squeue_start_and_named_format(up):
+    hog = run(up, "sbatch", "--parsable", "-o", "/dev/null", "--gres=gpu:8", "-t", "10", "--wrap", "sleep 30").stdout.strip()
+    wait = run(up, "sbatch", "--parsable", "-o", "/dev/null", "--gres=gpu:8", "-t", "10", "--wrap", "true").stdout.strip()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and " R " not in run(up, "squeue", "-j", hog).stdout:
+        time.sleep(0.2)
+    r = run(up, "squeue", "--start")
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["JOBID", "PARTITION", "NAME", "USER", "ST", "START_TIME", "NODES", "SCHEDNODES",
+                                "NODELIST(REASON)"]
+    assert lines[1].split()[0] == wait and lines[1].split()[7] == "gpu01" and len(lines) == 2
+    r = run(up, "squeue", "-h", "-O", "JobID:8,State:.10,Name")
+    assert f"{hog:<8}   RUNNING" in r.stdout
+    r = run(up, "squeue", "-O", "Nonsense")
+    assert r.returncode == 1 and r.stderr == "squeue: error: Invalid job format specification: Nonsense\n"
+    run(up, "scancel", hog)
