@@ -59,6 +59,7 @@ def parser() -> argparse.ArgumentParser:
     a("-D", "--chdir")
     a("--wrap")
     a("--parsable", action="store_true")
+    a("--test-only", action="store_true")
     a("--exclusive", action="store_true")
     a("--requeue", action="store_true")
     a("--nats", help=argparse.SUPPRESS)
@@ -110,7 +111,10 @@ def build_spec(argv: list[str]) -> tuple[dict, bool]:
         if "\r\n" in script:
             raise SbatchError("Batch script contains DOS line breaks (\\r\\n)")
     merged = p.parse_args(directives(script) + argv) if cli.wrap is None else cli
-    return _spec(merged, script, name), merged.parsable
+    spec = _spec(merged, script, name)
+    if merged.test_only:
+        spec["_test_only"] = True
+    return spec, merged.parsable
 
 
 def _spec(o: argparse.Namespace, script: str, default_name: str) -> dict:
@@ -192,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         nats = None
         if "--nats" in args:
             nats = args[args.index("--nats") + 1]
-        reply = request("submit", {"spec": spec}, url=nats)
+        test_only = spec.pop("_test_only", False)
+        reply = request("test_submit" if test_only else "submit", {"spec": spec}, url=nats)
     except SbatchError as exc:
         print(f"sbatch: error: {exc}", file=sys.stderr)
         return exc.code
@@ -211,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"sbatch: error: {line}", file=sys.stderr)
         print(f"sbatch: error: Batch job submission failed: {lines[-1]}", file=sys.stderr)
         return 1
+    if test_only:   # Slurm prints this on stderr
+        print(f"sbatch: Job {reply['job_id']} to start at {reply['start']} using {reply['cpus']} processors on "
+              f"nodes {reply['nodes']} in partition {reply['partition']}", file=sys.stderr)
+        return 0
     print(reply["job_id"] if parsable else f"Submitted batch job {reply['job_id']}")
     return 0
 

@@ -275,6 +275,8 @@ class Controller:
                                             code="duplicate")
                 return {"ok": True, "job_id": job_id}
             return {"ok": True, "job_id": env.event.job_id}
+        if verb == "test_submit":
+            return self.test_submit(ev.JobSpec.model_validate(body["spec"]))
         if verb == "cancel":
             jid, uid = int(body["job_id"]), int(body.get("uid", 0))
             tasks = tuple(int(t) for t in body["tasks"]) if body.get("tasks") is not None else None
@@ -344,6 +346,34 @@ class Controller:
                 "cpus": sum(a.cpus for a in job.alloc) or (job.req.total_cpus if job.req else 1),
             })
         return out
+
+    def test_submit(self, spec: ev.JobSpec) -> dict:
+        """``sbatch --test-only``: validate and say when and where the job would start; nothing is logged."""
+        import copy
+        import datetime as dt
+
+        from rota.core.hostlist import compress
+
+        state = self.state
+        job_id = state.next_job_id
+        event = commands.submit(state, spec, job_id)
+        trial = copy.deepcopy(state)
+        now = max(self.now(), trial.now)
+        apply(trial, ev.Envelope(seq=trial.seq + 1, ts=now, actor=spec.user, idem="", event=event))
+        d = schedule(trial, now)
+        start = next((s for s in d.starts if (s.array_job_id or s.job_id) == job_id), None)
+        if start is not None:
+            when, nodes, part = now, [a.node for a in start.alloc], start.partition
+            cpus = sum(a.cpus for a in start.alloc)
+        else:
+            res = d.reservations.get(job_id)
+            job = trial.jobs[job_id]
+            when = res.start if res is not None else None
+            nodes = list(res.nodes) if res is not None else []
+            part = res.partition if res is not None else job.partition
+            cpus = job.req.total_cpus if job.req is not None else 1
+        return {"ok": True, "job_id": job_id, "partition": part, "cpus": cpus, "nodes": compress(nodes) or "(null)",
+                "start": dt.datetime.fromtimestamp(when).strftime("%Y-%m-%dT%H:%M:%S") if when else "Unknown"}
 
     def job_view(self, job_id: int) -> dict:
         """Everything ``scontrol show job`` prints about a job the controller still holds."""

@@ -1,5 +1,6 @@
 """End to end through real processes: `rota up`, sbatch, squeue; kill -9 during a submit burst."""
 import asyncio
+import re
 import json
 import os
 import signal
@@ -320,3 +321,13 @@ def test_squeue_start_and_named_format(up):
     r = run(up, "squeue", "-O", "Nonsense")
     assert r.returncode == 1 and r.stderr == "squeue: error: Invalid job format specification: Nonsense\n"
     run(up, "scancel", hog)
+
+
+def test_sbatch_test_only_says_when_and_where_without_submitting(up):
+    r = run(up, "sbatch", "--test-only", "--gres=gpu:2", "-t", "10", "--wrap", "true")
+    assert r.returncode == 0 and r.stdout == ""
+    assert re.fullmatch(r"sbatch: Job 1 to start at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d using 1 processors on nodes "
+                        r"gpu01 in partition short\n", r.stderr), r.stderr
+    assert run(up, "sbatch", "--parsable", "--wrap", "true", "-o", "/dev/null").stdout == "1\n"   # nothing was used
+    r = run(up, "sbatch", "--test-only", "--gres=gpu:9", "--wrap", "true")
+    assert r.returncode == 1 and "Requested node configuration is not available" in r.stderr
