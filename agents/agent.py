@@ -352,6 +352,7 @@ class Agent:
             state = "COMPLETED"
         else:
             state = "FAILED"
+        _tell_the_user(run, self.node, state)
         if run.kill_reason != "stopped":   # a job the log already ended needs no report
             await self.report(ev.JobExited(job_id=run.job_id, state=state, exit_code=exit_code, signal=sig,
                                            max_rss=run.peak_kib, elapsed=elapsed, node=self.node))
@@ -385,6 +386,29 @@ class Agent:
             if _alive(run.pid, rec.get("ticks")):
                 running.add(run.job_id)
         return running
+
+
+def _tell_the_user(run: Run, node: str, state: str) -> None:
+    """Slurm's notes at the end of the job's error file: why it was killed."""
+    import datetime as dt
+
+    jid = run.job_id
+    at = dt.datetime.now().strftime("%Y-%m-%dT%H:%M:%S")
+    line = {
+        "TIMEOUT": f"slurmstepd-{node}: error: *** JOB {jid} ON {node} CANCELLED AT {at} DUE TO TIME LIMIT ***",
+        "CANCELLED": f"slurmstepd-{node}: error: *** JOB {jid} ON {node} CANCELLED AT {at} ***",
+        "OUT_OF_MEMORY": f"slurmstepd-{node}: error: Detected 1 oom-kill event(s) in StepId={jid}.batch. Some of "
+                         "your processes may have been killed by the cgroup out-of-memory handler.",
+    }.get(state)
+    if line is None or run.kill_reason == "stopped":
+        return
+    try:
+        _out, err = launch.output_paths(run.a, node)
+        if str(err) != "/dev/null":
+            with open(err, "a") as fh:
+                fh.write(line + "\n")
+    except OSError:
+        pass
 
 
 def _mem_total_mib() -> int:

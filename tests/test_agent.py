@@ -141,6 +141,8 @@ async def test_exit_code_timeout_and_environment(cluster):
     t0 = time.monotonic()
     job = await cluster.ended(slow, timeout=15)
     assert job.state == "TIMEOUT"          # SIGTERM ignored: SIGKILL after KillWait
+    assert f"*** JOB {slow} ON n1 CANCELLED AT " in cluster.output(slow)
+    assert cluster.output(slow).rstrip().endswith("DUE TO TIME LIMIT ***")
     assert time.monotonic() - t0 < 10
 
 
@@ -152,6 +154,7 @@ async def test_allocating_past_mem_is_out_of_memory_with_maxrss_near_the_limit(c
                                mem_per_node=100)
     job = await cluster.ended(jid)
     assert job.state == "OUT_OF_MEMORY"
+    assert f"Detected 1 oom-kill event(s) in StepId={jid}.batch" in cluster.output(jid)
     assert 80 * 1024 <= job.max_rss <= 101 * 1024, job.max_rss
 
 
