@@ -27,6 +27,14 @@ def cluster_url(explicit: str | None = None) -> str:
     return data["nats"]
 
 
+def _loads(data: bytes):
+    try:
+        import orjson
+    except ImportError:   # pragma: no cover - orjson is a dependency; stay correct without it
+        return json.loads(data)
+    return orjson.loads(data)
+
+
 def request(verb: str, body: dict, url: str | None = None, timeout: float = 10.0, retries: int = 3) -> dict:
     """Send one API request (retried on timeout with the same request id) and return the reply."""
     from . import lightnats
@@ -37,7 +45,7 @@ def request(verb: str, body: dict, url: str | None = None, timeout: float = 10.0
     payload = json.dumps(body).encode()
     for attempt in range(retries):
         try:
-            return json.loads(lightnats.request(target, f"rota.api.{verb}", payload, timeout))
+            return _loads(lightnats.request(target, f"rota.api.{verb}", payload, timeout))
         except lightnats.NoResponders:
             raise NoCluster(f"no rota controller answers at {target}; is `rota up` running?") from None
         except lightnats.RequestTimeout:

@@ -32,6 +32,22 @@ _AGENT_EVENTS = (ev.JobsStarted, ev.JobCancelled, ev.JobRequeued, ev.JobUpdated,
                  ev.ClusterConfigured)
 
 
+class _Raw:
+    """A reply value that is JSON already (inserted as is by :func:`encode_reply`)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+def encode_reply(result: dict) -> bytes:
+    """A reply as JSON bytes (orjson), splicing pre-encoded values in without re-encoding them."""
+    import orjson
+
+    return orjson.dumps(result, default=lambda v: orjson.Fragment(v.data) if isinstance(v, _Raw) else str(v))
+
+
 class _NothingToDo(Exception):
     """A cycle that started nothing: no event to append."""
 
@@ -66,6 +82,7 @@ class Controller:
         self.on_assign: Callable[[list[tuple[str, dict]]], None] | None = None   # agent messages to send
         self.on_reload: Callable[[], None] | None = None                         # state rebuilt from the log
         self._last_decision: tuple[int, Any] | None = None   # (state sequence, Decision) for queue views
+        self._queue_cache: tuple[tuple, bytes] | None = None
 
     # ------------------------------------------------------------ state
 
@@ -310,12 +327,25 @@ class Controller:
         if verb == "job":
             return {"ok": True, "job": self.job_view(int(body["job_id"])), "now": self.now()}
         if verb == "queue":
-            return {"ok": True, "jobs": self.queue_view(), "now": self.now()}
+            return {"ok": True, "jobs": _Raw(self.queue_json()), "now": self.now()}
         if verb == "nodes":
             return {"ok": True, "nodes": self.nodes_view()}
         if verb == "ping":
             return {"ok": True, "seq": st.seq, "leader": self.leader, "version": __version__}
         raise commands.Rejected(f"unknown request {verb!r}", code="unknown")
+
+    def queue_json(self) -> bytes:
+        """``queue_view`` as JSON, reused while neither the state nor the cycle's reasons changed
+        (tools poll squeue far more often than the queue changes)."""
+        key = (self.state.seq, id(self._last_decision[1]) if self._last_decision else None)
+        if self._queue_cache is not None and self._queue_cache[0] == key:
+            return self._queue_cache[1]
+        import orjson
+
+        data = orjson.dumps(self.queue_view())
+        key = (self.state.seq, id(self._last_decision[1]) if self._last_decision else None)
+        self._queue_cache = (key, data)
+        return data
 
     def queue_view(self) -> list[dict]:
         """Pending and running jobs with their current reasons (as squeue needs them)."""
@@ -504,7 +534,7 @@ class Controller:
                 result = {"ok": False, "error": ["bad request: body is not a JSON object"], "code": "bad_request"}
             else:
                 result = await self.handle(verb, body)
-            await msg.respond(json.dumps(result).encode())
+            await msg.respond(encode_reply(result))
 
         self._subs.append(await nc.subscribe(f"{API}.*", queue="rota-controller", cb=on_request))
         self._tasks.append(asyncio.create_task(self.run_cycles()))
