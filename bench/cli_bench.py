@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import sqlite3
 import statistics
 import subprocess
@@ -108,11 +109,22 @@ def run(finished: int, pending: int, runs: int) -> list[Figure]:
                     seq = row[0] if row else 0
                 except sqlite3.Error:
                     pass
-            catch_up = total / (time.perf_counter() - t0)
-            figures.append(Figure(f"projection catch-up from zero, {total:,} events (incl. rota up start)", catch_up,
-                                  "events/s", ">= 20,000", catch_up >= 20_000, "python -m rota.bench.cli_bench"))
+            with_up = total / (time.perf_counter() - t0)
+            figures.append(Figure(f"rota up start to projection caught up, {total:,} events", with_up, "events/s",
+                                  "", None, "python -m rota.bench.cli_bench",
+                                  "controller load and projector share one process"))
             while not (Path(tmp) / "state" / "cluster.json").exists():
                 time.sleep(0.05)
+            rates = []
+            for i in range(3):   # the projector alone, from zero: `rota projections rebuild`
+                r = subprocess.run([str(BIN / "rota"), "projections", "rebuild", "--db", str(Path(tmp) / f"re{i}.sqlite")],
+                                   env=env, capture_output=True, text=True, check=True)
+                m = re.search(r"\(([\d,]+) events/s\)", r.stdout)
+                rates.append(int(m.group(1).replace(",", "")))
+            catch_up = statistics.median(rates)
+            figures.append(Figure(f"projection catch-up from zero, {total:,} events", catch_up, "events/s",
+                                  ">= 20,000", catch_up >= 20_000, "python -m rota.bench.cli_bench",
+                                  "rota projections rebuild, median of 3"))
             floor = timed([sys.executable, "-c", "pass"], env, runs)
             figures.append(Figure("bare `python -c pass` (the floor)", floor * 1000, "ms", "", None,
                                   "python -m rota.bench.cli_bench"))
