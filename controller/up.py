@@ -91,10 +91,15 @@ async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, n
         link = AgentLink(controller, eventlog.nc, node_timeout=node_timeout)
         await link.start()
         projector = Projector(state_dir / "projections.sqlite", eventlog)
-        await projector.open()
-        wake = asyncio.Event()
-        await eventlog.nc.subscribe("rota.ev.>", cb=_waker(wake))
-        projecting = asyncio.create_task(projector.follow(stop, wake))
+        try:
+            await projector.open()
+        except Exception as exc:  # noqa: BLE001 - scheduling goes on; sacct/sinfo say they have no data
+            echo(f"rota up: projections disabled: cannot open {projector.path}: {exc}")
+            projector = None
+        if projector is not None:
+            wake = asyncio.Event()
+            await eventlog.nc.subscribe("rota.ev.>", cb=_waker(wake))
+            projecting = asyncio.create_task(projector.follow(stop, wake))
         if agent_node is not None:
             node_cfg = next(n for n in config.nodes if n.name == agent_node)
             opts = dict(agent_options or {})

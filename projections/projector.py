@@ -95,19 +95,36 @@ class Projector:
         import aiosqlite
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = await aiosqlite.connect(self.path)
-        await self.db.execute("PRAGMA journal_mode=WAL")
-        await self.db.execute("PRAGMA synchronous=NORMAL")
-        await self.db.executescript(SCHEMA)
-        rows = dict(await self.db.execute_fetchall("SELECT key, value FROM meta"))
+        rows = await self._connect(aiosqlite)
         if rows.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
-            raise RuntimeError(f"{self.path}: projection schema {rows['schema_version']}, this rota writes "
-                               f"{SCHEMA_VERSION}: run `rota projections rebuild`")
+            # derived data: a projection of an older layout is set aside and rebuilt from the log
+            await self.db.close()
+            old = self.path.with_name(self.path.name + f".v{rows['schema_version']}")
+            for suffix in ("", "-wal", "-shm"):
+                src = Path(str(self.path) + suffix)
+                if src.exists():
+                    src.replace(Path(str(old) + suffix))
+            log.warning("projection %s had schema %s (this rota writes %s): moved to %s, rebuilding from the log",
+                        self.path, rows["schema_version"], SCHEMA_VERSION, old)
+            rows = await self._connect(aiosqlite)
         if rows.get("state"):
             self.state = load_snapshot(rows["state"])
             self._last_snapshot = self.state.seq
         await self.db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
         await self.db.commit()
+
+    async def _connect(self, aiosqlite: Any) -> dict:
+        self.db = await aiosqlite.connect(self.path)
+        await self.db.execute("PRAGMA journal_mode=WAL")
+        await self.db.execute("PRAGMA synchronous=NORMAL")
+        rows: dict = {}
+        try:
+            rows = dict(await self.db.execute_fetchall("SELECT key, value FROM meta"))
+        except Exception:  # noqa: BLE001 - a new file: no tables yet
+            pass
+        if rows.get("schema_version", SCHEMA_VERSION) == SCHEMA_VERSION:
+            await self.db.executescript(SCHEMA)
+        return rows
 
     async def close(self) -> None:
         if self.db is not None:

@@ -240,3 +240,17 @@ async def test_squeue_rows_match_slurm_reasons_and_layout():
                 assert len(mine) == len(line) and mine.split()[-1] == line.split()[-1]
             else:
                 assert mine == line, f"{block.command}\n{mine}\n{line}"
+
+
+async def test_a_projection_of_an_older_schema_is_set_aside_and_rebuilt(tmp_path):
+    path = tmp_path / "p.sqlite"
+    con = sqlite3.connect(path)
+    con.executescript("CREATE TABLE meta (key TEXT PRIMARY KEY, value); INSERT INTO meta VALUES ('schema_version', 0);"
+                      "CREATE TABLE jobs (job_id INTEGER PRIMARY KEY, state TEXT)")
+    con.commit()
+    con.close()
+    h = golden_history()
+    await project(h, path)
+    assert (tmp_path / "p.sqlite.v0").exists()
+    con = sqlite3.connect(path)
+    assert con.execute("SELECT state FROM jobs WHERE job_id = 23627").fetchone() == ("FAILED",)
