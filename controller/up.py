@@ -142,6 +142,9 @@ async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, n
                 log.warning("stopping %s: %s", what, exc or type(exc).__name__)
         if server is not None:
             server.stop()
+        if agent is not None and agent.runs:
+            echo(f"rota up: {len(agent.runs)} job(s) still running on {agent.node} "
+                 f"({', '.join(map(str, sorted(agent.runs)[:10]))}); the next `rota up` adopts them")
         echo("rota up: stopped")
 
 
