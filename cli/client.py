@@ -16,11 +16,12 @@ def cluster_url(explicit: str | None = None) -> str:
     env = os.environ.get("ROTA_NATS_URL")
     if env:
         return env
-    from .paths import default_state_dir
+    from .paths import state_dir
 
-    info = default_state_dir() / "cluster.json"
+    info = os.path.join(state_dir(), "cluster.json")
     try:
-        data = json.loads(info.read_text())
+        with open(info) as fh:
+            data = json.loads(fh.read())
     except (OSError, ValueError):
         raise NoCluster(f"no running rota found (no {info}); start one with `rota up`, "
                         "or point at one with --nats URL or ROTA_NATS_URL") from None

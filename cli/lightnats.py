@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import socket
-from urllib.parse import urlsplit
 
 
 class NoResponders(Exception):
@@ -21,8 +20,12 @@ class RequestTimeout(Exception):
 
 
 def _address(url: str) -> tuple[str, int]:
-    parts = urlsplit(url if "://" in url else f"nats://{url}")
-    return parts.hostname or "127.0.0.1", parts.port or 4222
+    """``nats://host:port`` (or ``host:port``, ``user:pass@host``) -> (host, port)."""
+    rest = url.split("://", 1)[-1].rsplit("@", 1)[-1].rstrip("/")
+    host, _, port = rest.rpartition(":") if "]" not in rest.rsplit(":", 1)[-1] else (rest, "", "")
+    if not host:
+        host, port = rest, ""
+    return host.strip("[]") or "127.0.0.1", int(port) if port.isdigit() else 4222
 
 
 def request(urls: str, subject: str, payload: bytes, timeout: float = 10.0) -> bytes:

@@ -229,7 +229,7 @@ def projections_rebuild(
     from .paths import projections_db
 
     url = _open_log(nats)
-    target = Path(db) if db else projections_db()
+    target = Path(db) if db else Path(projections_db())
     tmp = target.with_name(target.name + ".rebuild")
     for p in (tmp, Path(str(tmp) + "-wal"), Path(str(tmp) + "-shm")):
         p.unlink(missing_ok=True)
@@ -271,7 +271,7 @@ def export(
     async def go() -> dict[str, int]:
         lg = await JetStreamLog.connect(url.split(","))
         try:
-            return await export_parquet(lg, projections_db(), Path(parquet))
+            return await export_parquet(lg, Path(projections_db()), Path(parquet))
         finally:
             await lg.close()
 

@@ -1,19 +1,24 @@
-"""Where a running rota keeps its state (a light module: every command imports it)."""
+"""Where a running rota keeps its state (a light module: every command imports it, so no pathlib)."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 
-def default_state_dir() -> Path:
+def state_dir() -> str:
     """``$ROTA_STATE_DIR``, else ``$XDG_DATA_HOME/rota``, else ``~/.local/share/rota``."""
     env = os.environ.get("ROTA_STATE_DIR")
     if env:
-        return Path(env)
+        return env
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(base) / "rota"
+    return os.path.join(base, "rota")
 
 
-def projections_db() -> Path:
+def default_state_dir():  # -> pathlib.Path
+    from pathlib import Path
+
+    return Path(state_dir())
+
+
+def projections_db() -> str:
     """The projection database of the local cluster (``$ROTA_PROJECTIONS`` overrides)."""
-    return Path(os.environ.get("ROTA_PROJECTIONS") or default_state_dir() / "projections.sqlite")
+    return os.environ.get("ROTA_PROJECTIONS") or os.path.join(state_dir(), "projections.sqlite")

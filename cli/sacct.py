@@ -9,7 +9,6 @@ import re
 import sqlite3
 import sys
 import time
-from pathlib import Path
 
 from rota.core.timefmt import format_duration
 
@@ -41,7 +40,7 @@ class Usage(Exception):
     pass
 
 
-def db_path() -> Path:
+def db_path() -> str:
     from .paths import projections_db
 
     return projections_db()
@@ -253,7 +252,7 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
         err.write(f"{exc}\n")
         return 1
     path = db_path()
-    if not path.exists():
+    if not os.path.exists(path):
         err.write(f"sacct: error: Problem talking to the database: no rota accounting at {path}; "
                   "is `rota up` running (or ROTA_STATE_DIR set)?\n")
         return 1

@@ -25,7 +25,7 @@ def _db() -> sqlite3.Connection:
     from .paths import projections_db
 
     path = projections_db()
-    if not path.exists():
+    if not os.path.exists(path):
         raise Fail(f"no rota cluster state at {path}; is `rota up` running (or ROTA_STATE_DIR set)?")
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     db.row_factory = sqlite3.Row

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import os
 import re
 import sqlite3
 import sys
@@ -199,7 +200,7 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
     from .paths import projections_db
 
     path = projections_db()
-    if not path.exists():
+    if not os.path.exists(path):
         err.write(f"sinfo: error: no rota cluster state at {path}; is `rota up` running (or ROTA_STATE_DIR set)?\n")
         return 1
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)

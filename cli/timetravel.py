@@ -98,7 +98,9 @@ def submit_seq_of(job_id: int) -> int | None:
     from .paths import projections_db
 
     path = projections_db()
-    if not path.exists():
+    import os
+
+    if not os.path.exists(path):
         return None
     try:
         row = sqlite3.connect(f"file:{path}?mode=ro", uri=True).execute(
