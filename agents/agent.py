@@ -249,6 +249,16 @@ class Agent:
                 return   # a re-sent assignment: it runs (or ran) here already
             self.seen.add(key)
             self._launch(a)
+        elif op == "signal":
+            run = self.runs.get(a["job_id"])
+            if run is not None and a.get("restarts", 0) == run.a.get("restarts", 0):
+                # the job's processes, not the shepherd: it must live on to record how the job ends
+                for pid in _group_members(run.pid):
+                    if pid != run.pid:
+                        try:
+                            os.kill(pid, int(a.get("signal", signal.SIGTERM)))
+                        except ProcessLookupError:
+                            pass
         elif op == "update":
             run = self.runs.get(a["job_id"])
             if run is not None:
@@ -447,6 +457,18 @@ def _alive(pid: int, ticks: int | None) -> bool:
     if fields[0] == "Z":
         return False
     return ticks is None or int(fields[19]) == ticks
+
+
+def _group_members(pgid: int) -> list[int]:
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if int((p / "stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
+                    out.append(int(p.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
 
 
 def _group_rss_kib(pgid: int) -> int:

@@ -52,9 +52,6 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
     except ValueError as exc:
         err.write(f"{exc}\n")
         return 1
-    if sig not in (9, 15):
-        err.write("scancel: error: signalling a job without cancelling it (--signal) is not supported by rota yet\n")
-        return 1
     targets: list[tuple[int, list[int] | None]] = []
     for item in ns.ids:
         for part in re.split(r",(?![^\[]*\])", item):
@@ -93,7 +90,8 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
             body = {"job_id": jid, "uid": uid, "user": me, "signal": sig}
             if tasks is not None:
                 body["tasks"] = tasks
-            reply = request("cancel", body)
+            # Slurm: --signal only signals the job (it is not cancelled unless the signal ends it)
+            reply = request("signal" if ns.signal is not None else "cancel", body)
             if not reply.get("ok") and reply.get("code") not in ("no_job",):
                 err.write(f"scancel: error: Kill job error on job id {jid}: {reply['error'][0]}\n")
                 code = 1

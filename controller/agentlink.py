@@ -93,8 +93,9 @@ class AgentLink:
             delay = 0.1
             while True:
                 try:
+                    once = msg["op"] not in ("update", "signal")   # these may be repeated on purpose
                     await self.js.publish(f"{ASSIGN_PREFIX}.{node}", json.dumps(msg).encode(), stream=ASSIGN_STREAM,
-                                          headers={"Nats-Msg-Id": msg_id} if msg["op"] != "update" else None)
+                                          headers={"Nats-Msg-Id": msg_id} if once else None)
                     break
                 except Exception as exc:  # noqa: BLE001 - NATS unavailable: keep trying, in order
                     log.warning("assignment for %s not sent yet: %s", node, exc)

@@ -294,6 +294,18 @@ class Controller:
             return {"ok": True, "job_id": env.event.job_id}
         if verb == "test_submit":
             return self.test_submit(ev.JobSpec.model_validate(body["spec"]))
+        if verb == "signal":
+            # a signal changes nothing the scheduler knows: it goes to the batch host, not into the log
+            job = self.state.jobs.get(int(body["job_id"]))
+            if job is None:
+                raise commands.Rejected("Invalid job id specified", code="no_job")
+            if job.state != "RUNNING" or not job.alloc:
+                raise commands.Rejected("Job is not running", code="not_running")
+            if self.on_assign is None:
+                raise commands.Rejected("no agents are connected to deliver the signal", code="no_agents")
+            self.on_assign([(job.alloc[0].node, {"op": "signal", "job_id": job.job_id, "restarts": job.restarts,
+                                                 "signal": int(body.get("signal", 15))})])
+            return {"ok": True}
         if verb == "cancel":
             jid, uid = int(body["job_id"]), int(body.get("uid", 0))
             tasks = tuple(int(t) for t in body["tasks"]) if body.get("tasks") is not None else None

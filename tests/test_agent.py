@@ -269,3 +269,18 @@ async def test_the_job_runs_as_the_submitting_user(cluster, tmp_path_factory):
         import shutil
 
         shutil.rmtree(shared, ignore_errors=True)
+
+
+async def test_scancel_signal_reaches_the_job_without_cancelling_it(cluster):
+    cluster.start_agent("n1")
+    await cluster.registered("n1")
+    jid = await cluster.submit("trap 'echo got USR1' USR1; i=0; while [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); "
+                               "done; echo done")
+    await cluster.until(lambda s: s.jobs[jid].state == "RUNNING", what="job running")
+    await asyncio.sleep(0.3)
+    r = await cluster.c.handle("signal", {"job_id": jid, "signal": 10})
+    assert r == {"ok": True}
+    await cluster.until(lambda s: "got USR1" in cluster.output(jid), what="the signal")
+    assert cluster.c.state.jobs[jid].state == "RUNNING"
+    r = await cluster.c.handle("signal", {"job_id": 999, "signal": 10})
+    assert r["ok"] is False and r["error"] == ["Invalid job id specified"]
