@@ -200,7 +200,6 @@ class Agent:
 
     async def _health(self) -> None:
         """NVML faults and the admin's health-check program, every interval, while they persist."""
-        installed = self.gpus.installed if self.gpus is not None else 0
         while True:
             reasons: list[tuple[str, str, int | None]] = []
             if self.gpus is not None:
@@ -212,11 +211,6 @@ class Agent:
                     reasons.append(("healthcheck", problem, None))
             for code, reason, index in reasons:
                 await self.report(ev.HealthFault(node=self.node, reason=reason, gpu_index=index, code=code))
-            if self.gpus is not None and not reasons:
-                now = len(self.gpus.inventory())
-                if now < installed:
-                    await self.report(ev.HealthFault(node=self.node, code="lost",
-                                                     reason=f"gpu count dropped from {installed} to {now}"))
             await asyncio.sleep(self.health_interval)
 
     # ------------------------------------------------------------ assignments
@@ -329,18 +323,21 @@ class Agent:
 
     def _exit_status(self, run: Run) -> tuple[int, int] | None:
         """(exit code, signal) once the job ended, else None."""
+        waited: int | None = None            # the shepherd's own status, when we are its parent
         if run.proc is not None:
-            rc = run.proc.poll()
-            if rc is None:
+            waited = run.proc.poll()
+            if waited is None:
                 return None
-            if rc < 0:
-                return 0, -rc
+            if waited < 0:
+                return 0, -waited             # the shepherd itself was killed (our kill of the group)
         elif _alive(run.pid, run.a.get("_ticks")):
             return None
         try:
             rc = int(Path(run.a["status_file"]).read_text().strip())
         except (OSError, ValueError, KeyError):
-            return (0, signal.SIGKILL) if run.proc is None else (rc, 0)
+            if waited is None:                # adopted, and its shepherd died without a word: a kill
+                return 0, signal.SIGKILL
+            rc = waited
         return (0, rc - 128) if rc > 128 else (rc, 0)
 
     async def _finished(self, run: Run, exit_code: int, sig: int) -> None:

@@ -104,10 +104,8 @@ def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None
             j = st.jobs[job_id]
             rep.name, rep.user, rep.partition = j.spec.name, j.spec.user, j.partition
             rep.submit_time, rep.submit_seq = env.ts, env.seq
-            cfg = st.config
-            if cfg is not None:
-                part = st.partition(j.partition)
-                watching_nodes = set(part.nodes) if part is not None else set()
+            part = st.partition(j.partition)
+            watching_nodes = set(part.nodes) if part is not None else set()
         job = st.jobs.get(job_id)
         if job is not None and rep.start_time is None and job.state == RUNNING:
             rep.start_time, rep.start_seq = job.start_time, env.seq
@@ -132,32 +130,30 @@ def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None
 
 def _sample(rep: WhyReport, st: State, e: ev.JobsStarted, job_id: int) -> None:
     d = schedule(st, e.now, e.policy, explain=True, focus=job_id)
-    started = next((s for s in e.starts if s.job_id == job_id or s.array_job_id == job_id), None)
     p = d.pending.get(job_id)
-    if p is None and started is None:
+    if p is None:   # it starts in this cycle: no wait to record, no reservation to place others around
         return
-    if p is not None:
-        iv = Interval(e.now, e.now, st.seq + 1, st.seq + 1, p.reason, p.display, p.detail, p.rank, p.priority,
-                      p.start, p.blockers, p.ahead, p.evaluated)
-        last = rep.intervals[-1] if rep.intervals else None
-        if last is not None and last.key() == iv.key():
-            last.end, last.last_seq, last.cycles = e.now, st.seq + 1, last.cycles + 1
-            last.detail, last.expected_start = iv.detail, iv.expected_start
-        else:
-            if last is not None:
-                last.end = e.now
-            rep.intervals.append(iv)
-        if not rep.estimates or rep.estimates[-1][1] != p.start:
-            rep.estimates.append((e.now, p.start))
+    iv = Interval(e.now, e.now, st.seq + 1, st.seq + 1, p.reason, p.display, p.detail, p.rank, p.priority,
+                  p.start, p.blockers, p.ahead, p.evaluated)
+    last = rep.intervals[-1] if rep.intervals else None
+    if last is not None and last.key() == iv.key():
+        last.end, last.last_seq, last.cycles = e.now, st.seq + 1, last.cycles + 1
+        last.detail, last.expected_start = iv.detail, iv.expected_start
+    else:
+        if last is not None:
+            last.end = e.now
+        rep.intervals.append(iv)
+    if not rep.estimates or rep.estimates[-1][1] != p.start:
+        rep.estimates.append((e.now, p.start))
     res = d.reservations.get(job_id)
     if res is None:
         return
-    ranked_before = set(d.order)
+    ranked_before, reserved = set(d.order), set(res.nodes)
     for s in e.starts:
         owner = s.array_job_id or s.job_id
         # a backfilled job ranked below this one, on nodes of its reservation: placed around it
         if s.backfilled and owner != job_id and owner not in ranked_before and \
-                set(res.nodes).intersection(a.node for a in s.alloc):
+                reserved.intersection(a.node for a in s.alloc):
             rep.backfilled_past.append({"time": e.now, "seq": st.seq + 1, "job_id": s.job_id,
                                         "user": st.jobs[owner].spec.user,
                                         "ends_by": e.now + s.time_limit, "reserved_start": res.start})
@@ -338,12 +334,13 @@ def whatif(envelopes: Iterable[ev.Envelope], settings: dict[str, str]) -> WhatIf
         return {o.trace_id: o for o in result.outcomes.values()}
 
     b, a = by_trace(base), by_trace(after)
+    user_of = {j.trace_id: j.spec.user for j in rec.jobs}
     per_job, users = [], {}
     for tid in sorted(b):
         if tid not in a:
             continue
         wb, wa = b[tid].start - b[tid].submit, a[tid].start - a[tid].submit
-        user = next((j.spec.user for j in rec.jobs if j.trace_id == tid), "")
+        user = user_of.get(tid, "")
         per_job.append({"job_id": tid, "user": user, "wait_before": wb, "wait_after": wa, "change": wa - wb})
         users.setdefault(user, []).append(wa - wb)
     same = sum(1 for tid, o in b.items() if tid in rec.outcomes and rec.outcomes[tid][1] == o.start)
