@@ -141,8 +141,10 @@ class Agent:
 
         for d in (self.spool, self.ledger):
             d.mkdir(parents=True, exist_ok=True)
+        from rota.controller.eventlog import connection_callbacks
+
         self.nc = await nats.connect(self.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2,
-                                     name=f"rota-agent-{self.node}")
+                                     name=f"rota-agent-{self.node}", **connection_callbacks(f"agent {self.node}"))
         self.js = self.nc.jetstream(timeout=10)
         await ensure_streams(self.js)
         running = self._adopt()

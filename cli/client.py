@@ -1,8 +1,9 @@
 """Finding the running cluster and sending it one request (used by every command)."""
 from __future__ import annotations
 
-import json
 import os
+
+from . import lightjson
 
 
 class NoCluster(Exception):
@@ -21,19 +22,21 @@ def cluster_url(explicit: str | None = None) -> str:
     info = os.path.join(state_dir(), "cluster.json")
     try:
         with open(info) as fh:
-            data = json.loads(fh.read())
+            data = lightjson.loads(fh.read())
     except (OSError, ValueError):
         raise NoCluster(f"no running rota found (no {info}); start one with `rota up`, "
                         "or point at one with --nats URL or ROTA_NATS_URL") from None
     return data["nats"]
 
 
-def _loads(data: bytes):
-    try:
-        import orjson
-    except ImportError:   # pragma: no cover - orjson is a dependency; stay correct without it
-        return json.loads(data)
-    return orjson.loads(data)
+def login_name() -> str:
+    """The user running the command (``getpass.getuser``'s order, without its imports)."""
+    for var in ("LOGNAME", "USER", "LNAME", "USERNAME"):
+        if os.environ.get(var):
+            return os.environ[var]
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
 
 
 def request(verb: str, body: dict, url: str | None = None, timeout: float = 10.0, retries: int = 3) -> dict:
@@ -43,10 +46,10 @@ def request(verb: str, body: dict, url: str | None = None, timeout: float = 10.0
     body = dict(body)
     body.setdefault("rid", os.urandom(16).hex())
     target = cluster_url(url)
-    payload = json.dumps(body).encode()
+    payload = lightjson.dumps(body).encode()
     for attempt in range(retries):
         try:
-            return _loads(lightnats.request(target, f"rota.api.{verb}", payload, timeout))
+            return lightjson.loads(lightnats.request(target, f"rota.api.{verb}", payload, timeout))
         except lightnats.NoResponders:
             raise NoCluster(f"no rota controller answers at {target}; is `rota up` running?") from None
         except lightnats.RequestTimeout:

@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import sys
-from typing import Callable, NoReturn
 
 
-def exit_with(run: Callable[[list[str]], int]) -> NoReturn:
-    """Run a command on ``sys.argv`` and exit with its status (a closed pipe or Ctrl-C is not a traceback)."""
+def exit_with(run) -> None:
+    """Run ``run(argv) -> status`` on ``sys.argv`` and exit with it (a closed pipe or Ctrl-C is not a traceback)."""
     try:
         code = run(sys.argv[1:])
     except BrokenPipeError:

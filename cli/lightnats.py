@@ -8,7 +8,10 @@ TLS and authenticated servers need the full client (``ROTA_FULL_CLIENT=1``).
 from __future__ import annotations
 
 import os
-import socket
+
+# ``_socket`` is the C module under ``socket``: importing ``socket`` pulls in selectors, enum and
+# more (about 4 ms); one request needs none of it.
+import _socket
 
 
 class NoResponders(Exception):
@@ -28,12 +31,40 @@ def _address(url: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port) if port.isdigit() else 4222
 
 
+def _connect(url: str, timeout: float) -> _socket.socket:
+    host, port = _address(url)
+    for family in (_socket.AF_INET, _socket.AF_INET6):   # an address needs no resolver (nor its idna codec)
+        try:
+            _socket.inet_pton(family, host)
+        except OSError:
+            continue
+        sock = _socket.socket(family, _socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect((host, port))
+        except OSError:
+            sock.close()
+            raise
+        return sock
+    last: Exception | None = None
+    for family, kind, proto, _name, addr in _socket.getaddrinfo(host, port, 0, _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(addr)
+            return sock
+        except OSError as exc:
+            sock.close()
+            last = exc
+    raise last or OSError(f"no address for {host}")
+
+
 def request(urls: str, subject: str, payload: bytes, timeout: float = 10.0) -> bytes:
     """Send ``payload`` to ``subject`` and return the first reply's body."""
     last: Exception | None = None
     for url in urls.split(","):
         try:
-            sock = socket.create_connection(_address(url.strip()), timeout=min(timeout, 2.0))
+            sock = _connect(url.strip(), min(timeout, 2.0))
         except OSError as exc:
             last = exc
             continue
@@ -44,9 +75,42 @@ def request(urls: str, subject: str, payload: bytes, timeout: float = 10.0) -> b
     raise ConnectionError(f"cannot connect to {urls}: {last}")
 
 
-def _exchange(sock: socket.socket, subject: str, payload: bytes, timeout: float) -> bytes:
+class _Reader:
+    """Lines and counted bodies from a socket (what ``socket.makefile`` gives, without its imports)."""
+
+    def __init__(self, sock: _socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+
+    def _fill(self) -> None:
+        chunk = self.sock.recv(1 << 20)
+        if not chunk:
+            raise ConnectionError("the NATS server closed the connection")
+        self.buf += chunk
+
+    def readline(self) -> bytes:
+        while (end := self.buf.find(b"\n")) < 0:
+            self._fill()
+        line, self.buf = self.buf[:end + 1], self.buf[end + 1:]
+        return line
+
+    def read(self, size: int) -> bytes:
+        if len(self.buf) < size:
+            parts, have = [self.buf], len(self.buf)
+            while have < size:
+                chunk = self.sock.recv(max(1 << 20, size - have))
+                if not chunk:
+                    raise ConnectionError("the NATS server closed the connection")
+                parts.append(chunk)
+                have += len(chunk)
+            self.buf = b"".join(parts)
+        data, self.buf = self.buf[:size], self.buf[size:]
+        return data
+
+
+def _exchange(sock: _socket.socket, subject: str, payload: bytes, timeout: float) -> bytes:
     sock.settimeout(timeout)
-    reader = sock.makefile("rb")
+    reader = _Reader(sock)
     info = reader.readline()
     if not info.startswith(b"INFO"):
         raise ConnectionError(f"not a NATS server: {info[:40]!r}")
@@ -60,8 +124,6 @@ def _exchange(sock: socket.socket, subject: str, payload: bytes, timeout: float)
     try:
         while True:
             line = reader.readline()
-            if not line:
-                raise ConnectionError("the NATS server closed the connection")
             if line.startswith(b"MSG "):
                 size = int(line.split()[-1])
                 return reader.read(size + 2)[:size]
@@ -77,5 +139,5 @@ def _exchange(sock: socket.socket, subject: str, payload: bytes, timeout: float)
                 sock.sendall(b"PONG\r\n")
             elif line.startswith(b"-ERR"):
                 raise ConnectionError(line.decode(errors="replace").strip())
-    except socket.timeout:
+    except TimeoutError:
         raise RequestTimeout(subject) from None

@@ -1,16 +1,14 @@
 """``sacct``: accounting from the projection database (no daemon round trip, no heavy imports)."""
 from __future__ import annotations
 
-import argparse
-import datetime as _dt
-import json
 import os
-import re
 import sqlite3
 import sys
 import time
 
 from rota.core.timefmt import format_duration
+
+from .options import NO, OPTIONAL, REQUIRED, Option, OptionError, parse
 
 DEFAULT_FORMAT = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
 BRIEF_FORMAT = "JobID,State,ExitCode"
@@ -59,7 +57,7 @@ def parse_format(text: str) -> list[tuple[str, int, bool]]:
             raise Usage(f"sacct: error: Invalid field requested: \"{name}\"")
         left = key in LEFT
         if width:
-            if not re.fullmatch(r"-?\d+", width):
+            if not width.removeprefix("-").isdigit():
                 raise Usage(f"sacct: error: Invalid field width: \"{item}\"")
             left = width.startswith("-") or left
             w = abs(int(width))
@@ -72,7 +70,7 @@ def parse_format(text: str) -> list[tuple[str, int, bool]]:
 def _ts(t: int | None) -> str:
     if not t:
         return "Unknown"
-    return _dt.datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S")
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
 
 
 def _mem(mib: int | None) -> str:
@@ -171,58 +169,55 @@ def render(fields, rows, header: bool, parsable: str | None) -> list[str]:
 
 
 def parse_time(text: str, now: float) -> int:
-    """sacct -S/-E: YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY], HH:MM[:SS] (today), now[-N(seconds|minutes|hours|days)]."""
-    t = text.strip().lower()
-    m = re.fullmatch(r"now(?:([+-])(\d+)(seconds|minutes|hours|days)?)?", t)
-    if m:
-        if not m.group(1):
-            return int(now)
-        n = int(m.group(2)) * {"seconds": 1, None: 1, "minutes": 60, "hours": 3600, "days": 86400}[m.group(3)]
-        return int(now + n if m.group(1) == "+" else now - n)
-    today = _dt.datetime.fromtimestamp(now).replace(hour=0, minute=0, second=0, microsecond=0)
-    if t in ("today", "midnight"):
-        return int(today.timestamp())
-    for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d"):
-        try:
-            return int(_dt.datetime.strptime(text, fmt).timestamp())
-        except ValueError:
-            pass
-    for fmt in ("%H:%M:%S", "%H:%M"):
-        try:
-            tm = _dt.datetime.strptime(text, fmt)
-            return int(today.replace(hour=tm.hour, minute=tm.minute, second=tm.second).timestamp())
-        except ValueError:
-            pass
-    for fmt in ("%m/%d/%y", "%m/%d"):
-        try:
-            d = _dt.datetime.strptime(text, fmt)
-            return int(d.replace(year=d.year if "%y" in fmt else today.year).timestamp())
-        except ValueError:
-            pass
-    raise Usage(f"sacct: error: Invalid time specification (pos 0): {text}")
+    """sacct -S/-E: Slurm's time forms (see :mod:`rota.cli.timespec`)."""
+    from .timespec import MomentError, parse_moment
+
+    try:
+        return parse_moment(text, now)
+    except MomentError:
+        raise Usage(f"sacct: error: Invalid time specification (pos=0): {text}") from None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sacct", add_help=False)
-    p.add_argument("-j", "--jobs", action="append", default=[])
-    p.add_argument("-u", "--user", "--uid", action="append", default=[])
-    p.add_argument("-a", "--allusers", action="store_true")
-    p.add_argument("-s", "--state", action="append", default=[])
-    p.add_argument("-S", "--starttime")
-    p.add_argument("-E", "--endtime")
-    p.add_argument("--name", action="append", default=[])
-    p.add_argument("-X", "--allocations", action="store_true")
-    p.add_argument("-n", "--noheader", action="store_true")
-    p.add_argument("-p", "--parsable", action="store_true")
-    p.add_argument("-P", "--parsable2", action="store_true")
-    p.add_argument("--delimiter", default="|")
-    p.add_argument("-o", "--format")
-    p.add_argument("-b", "--brief", action="store_true")
-    p.add_argument("-l", "--long", action="store_true")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("-r", "--partition", action="append", default=[])
-    p.add_argument("-h", "--help", action="store_true")
-    return p
+OPTIONS = [Option(sh or None, names, arg, dest, append) for sh, names, arg, dest, append in (
+    ("A", "accounts", REQUIRED, "!accounts", False), ("X", "allocations", NO, "allocations", False),
+    ("L", "allclusters", NO, "allclusters", False), ("a", "allusers", NO, "allusers", False),
+    ("", "array", NO, "!array", False), ("x", "associations", REQUIRED, "!associations", False),
+    ("b", "brief", NO, "brief", False), ("M", "clusters", REQUIRED, "!clusters", False),
+    ("c", "completion", NO, "!completion", False), ("C", "constraints", REQUIRED, "!constraints", False),
+    ("", "delimiter", REQUIRED, "delimiter", False), ("D", "duplicates", NO, "duplicates", False),
+    ("E", "endtime", REQUIRED, "endtime", False), ("", "env-vars", NO, "!env-vars", False),
+    ("", "federation", NO, "federation", False), ("f", "file", REQUIRED, "!file", False),
+    ("o", "format", REQUIRED, "format", True), ("g", "group", REQUIRED, "!group", False),
+    ("h", "help", NO, "help", False), ("e", "helpformat", NO, "helpformat", False), ("", "json", NO, "json", False),
+    ("", "local", NO, "local", False), ("l", "long", NO, "long", False), ("", "name", REQUIRED, "name", True),
+    ("i", "nnodes", REQUIRED, "!nnodes", False), ("", "noconvert", NO, "noconvert", False),
+    ("n", "noheader", NO, "noheader", False), ("p", "parsable", NO, "parsable", False),
+    ("P", "parsable2", NO, "parsable2", False), ("r", "partition", REQUIRED, "partition", True),
+    ("q", "qos", REQUIRED, "!qos", False), ("R", "reason", REQUIRED, "!reason", False),
+    ("S", "starttime", REQUIRED, "starttime", False), ("s", "state", REQUIRED, "state", True),
+    ("K", "timelimit-max", REQUIRED, "!timelimit-max", False), ("k", "timelimit-min", REQUIRED, "!timelimit-min", False),
+    ("T", "truncate", NO, "truncate", False), ("u", "user uid", REQUIRED, "user", True),
+    ("", "units", REQUIRED, "!units", False), ("", "usage", NO, "help", False),
+    ("", "use-local-uid", NO, "use_local_uid", False), ("v", "verbose", NO, "verbose", False),
+    ("V", "version", NO, "version", False), ("W", "wckeys", REQUIRED, "!wckeys", False),
+    ("", "whole-hetjob", OPTIONAL, "whole_hetjob", False), ("j", "jobs", REQUIRED, "jobs", True),
+    ("", "yaml", NO, "!yaml", False))]
+
+
+class _Namespace:
+    """Parsed options as attributes (appending options default to [], flags to False)."""
+
+    def __init__(self, values: dict) -> None:
+        self.__dict__.update(values)
+
+    def __getattr__(self, name: str):
+        return [] if name in ("jobs", "user", "state", "name", "partition", "format") else None
+
+
+def _job_id_ok(text: str) -> bool:
+    """``N``, ``N_T``, either with ``.batch``."""
+    head, underscore, task = text.removesuffix(".batch").partition("_")
+    return head.isdigit() and (task.isdigit() if underscore else True)
 
 
 STATE_ALIASES = {"pd": "PENDING", "r": "RUNNING", "cd": "COMPLETED", "f": "FAILED", "to": "TIMEOUT",
@@ -230,21 +225,33 @@ STATE_ALIASES = {"pd": "PENDING", "r": "RUNNING", "cd": "COMPLETED", "f": "FAILE
 
 
 def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
-    ns, rest = build_parser().parse_known_args(argv)
+    try:
+        values, rest = parse("sacct", argv, OPTIONS)
+    except OptionError as exc:
+        err.write(f"{exc}\nTry \"sacct --help\" for more information\n")
+        return 1
+    ns = _Namespace(values)
     if ns.help:
         out.write("Usage: sacct [-j ids] [-u users] [-s states] [-S time] [-E time] [-X] [-n] [-P|-p] "
                   "[--format fields] [--json]\n")
         return 0
+    if ns.version:
+        out.write("slurm 22.05 (rota)\n")
+        return 0
+    refused = sorted(k for k in values if k.startswith("!"))
+    if refused:
+        err.write(f"sacct: error: --{refused[0][1:]} is not supported by rota\n")
+        return 1
     if rest:
         err.write(f"sacct: error: Unrecognized option: {rest[0]}\n")
         return 1
     now = time.time()
     try:
-        fields = parse_format(ns.format or (BRIEF_FORMAT if ns.brief else LONG_FORMAT if ns.long else
+        fields = parse_format(",".join(ns.format) or (BRIEF_FORMAT if ns.brief else LONG_FORMAT if ns.long else
                                             os.environ.get("SACCT_FORMAT") or DEFAULT_FORMAT))
         ids = [i for arg in ns.jobs for i in arg.split(",") if i]
         for i in ids:
-            if not re.fullmatch(r"\d+(_\d+)?(\.batch)?", i):
+            if not _job_id_ok(i):
                 raise Usage(f"sacct: error: Invalid job id: {i}")
         start = parse_time(ns.starttime, now) if ns.starttime else None
         end = parse_time(ns.endtime, now) if ns.endtime else None
@@ -316,13 +323,15 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
         if s is not None:
             rows.append(step_values(v, r, s))
     if ns.json:
+        import json
+
         out.write(json.dumps({"jobs": [dict(r) for r in jobs]}, indent=2) + "\n")
         return 0
     parsable = None
     if ns.parsable2:
-        parsable = ns.delimiter
+        parsable = ns.delimiter or "|"
     elif ns.parsable:
-        parsable = ns.delimiter + "+"
+        parsable = (ns.delimiter or "|") + "+"
     for line in render(fields, rows, not ns.noheader, parsable):
         out.write(line + "\n")
     return 0

@@ -1,14 +1,15 @@
-"""``sbatch``: submit a batch script (first version: the resource flags, --wrap, --parsable, #SBATCH)."""
+"""``sbatch``: submit a batch script: Slurm's options (command line, then ``#SBATCH`` lines), ``--wrap``.
+
+A hot command (tools call it thousands of times): it imports nothing heavy, reads its options with
+:mod:`rota.cli.options` and talks to the controller over one plain-socket NATS request.
+"""
 from __future__ import annotations
 
-import argparse
-import getpass
 import os
-import shlex
 import sys
 
-from rota.core.arrays import ArraySpecError, parse_array
-from rota.core.timefmt import TimeSpecError, parse_time_limit
+from .client import login_name
+from .options import NO, OPTIONAL, REQUIRED, Option, OptionError, parse
 
 UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 
@@ -30,42 +31,56 @@ def parse_mem(value: str) -> int:
     return int(int(v) * UNITS[unit])
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sbatch", add_help=True, allow_abbrev=False)
-    a = p.add_argument
-    a("-J", "--job-name")
-    a("-p", "--partition")
-    a("-N", "--nodes")
-    a("-n", "--ntasks", type=int)
-    a("--ntasks-per-node", type=int)
-    a("-c", "--cpus-per-task", type=int)
-    a("--mem")
-    a("--mem-per-cpu")
-    a("--gres")
-    a("-G", "--gpus")
-    a("--gpus-per-node")
-    a("-t", "--time")
-    a("-C", "--constraint")
-    a("-w", "--nodelist")
-    a("-x", "--exclude")
-    a("-a", "--array")
-    a("-d", "--dependency")
-    a("-b", "--begin")
-    a("-H", "--hold", action="store_true")
-    a("-A", "--account")
-    a("-q", "--qos")
-    a("-o", "--output")
-    a("-e", "--error")
-    a("-D", "--chdir")
-    a("--wrap")
-    a("--parsable", action="store_true")
-    a("--test-only", action="store_true")
-    a("--exclusive", action="store_true")
-    a("--requeue", action="store_true")
-    a("--nats", help=argparse.SUPPRESS)
-    a("script", nargs="?")
-    a("args", nargs=argparse.REMAINDER)
-    return p
+# sbatch's long options (Slurm 22.05), so that prefixes resolve and are ambiguous exactly as there.
+# What rota does not implement is either ignored with a warning (it changes neither what runs nor
+# where) or refused, never silently dropped.
+OPTIONS = [Option(s or None, names, arg, dest) for s, names, arg, dest in (
+    ("A", "account", REQUIRED, "account"), ("", "acctg-freq", REQUIRED, "~acctg-freq"),
+    ("a", "array", REQUIRED, "array"), ("", "batch", REQUIRED, "!batch"), ("", "bb", REQUIRED, "!bb"),
+    ("", "bbf", REQUIRED, "!bbf"), ("b", "begin", REQUIRED, "begin"), ("D", "chdir", REQUIRED, "chdir"),
+    ("", "cluster-constraint", REQUIRED, "!cluster-constraint"), ("M", "clusters", REQUIRED, "!clusters"),
+    ("", "comment", REQUIRED, "~comment"), ("C", "constraint", REQUIRED, "constraint"),
+    ("", "container", REQUIRED, "!container"), ("", "contiguous", NO, "!contiguous"),
+    ("S", "core-spec", REQUIRED, "!core-spec"), ("", "cores-per-socket", REQUIRED, "!cores-per-socket"),
+    ("", "cpu-freq", REQUIRED, "~cpu-freq"), ("", "cpus-per-gpu", REQUIRED, "!cpus-per-gpu"),
+    ("c", "cpus-per-task", REQUIRED, "cpus_per_task"), ("", "deadline", REQUIRED, "!deadline"),
+    ("", "delay-boot", REQUIRED, "~delay-boot"), ("d", "dependency", REQUIRED, "dependency"),
+    ("m", "distribution", REQUIRED, "~distribution"), ("e", "error", REQUIRED, "error"),
+    ("x", "exclude", REQUIRED, "exclude"), ("", "exclusive", OPTIONAL, "exclusive"),
+    ("", "export", REQUIRED, "export"), ("", "export-file", REQUIRED, "!export-file"),
+    ("B", "extra-node-info", REQUIRED, "!extra-node-info"), ("", "get-user-env", OPTIONAL, "~get-user-env"),
+    ("", "gid", REQUIRED, "!gid"), ("", "gpu-bind", REQUIRED, "~gpu-bind"), ("", "gpu-freq", REQUIRED, "~gpu-freq"),
+    ("G", "gpus", REQUIRED, "gpus"), ("", "gpus-per-node", REQUIRED, "gpus_per_node"),
+    ("", "gpus-per-socket", REQUIRED, "!gpus-per-socket"), ("", "gpus-per-task", REQUIRED, "!gpus-per-task"),
+    ("", "gres", REQUIRED, "gres"), ("", "gres-flags", REQUIRED, "~gres-flags"), ("h", "help", NO, "help"),
+    ("", "hint", REQUIRED, "~hint"), ("H", "hold", NO, "hold"), ("", "ignore-pbs", NO, "~ignore-pbs"),
+    ("i", "input", REQUIRED, "!input"), ("J", "job-name", REQUIRED, "job_name"),
+    ("", "kill-on-invalid-dep", REQUIRED, "~kill-on-invalid-dep"), ("L", "licenses", REQUIRED, "!licenses"),
+    ("", "mail-type", REQUIRED, "~mail-type"), ("", "mail-user", REQUIRED, "~mail-user"),
+    ("", "mcs-label", REQUIRED, "!mcs-label"), ("", "mem", REQUIRED, "mem"), ("", "mem-bind", REQUIRED, "~mem-bind"),
+    ("", "mem-per-cpu", REQUIRED, "mem_per_cpu"), ("", "mem-per-gpu", REQUIRED, "mem_per_gpu"),
+    ("", "mincpus", REQUIRED, "!mincpus"), ("", "network", REQUIRED, "!network"), ("", "nice", OPTIONAL, "!nice"),
+    ("k", "no-kill", OPTIONAL, "~no-kill"), ("", "no-requeue", NO, "no_requeue"), ("F", "nodefile", REQUIRED, "!nodefile"),
+    ("w", "nodelist", REQUIRED, "nodelist"), ("N", "nodes", REQUIRED, "nodes"), ("n", "ntasks", REQUIRED, "ntasks"),
+    ("", "ntasks-per-core", REQUIRED, "!ntasks-per-core"), ("", "ntasks-per-gpu", REQUIRED, "!ntasks-per-gpu"),
+    ("", "ntasks-per-node", REQUIRED, "ntasks_per_node"), ("", "ntasks-per-socket", REQUIRED, "!ntasks-per-socket"),
+    ("", "open-mode", REQUIRED, "~open-mode"), ("o", "output", REQUIRED, "output"), ("O", "overcommit", NO, "!overcommit"),
+    ("s", "oversubscribe", NO, "!oversubscribe"), ("", "parsable", NO, "parsable"), ("p", "partition", REQUIRED, "partition"),
+    ("", "power", REQUIRED, "!power"), ("", "priority", REQUIRED, "!priority"), ("", "profile", REQUIRED, "~profile"),
+    ("", "propagate", OPTIONAL, "~propagate"), ("q", "qos", REQUIRED, "qos"), ("Q", "quiet", NO, "~quiet"),
+    ("", "reboot", NO, "!reboot"), ("", "requeue", NO, "requeue"), ("", "reservation", REQUIRED, "!reservation"),
+    ("", "signal", REQUIRED, "!signal"), ("", "sockets-per-node", REQUIRED, "!sockets-per-node"),
+    ("", "spread-job", NO, "!spread-job"), ("", "switches", REQUIRED, "!switches"), ("", "test-only", NO, "test_only"),
+    ("", "thread-spec", REQUIRED, "!thread-spec"), ("", "threads-per-core", REQUIRED, "!threads-per-core"),
+    ("t", "time", REQUIRED, "time"), ("", "time-min", REQUIRED, "!time-min"), ("", "tmp", REQUIRED, "!tmp"),
+    ("", "uid", REQUIRED, "!uid"), ("", "usage", NO, "help"), ("", "use-min-nodes", NO, "!use-min-nodes"),
+    ("v", "verbose", NO, "~verbose"), ("V", "version", NO, "version"), ("W", "wait", NO, "!wait"),
+    ("", "wait-all-nodes", REQUIRED, "~wait-all-nodes"), ("", "wckey", REQUIRED, "~wckey"),
+    ("", "wrap", REQUIRED, "wrap"), ("", "nats", REQUIRED, "nats"))]
+USAGE = ("Usage: sbatch [-N nnodes] [-n ntasks] [-c ncpus] [--mem=MB|--mem-per-cpu=MB] [--gres=gpu[:type]:N]\n"
+         "              [-t time] [-p partition] [-J jobname] [-o out] [-e err] [-a array] [-d dependency]\n"
+         "              [-b begin] [-H] [-w nodes] [-x nodes] [--wrap cmd] [--parsable] [--test-only]\n"
+         "              executable [args...]\n")
 
 
 def directives(script: str) -> list[str]:
@@ -78,112 +93,171 @@ def directives(script: str) -> list[str]:
         if not s.startswith("#"):
             break
         if line.startswith("#SBATCH"):
-            body = line[len("#SBATCH"):]
-            out += shlex.split(body, comments=True)
+            import shlex
+
+            out += shlex.split(line[len("#SBATCH"):], comments=True)
     return out
 
 
-def build_spec(argv: list[str]) -> tuple[dict, bool]:
-    p = parser()
-    cli = p.parse_args(argv)
-    if cli.wrap is not None:
-        if cli.script:
-            raise SbatchError("Script arguments not permitted with --wrap option")
-        script = f"#!/bin/sh\n# This script was created by sbatch --wrap.\n\n{cli.wrap}\n"
+def read_options(argv: list[str], script_options: list[str] = ()) -> tuple[dict, list[str]]:
+    """Options of the script's #SBATCH lines, then the command line's (which win)."""
+    try:
+        if script_options:
+            values, _ = parse("sbatch", list(script_options), OPTIONS, stop_at_operand=True)
+        else:
+            values = {}
+        given, operands = parse("sbatch", argv, OPTIONS, stop_at_operand=True)
+    except OptionError as exc:
+        raise SbatchError(f"{exc}\nTry \"sbatch --help\" for more information", 255) from None
+    values.update(given)
+    return values, operands
+
+
+def build_spec(argv: list[str], now: float | None = None) -> tuple[dict, bool]:
+    """The job spec for a command line (reading its script), and whether ``--parsable`` was given."""
+    cli, operands = read_options(argv)
+    if cli.get("help"):
+        raise SbatchError(USAGE, 0)
+    if cli.get("version"):
+        raise SbatchError("slurm 22.05 (rota)", 0)
+    if cli.get("wrap") is not None:
+        if operands:
+            raise SbatchError("sbatch: error: Script arguments not permitted with --wrap option")
+        script = f"#!/bin/sh\n# This script was created by sbatch --wrap.\n\n{cli['wrap']}\n"
         name = "wrap"
+        merged = cli
     else:
-        if not cli.script:
+        if not operands:
             if sys.stdin.isatty():
-                raise SbatchError("Batch script is empty!")
+                raise SbatchError("sbatch: error: Batch script is empty!")
             script, name = sys.stdin.read(), "sbatch"
         else:
             try:
-                script = open(cli.script).read()
+                with open(operands[0]) as fh:
+                    script = fh.read()
             except OSError:
-                raise SbatchError(f"Unable to open file {cli.script}") from None
-            name = os.path.basename(cli.script)
+                raise SbatchError(f"sbatch: error: Unable to open file {operands[0]}") from None
+            name = os.path.basename(operands[0])
         if not script.strip():
-            raise SbatchError("Batch script is empty!")
+            raise SbatchError("sbatch: error: Batch script is empty!")
         if not script.startswith("#!"):
-            raise SbatchError("This does not look like a batch script.  The first\n"
+            raise SbatchError("sbatch: error: This does not look like a batch script.  The first\n"
                               "sbatch: error: line must start with #! followed by the path to an interpreter.\n"
                               "sbatch: error: For instance: #!/bin/sh")
         if "\r\n" in script:
-            raise SbatchError("Batch script contains DOS line breaks (\\r\\n)")
-    merged = p.parse_args(directives(script) + argv) if cli.wrap is None else cli
-    spec = _spec(merged, script, name)
-    if merged.test_only:
+            raise SbatchError("sbatch: error: Batch script contains DOS line breaks (\\r\\n)\n"
+                              "sbatch: error: instead of expected UNIX line breaks (\\n).")
+        merged, _ = read_options(argv, directives(script))
+    spec = _spec(merged, script, name, now)
+    if merged.get("test_only"):
         spec["_test_only"] = True
-    return spec, merged.parsable
+    if merged.get("nats"):
+        spec["_nats"] = merged["nats"]
+    return spec, bool(merged.get("parsable"))
 
 
-def _spec(o: argparse.Namespace, script: str, default_name: str) -> dict:
-    if o.mem is not None and o.mem_per_cpu is not None:
-        raise SbatchError("--mem, --mem-per-cpu, and --mem-per-gpu are mutually exclusive.", 1)
-    spec: dict = {"name": o.job_name or default_name, "user": getpass.getuser(), "uid": os.getuid(),
-                  "gid": os.getgid(), "script": script, "workdir": o.chdir or os.getcwd(),
-                  "env": dict(os.environ), "hold": o.hold, "exclusive": o.exclusive, "requeue": o.requeue,
+def _unsupported(o: dict) -> list[str]:
+    """Warnings for options rota ignores; a refusal for those it cannot honour."""
+    warnings = []
+    for key in sorted(o):
+        if key.startswith("!"):
+            raise SbatchError(f"sbatch: error: --{key[1:]} is not supported by rota; remove it from the "
+                              "command line or the script's #SBATCH lines", 1)
+        if key.startswith("~"):
+            warnings.append(f"sbatch: warning: --{key[1:]} is ignored by rota")
+    return warnings
+
+
+def _spec(o: dict, script: str, default_name: str, now: float | None = None) -> dict:
+    if o.get("mem") is not None and (o.get("mem_per_cpu") is not None or o.get("mem_per_gpu") is not None):
+        raise SbatchError("sbatch: fatal: --mem, --mem-per-cpu, and --mem-per-gpu are mutually exclusive.", 1)
+    if o.get("mem_per_gpu") is not None:
+        raise SbatchError("sbatch: error: --mem-per-gpu is not supported by rota; use --mem or --mem-per-cpu", 1)
+    export = o.get("export")
+    if export is not None and export.split(",")[0].upper() != "ALL":
+        raise SbatchError("sbatch: error: rota supports only --export=ALL (the submitting environment)", 1)
+    spec: dict = {"name": o.get("job_name") or default_name, "user": login_name(), "uid": os.getuid(),
+                  "gid": os.getgid(), "script": script, "workdir": o.get("chdir") or os.getcwd(),
+                  "env": dict(os.environ), "hold": bool(o.get("hold")), "exclusive": bool(o.get("exclusive")),
+                  "requeue": bool(o.get("requeue")) and not o.get("no_requeue"),
                   "submit_line": " ".join(["sbatch"] + sys.argv[1:])}
-    if o.partition:
-        spec["partitions"] = o.partition.split(",")
-    if o.nodes:
-        if not o.nodes.split("-")[0].isdigit():
-            raise SbatchError("Invalid node count specification", 255)
-        spec["nodes"], spec["nodes_given"] = int(o.nodes.split("-")[0]), True
-    if o.ntasks:
-        spec["ntasks"], spec["ntasks_given"] = o.ntasks, True
-    if o.ntasks_per_node:
-        spec["ntasks_per_node"] = o.ntasks_per_node
-    if o.cpus_per_task:
-        spec["cpus_per_task"], spec["cpus_per_task_given"] = o.cpus_per_task, True
-    if o.mem is not None:
-        spec["mem_per_node"] = parse_mem(o.mem)
-    if o.mem_per_cpu is not None:
-        spec["mem_per_cpu"] = parse_mem(o.mem_per_cpu)
-    if o.gres:
-        for item in o.gres.split(","):
+    spec["_warnings"] = _unsupported(o)
+    if o.get("partition"):
+        spec["partitions"] = o["partition"].split(",")
+    if o.get("nodes"):
+        if not o["nodes"].split("-")[0].isdigit():
+            raise SbatchError("sbatch: error: Invalid node count specification", 255)
+        spec["nodes"], spec["nodes_given"] = int(o["nodes"].split("-")[0]), True
+    for key, given in (("ntasks", "ntasks_given"), ("ntasks_per_node", None), ("cpus_per_task", "cpus_per_task_given")):
+        if o.get(key):
+            if not o[key].isdigit() or int(o[key]) < 1:
+                option = {"ntasks": "--ntasks", "ntasks_per_node": "--ntasks-per-node",
+                          "cpus_per_task": "--cpus-per-task"}[key]
+                raise SbatchError(f"sbatch: error: Invalid numeric value \"{o[key]}\" for {option}.", 255)
+            spec[key] = int(o[key])
+            if given:
+                spec[given] = True
+    if o.get("mem") is not None:
+        spec["mem_per_node"] = parse_mem(o["mem"])
+    if o.get("mem_per_cpu") is not None:
+        spec["mem_per_cpu"] = parse_mem(o["mem_per_cpu"])
+    if o.get("gres"):
+        for item in o["gres"].split(","):
             parts = item.split(":")
             if parts[0] != "gpu":
-                raise SbatchError("Invalid generic resource (gres) specification")
+                raise SbatchError("sbatch: error: Invalid generic resource (gres) specification")
             count = parts[-1] if len(parts) > 1 else "1"
             if len(parts) == 3:
                 spec["gpu_type"] = parts[1]
             elif len(parts) == 2 and not count.isdigit():
                 spec["gpu_type"], count = parts[1], "1"
             if not count.isdigit():
-                raise SbatchError("Invalid generic resource (gres) specification")
+                raise SbatchError("sbatch: error: Invalid generic resource (gres) specification")
             spec["gpus_per_node"], spec["gpu_given"] = int(count), True
     for attr, key in (("gpus", "gpus_total"), ("gpus_per_node", "gpus_per_node")):
-        val = getattr(o, attr)
+        val = o.get(attr)
         if val:
             gtype, _, count = val.rpartition(":")
             if not count.isdigit():
-                raise SbatchError("Invalid generic resource (gres) specification")
+                raise SbatchError("sbatch: error: Invalid generic resource (gres) specification")
             spec[key] = int(count)
             if gtype:
                 spec["gpu_type"] = gtype
-    if o.time:
+    if o.get("time"):
+        from rota.core.timefmt import TimeSpecError, parse_time_limit
+
         try:
-            spec["time_limit"] = parse_time_limit(o.time)
+            spec["time_limit"] = parse_time_limit(o["time"])
         except TimeSpecError:
-            raise SbatchError("Invalid --time specification", 255) from None
-    if o.array:
+            raise SbatchError("sbatch: error: Invalid --time specification", 255) from None
+    if o.get("begin"):
+        from .timespec import MomentError, parse_moment
+
         try:
-            parse_array(o.array, 10**7)
+            import time
+
+            spec["begin"] = parse_moment(o["begin"], time.time() if now is None else now, future=True)
+        except MomentError as exc:
+            raise SbatchError(f"{exc}\nsbatch: error: Invalid --begin specification", 255) from None
+    if o.get("array"):
+        from rota.core.arrays import ArraySpecError, parse_array
+
+        try:
+            parse_array(o["array"], 10**7)
         except ArraySpecError:
-            raise SbatchError("Batch job submission failed: Invalid job array specification") from None
-        spec["array"] = o.array
+            raise SbatchError("sbatch: error: Batch job submission failed: Invalid job array specification") from None
+        spec["array"] = o["array"]
     for attr in ("constraint", "dependency", "account", "qos", "output", "error"):
-        if getattr(o, attr):
-            spec[attr] = getattr(o, attr)
-    if o.nodelist:
-        from rota.core.hostlist import expand
+        if o.get(attr):
+            spec[attr] = o[attr]
+    for attr in ("nodelist", "exclude"):
+        if o.get(attr):
+            from rota.core.hostlist import HostlistError, expand
 
-        spec["nodelist"] = expand(o.nodelist)
-    if o.exclude:
-        from rota.core.hostlist import expand
-
-        spec["exclude"] = expand(o.exclude)
+            try:
+                spec[attr] = expand(o[attr])
+            except HostlistError as exc:
+                raise SbatchError(f"sbatch: error: Invalid --{attr} specification: {exc}", 255) from None
     return spec
 
 
@@ -191,25 +265,19 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     try:
         spec, parsable = build_spec(args)
-        from .client import NoCluster, request
-
-        nats = None
-        if "--nats" in args:
-            nats = args[args.index("--nats") + 1]
-        test_only = spec.pop("_test_only", False)
-        reply = request("test_submit" if test_only else "submit", {"spec": spec}, url=nats)
     except SbatchError as exc:
-        print(f"sbatch: error: {exc}", file=sys.stderr)
+        print(exc, file=sys.stdout if exc.code == 0 else sys.stderr)
         return exc.code
-    except SystemExit as exc:   # argparse: unknown option etc.
-        return 255 if exc.code else 0
-    except Exception as exc:  # noqa: BLE001 - the cluster is absent or unreachable
-        from .client import NoCluster
+    for warning in spec.pop("_warnings"):
+        print(warning, file=sys.stderr)
+    test_only = spec.pop("_test_only", False)
+    from .client import NoCluster, request
 
-        if isinstance(exc, NoCluster):
-            print(f"sbatch: error: {exc}", file=sys.stderr)
-            return 1
-        raise
+    try:
+        reply = request("test_submit" if test_only else "submit", {"spec": spec}, url=spec.pop("_nats", None))
+    except NoCluster as exc:
+        print(f"sbatch: error: {exc}", file=sys.stderr)
+        return 1
     if not reply.get("ok"):
         lines = reply.get("error") or ["unknown error"]
         for line in lines[:-1]:
@@ -225,7 +293,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def main_exit() -> None:
-    sys.exit(main())
+    from .exits import exit_with
+
+    exit_with(main)
 
 
 if __name__ == "__main__":

@@ -107,6 +107,29 @@ class MemoryLog:
         return None
 
 
+def connection_callbacks(who: str) -> dict:
+    """nats-py callbacks that report a lost or refused connection in one line, at most every 30 s
+    (nats-py's own default logs a traceback for every reconnect attempt)."""
+    import time as _time
+
+    last = [0.0]
+
+    async def error_cb(exc: Exception) -> None:
+        now = _time.monotonic()
+        if now - last[0] >= 30:
+            last[0] = now
+            log.warning("%s: NATS connection problem: %s (retrying)", who, exc or type(exc).__name__)
+
+    async def disconnected_cb() -> None:
+        log.warning("%s: disconnected from NATS; reconnecting", who)
+
+    async def reconnected_cb() -> None:
+        last[0] = 0.0
+        log.warning("%s: reconnected to NATS", who)
+
+    return {"error_cb": error_cb, "disconnected_cb": disconnected_cb, "reconnected_cb": reconnected_cb}
+
+
 class JetStreamLog:
     """The event stream on NATS JetStream: file storage, never discards, duplicate window."""
 
@@ -122,7 +145,7 @@ class JetStreamLog:
         from nats.js.errors import BadRequestError, NotFoundError
 
         nc = await nats.connect(servers, connect_timeout=connect_timeout, max_reconnect_attempts=-1,
-                                reconnect_time_wait=0.2, drain_timeout=5)
+                                reconnect_time_wait=0.2, drain_timeout=5, **connection_callbacks("rota"))
         js = nc.jetstream(timeout=10)
         config = StreamConfig(name=stream, subjects=[f"{SUBJECT_PREFIX}.>"], storage=StorageType.FILE,
                               retention=RetentionPolicy.LIMITS, discard=DiscardPolicy.OLD,

@@ -32,6 +32,9 @@ _AGENT_EVENTS = (ev.JobsStarted, ev.JobCancelled, ev.JobRequeued, ev.JobUpdated,
                  ev.ClusterConfigured)
 
 
+READ_VERBS = frozenset({"job", "queue", "squeue", "nodes", "ping", "test_submit"})
+
+
 class _Raw:
     """A reply value that is JSON already (inserted as is by :func:`encode_reply`)."""
 
@@ -82,7 +85,9 @@ class Controller:
         self.on_assign: Callable[[list[tuple[str, dict]]], None] | None = None   # agent messages to send
         self.on_reload: Callable[[], None] | None = None                         # state rebuilt from the log
         self._last_decision: tuple[int, Any] | None = None   # (state sequence, Decision) for queue views
-        self._queue_cache: tuple[tuple, bytes] | None = None
+        self._view_cache: tuple[tuple, list[dict]] | None = None
+        self._queue_cache: tuple[list[dict], bytes] | None = None
+        self._squeue_cache: tuple[list[dict] | None, dict[bytes, tuple[int | None, bytes]]] = (None, {})
 
     # ------------------------------------------------------------ state
 
@@ -259,7 +264,7 @@ class Controller:
 
     # ------------------------------------------------------------ requests
 
-    async def handle(self, verb: str, body: dict) -> dict:
+    async def handle(self, verb: str, body: dict) -> dict | _Raw:
         """Serve one API request; a rejected request gets Slurm's error lines."""
         rid = body.get("rid", "")
         if rid and rid in self._results:
@@ -274,7 +279,7 @@ class Controller:
             result = {"ok": False, "error": [f"event log unavailable ({exc}); retry"], "code": "unavailable"}
         except (ValueError, KeyError, TypeError) as exc:
             result = {"ok": False, "error": [f"bad request: {exc}"], "code": "bad_request"}
-        if rid and result.get("ok"):
+        if rid and verb not in READ_VERBS and result.get("ok"):   # a retried write gets the same answer
             self._results[rid] = result
         return result
 
@@ -340,6 +345,8 @@ class Controller:
             return {"ok": True, "job": self.job_view(int(body["job_id"])), "now": self.now()}
         if verb == "queue":
             return {"ok": True, "jobs": _Raw(self.queue_json()), "now": self.now()}
+        if verb == "squeue":
+            return _Raw(self.squeue_reply(body))
         if verb == "nodes":
             return {"ok": True, "nodes": self.nodes_view()}
         if verb == "ping":
@@ -347,20 +354,56 @@ class Controller:
         raise commands.Rejected(f"unknown request {verb!r}", code="unknown")
 
     def queue_json(self) -> bytes:
-        """``queue_view`` as JSON, reused while neither the state nor the cycle's reasons changed
-        (tools poll squeue far more often than the queue changes)."""
-        key = (self.state.seq, id(self._last_decision[1]) if self._last_decision else None)
-        if self._queue_cache is not None and self._queue_cache[0] == key:
+        """``queue_view`` as JSON, reused while the view is the same list."""
+        view = self.queue_view()
+        if self._queue_cache is not None and self._queue_cache[0] is view:
             return self._queue_cache[1]
         import orjson
 
-        data = orjson.dumps(self.queue_view())
-        key = (self.state.seq, id(self._last_decision[1]) if self._last_decision else None)
-        self._queue_cache = (key, data)
+        data = orjson.dumps(view)
+        self._queue_cache = (view, data)
+        return data
+
+    def squeue_reply(self, request: dict) -> bytes:
+        """squeue's rendered output for one command line (see :mod:`rota.projections.squeue_view`), as the
+        encoded reply. Kept per command line while the queue view is the same (tools poll squeue far
+        more often than the queue changes) and, for output with running jobs' times, the same second."""
+        import orjson
+
+        from rota.projections.squeue_view import answer
+
+        clean = {k: v for k, v in sorted(request.items()) if k != "rid"}
+        view = self.queue_view()
+        now = int(self.now())
+        if self._squeue_cache[0] is not view:
+            self._squeue_cache = (view, {})
+        key = orjson.dumps(clean)
+        hit = self._squeue_cache[1].get(key)
+        if hit is not None and (hit[0] is None or hit[0] == now):
+            return hit[1]
+        result = answer(view, clean, now)
+        dependent = result.pop("now_dependent", False)
+        data = orjson.dumps(result)
+        if len(self._squeue_cache[1]) >= 64:
+            self._squeue_cache[1].clear()
+        self._squeue_cache[1][key] = (now if dependent else None, data)
         return data
 
     def queue_view(self) -> list[dict]:
-        """Pending and running jobs with their current reasons (as squeue needs them)."""
+        """Pending and running jobs with their current reasons (as squeue needs them); the same list
+        object while nothing in it changed, so views derived from it can be reused."""
+        key = (self.state.seq, id(self._last_decision[1]) if self._last_decision else None)
+        cached = self._view_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        view = self._build_queue_view()
+        if cached is not None and cached[1] == view:
+            view = cached[1]
+        key = (self.state.seq, id(self._last_decision[1]) if self._last_decision else None)
+        self._view_cache = (key, view)
+        return view
+
+    def _build_queue_view(self) -> list[dict]:
         d = None
         if self.state.pending:
             # the last cycle's reasons, as slurmctld shows them; a fresh pass only when jobs arrived since

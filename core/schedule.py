@@ -288,8 +288,13 @@ def _capacity_verdict(cy: _Cycle, spec: ev.JobSpec, pname: str, p: ev.PartitionC
 def _static_reason(cy: _Cycle, job: Job, parts: list[str]) -> Pending | None:
     """The reason a job cannot be considered this cycle, before capacity; None if it can.
 
-    Narrows ``parts`` to the partitions the job can use.
+    Narrows ``parts`` to the partitions the job can use. A hold comes first: slurmctld sets it when the
+    job is held and does not evaluate a held job against nodes or partitions.
     """
+    if job.hold is not None:
+        if job.hold == "admin":
+            return Pending("JobHeldAdmin", detail="held by an administrator")
+        return Pending("JobHeldUser", detail="held by its owner")
     if len(parts) == 1:
         why = _partition_reason(cy, job, parts[0])
         if why is not None:
@@ -306,10 +311,6 @@ def _static_reason(cy: _Cycle, job: Job, parts: list[str]) -> Pending | None:
         if not usable_parts:
             return first
         parts[:] = usable_parts
-    if job.hold is not None:
-        if job.hold == "admin":
-            return Pending("JobHeldAdmin", detail="held by an administrator")
-        return Pending("JobHeldUser", detail="held by its owner")
     spec = job.spec
     if spec.dependency:
         status = dependency_status(cy.state, parse_dependency(spec.dependency), job.job_id, cy.now)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "slurm-golden"
@@ -14,16 +14,25 @@ class Block:
     as_root: bool
     output: list[str]
     exit: int
+    scripts: dict[str, str] = field(default_factory=dict)   # "## script NAME:" files the command reads
 
 
 def blocks(name: str) -> list[Block]:
     """The command blocks of one golden file."""
     out: list[Block] = []
     cur: Block | None = None
+    scripts: dict[str, list[str]] = {}
+    script: list[str] | None = None
     for line in (GOLDEN / name).read_text().splitlines():
         if cur is None:
-            if line.startswith(("$ ", "# ")):
-                cur = Block(line[2:], line.startswith("# "), [], 0)
+            if line.startswith("## script ") and line.endswith(":"):
+                script = scripts.setdefault(line[len("## script "):-1], [])
+            elif line.startswith("##   ") and script is not None:
+                script.append(line[len("##   "):])
+            elif line.startswith(("$ ", "# ")):
+                cur = Block(line[2:], line.startswith("# "), [], 0,
+                            {n: "\n".join(body) + "\n" for n, body in scripts.items()})
+                scripts, script = {}, None
             continue
         m = re.fullmatch(r"\[exit=(\d+)\]", line)
         if m:
