@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import os
-import sqlite3
 import sys
 import time
+
+try:   # the C module under ``sqlite3``: sqlite3.dbapi2 also imports datetime for adapters sacct never uses
+    import _sqlite3 as sqlite3
+except ImportError:  # pragma: no cover
+    import sqlite3
 
 from rota.core.timefmt import format_duration
 

@@ -120,14 +120,11 @@ def connection_callbacks(who: str) -> dict:
             last[0] = now
             log.warning("%s: NATS connection problem: %s (retrying)", who, exc or type(exc).__name__)
 
-    async def disconnected_cb() -> None:
-        log.warning("%s: disconnected from NATS; reconnecting", who)
-
     async def reconnected_cb() -> None:
         last[0] = 0.0
         log.warning("%s: reconnected to NATS", who)
 
-    return {"error_cb": error_cb, "disconnected_cb": disconnected_cb, "reconnected_cb": reconnected_cb}
+    return {"error_cb": error_cb, "reconnected_cb": reconnected_cb}   # a disconnect also comes with close()
 
 
 class JetStreamLog:

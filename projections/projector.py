@@ -9,6 +9,7 @@ same database, so a restart resumes from the checkpoint without replaying the lo
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from pathlib import Path
 from typing import Any
@@ -136,13 +137,32 @@ class Projector:
         return self.state.seq
 
     async def catch_up(self, to_seq: int | None = None) -> int:
-        """Project everything the log holds past the checkpoint; returns the number of events."""
+        """Project everything the log holds past the checkpoint; returns the number of events.
+
+        While batch N's rows are written (aiosqlite's thread; SQLite releases the GIL), batch N+1 is
+        read and folded. The collector is paused meanwhile: a catch-up allocates objects that mostly
+        live on, and full collections would rescan that growing heap again and again.
+        """
         n = 0
-        async for chunk in self.log.read_batches(self.state.seq + 1, to_seq):
-            chunk = [env for env in chunk if env.seq > self.state.seq]   # re-delivered: already projected
-            if chunk:
-                await self._project(chunk)
-                n += len(chunk)
+        writing: asyncio.Future | None = None
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            async for chunk in self.log.read_batches(self.state.seq + 1, to_seq):
+                chunk = [env for env in chunk if env.seq > self.state.seq]   # re-delivered: already projected
+                if chunk:
+                    batch = self._fold(chunk)
+                    if writing is not None:
+                        await writing
+                    writing = asyncio.ensure_future(self._write(*batch))
+                    n += len(chunk)
+            if writing is not None:
+                await writing
+        finally:
+            if writing is not None and not writing.done():
+                writing.cancel()
+            if was_enabled:
+                gc.enable()
         return n
 
     async def follow(self, stop: asyncio.Event, wakeup: asyncio.Event | None = None, poll: float = 1.0) -> None:
@@ -160,27 +180,34 @@ class Projector:
             if wakeup is not None:
                 wakeup.clear()
 
-    async def _project(self, chunk: list[ev.Envelope]) -> None:
+    def _fold(self, chunk: list[ev.Envelope]) -> tuple:
+        """Apply a batch to the projector's state; what :meth:`_write` stores for it, taken now (the
+        state moves on while the write runs)."""
         state = self.state
-        rows: dict[int, tuple] = {}
+        touched_jobs: dict[int, tuple[Job, int]] = {}   # job -> (the object, the seq that last touched it)
+        reasons: dict[int, str | None] = {}
         steps: list[tuple] = []
         usage: dict[tuple[str, str, str], list[int]] = {}
         nodes_dirty = config_changed = False
+        jobs = state.jobs
         for env in chunk:
             e = env.event
             ids = touched(state, e)
-            before = {j: state.jobs[j].state for j in ids if j in state.jobs}
-            reasons = {j: _pending_reason(state, j) for j, st in before.items() if st == "PENDING"} \
-                if isinstance(e, ev.JobCancelled) else {}
+            before = {j: jobs[j].state for j in ids if j in jobs}
+            if isinstance(e, ev.JobCancelled):
+                for j, st in before.items():
+                    if st == "PENDING":
+                        reasons[j] = _pending_reason(state, j)
             apply(state, env)
             if isinstance(e, ev.JobsStarted):
                 ids = touched(state, e)
+            seq = env.seq
             for j in ids:
-                job = state.jobs.get(j)
+                job = jobs.get(j)
                 if job is None:
                     continue
-                rows[j] = job_row(job, env.seq, reasons.get(j) if job.state in TERMINAL_STATES else None)
-                if before.get(j) == RUNNING and job.state in TERMINAL_STATES:
+                touched_jobs[j] = (job, seq)   # the row is built once, from the object (a purge later in
+                if before.get(j) == RUNNING and job.state in TERMINAL_STATES:   # the batch keeps it alive)
                     steps.append(_batch_step(job))
                     key = (job.spec.user, job.spec.account, job.partition)
                     u = usage.setdefault(key, [0, 0, 0])
@@ -192,8 +219,21 @@ class Projector:
                 nodes_dirty = True
             if isinstance(e, ev.ClusterConfigured):
                 config_changed = True
+        rows = [job_row(job, seq, reasons.get(j) if job.state in TERMINAL_STATES else None)
+                for j, (job, seq) in touched_jobs.items()]
+        nodes = self._node_rows() if nodes_dirty or config_changed else None
+        partitions = self._partition_rows() if config_changed else None
+        snapshot = None
+        if state.seq - self._last_snapshot >= self.snapshot_every:
+            snapshot = dump_snapshot(state)
+            self._last_snapshot = state.seq
+        return rows, steps, usage, nodes, partitions, snapshot, state.seq, state.now
+
+    async def _write(self, rows: list[tuple], steps: list[tuple], usage: dict, nodes: list[tuple] | None,
+                     partitions: list[tuple] | None, snapshot: bytes | None, seq: int, now: int) -> None:
+        """One batch's rows and its checkpoint, in one transaction."""
         db = self.db
-        await db.executemany(_UPSERT_JOB, list(rows.values()))
+        await db.executemany(_UPSERT_JOB, rows)
         if steps:
             await db.executemany("INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", steps)
         for (user, account, part), (cpu, gpu, jobs) in usage.items():
@@ -201,15 +241,16 @@ class Projector:
                              "UPDATE SET cpu_seconds = cpu_seconds + excluded.cpu_seconds, gpu_seconds = "
                              "gpu_seconds + excluded.gpu_seconds, jobs = jobs + excluded.jobs",
                              (user, account, part, cpu, gpu, jobs))
-        if config_changed:
-            await self._write_partitions()
-        if nodes_dirty or config_changed:
-            await self._write_nodes()
-        await db.execute("INSERT OR REPLACE INTO meta VALUES ('seq', ?)", (state.seq,))
-        await db.execute("INSERT OR REPLACE INTO meta VALUES ('now', ?)", (state.now,))
-        if state.seq - self._last_snapshot >= self.snapshot_every:
-            await db.execute("INSERT OR REPLACE INTO meta VALUES ('state', ?)", (dump_snapshot(state),))
-            self._last_snapshot = state.seq
+        if partitions is not None:
+            await db.execute("DELETE FROM partitions")
+            await db.executemany("INSERT INTO partitions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", partitions)
+        if nodes is not None:
+            await db.execute("DELETE FROM nodes")
+            await db.executemany(f"INSERT INTO nodes VALUES ({', '.join('?' * 22)})", nodes)
+        await db.execute("INSERT OR REPLACE INTO meta VALUES ('seq', ?)", (seq,))
+        await db.execute("INSERT OR REPLACE INTO meta VALUES ('now', ?)", (now,))
+        if snapshot is not None:
+            await db.execute("INSERT OR REPLACE INTO meta VALUES ('state', ?)", (snapshot,))
         await db.commit()
 
     async def save_state(self) -> None:
@@ -219,33 +260,28 @@ class Projector:
             await self.db.commit()
             self._last_snapshot = self.state.seq
 
-    async def _write_nodes(self) -> None:
+    def _node_rows(self) -> list[tuple]:
         cfg = self.state.config
         parts: dict[str, list[str]] = {}
+        gres: dict[str, str] = {}
         if cfg is not None:
             for p in cfg.partitions:
                 for n in p.nodes:
                     parts.setdefault(n, []).append(p.name)
-        gres: dict[str, str] = {}
-        if cfg is not None:
             for nc in cfg.nodes:
                 gres[nc.name] = ",".join(f"gpu:{g.type}:{g.count}" if g.type else f"gpu:{g.count}" for g in nc.gpus)
-        rows = [(n.name, n.index, n.display_state(), n.reason, n.reason_by, n.reason_time, n.cpus, n.alloc_cpus,
+        return [(n.name, n.index, n.display_state(), n.reason, n.reason_by, n.reason_time, n.cpus, n.alloc_cpus,
                  n.memory, n.alloc_mem, n.gpu_count, n.gpu_count - n.free_gpus, gres.get(n.name, ""),
                  ",".join(n.features), ",".join(parts.get(n.name, [])), n.boot_time, ",".join(map(str, n.jobs)),
                  _base_state(n), int(n.drain), int(n.not_responding), n.weight, n.last_busy)
                 for n in self.state.nodes.values()]
-        await self.db.execute("DELETE FROM nodes")
-        await self.db.executemany(f"INSERT INTO nodes VALUES ({', '.join('?' * 22)})", rows)
 
-    async def _write_partitions(self) -> None:
+    def _partition_rows(self) -> list[tuple]:
         cfg = self.state.config
-        await self.db.execute("DELETE FROM partitions")
         if cfg is None:
-            return
-        rows = [(p.name, i, int(p.default), p.state, p.max_time, p.default_time, ",".join(p.nodes), p.priority_tier,
+            return []
+        return [(p.name, i, int(p.default), p.state, p.max_time, p.default_time, ",".join(p.nodes), p.priority_tier,
                  p.max_nodes) for i, p in enumerate(cfg.partitions)]
-        await self.db.executemany("INSERT INTO partitions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
 
 
 def _base_state(n: Any) -> str:
