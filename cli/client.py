@@ -47,9 +47,10 @@ def request(verb: str, body: dict, url: str | None = None, timeout: float = 10.0
     body.setdefault("rid", os.urandom(16).hex())
     target = cluster_url(url)
     payload = lightjson.dumps(body).encode()
+    send = _full_client_request if os.environ.get("ROTA_FULL_CLIENT") == "1" else lightnats.request
     for attempt in range(retries):
         try:
-            return lightjson.loads(lightnats.request(target, f"rota.api.{verb}", payload, timeout))
+            return lightjson.loads(send(target, f"rota.api.{verb}", payload, timeout))
         except lightnats.NoResponders:
             raise NoCluster(f"no rota controller answers at {target}; is `rota up` running?") from None
         except lightnats.RequestTimeout:
@@ -58,3 +59,36 @@ def request(verb: str, body: dict, url: str | None = None, timeout: float = 10.0
         except (ConnectionError, OSError) as exc:
             raise NoCluster(f"cannot reach rota at {target}: {exc}; is `rota up` running?") from None
     raise AssertionError("unreachable")
+
+
+def _full_client_request(urls: str, subject: str, payload: bytes, timeout: float) -> bytes:
+    """The same request through nats-py (``ROTA_FULL_CLIENT=1``): TLS, credentials files, NKEYs."""
+    import asyncio
+
+    import nats
+    from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+
+    from . import lightnats
+
+    async def quiet(_exc: Exception) -> None:   # the failure is reported once, below
+        return None
+
+    async def go() -> bytes:
+        nc = await asyncio.wait_for(
+            nats.connect(urls.split(","), connect_timeout=min(timeout, 2.0), max_reconnect_attempts=0,
+                         allow_reconnect=False, error_cb=quiet), timeout=min(timeout, 5.0))
+        try:
+            return (await nc.request(subject, payload, timeout=timeout)).data
+        finally:
+            await nc.close()
+
+    try:
+        return asyncio.run(go())
+    except NoRespondersError:
+        raise lightnats.NoResponders(subject) from None
+    except NatsTimeout:
+        raise lightnats.RequestTimeout(subject) from None
+    except asyncio.TimeoutError:
+        raise ConnectionError("no NATS server answered") from None
+    except Exception as exc:  # noqa: BLE001 - nats-py raises its own connection errors
+        raise ConnectionError(str(exc) or type(exc).__name__) from None

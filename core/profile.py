@@ -93,6 +93,18 @@ class Timeline:
             if i >= n or times[i] >= end:
                 return True
 
+    def fits_until(self, c: int, m: int, g: int, garr: list[int], d: int, t: int) -> int:
+        """For a window [t, t+d) that fits: the latest start t' >= t such that every window starting
+        in [t, t'] fits too (the next segment too small for the request, less d; INF if none)."""
+        times, fc, fm = self.times, self.fc, self.fm
+        n = len(times)
+        i = bisect_right(times, t)
+        while i < n:
+            if fc[i] < c or fm[i] < m or garr[i] < g:
+                return times[i] - d
+            i += 1
+        return INF
+
     def free_at(self, t: int) -> tuple[int, int, int]:
         i = bisect_right(self.times, t) - 1
         return self.fc[i], self.fm[i], self.fg[i]
@@ -207,7 +219,10 @@ class ShapeSearch:
         k, d, gtype, tls, tmax = self.k, self.d, self.gtype, self.tls, self.tmax
         popped: list[tuple] = []
         retry: list[tuple] = []     # nodes that stopped fitting, with their next possible start
-        keep: list[tuple] = []
+        # nodes that fit at the candidate start, each with the latest start its window still fits
+        # from (so a later candidate rechecks a node only once that bound is passed)
+        keep: list[tuple[tuple, int]] = []
+        soonest = INF               # the smallest of those bounds
         result = None
         while True:
             top = self._peek_fresh()
@@ -221,26 +236,37 @@ class ShapeSearch:
             t = entry[0]
             if t > tmax:
                 break
-            if keep:
+            if t > soonest:
                 still = []
-                for e in keep:
-                    tl = tls[e[5]]
-                    c, m, g = self._req(tl)
-                    garr = tl.gpu_array(gtype)
-                    if tl.fits_at(c, m, g, garr, d, t):
-                        still.append(e)
-                    else:
+                soonest = INF
+                for e, until in keep:
+                    if t > until:
+                        tl = tls[e[5]]
+                        c, m, g = self._req(tl)
+                        garr = tl.gpu_array(gtype)
                         t2 = tl.earliest(c, m, g, garr, d, t, tmax)
                         if t2 > t:
                             heappush(retry, self._entry(tl, e[5], t2, c, g))
+                            continue
+                        if t2 < 0:
+                            continue
+                        until = tl.fits_until(c, m, g, garr, d, t)
+                    still.append((e, until))
+                    if until < soonest:
+                        soonest = until
                 keep = still
-            keep.append(entry)
+            tl = tls[entry[5]]
+            c, m, g = self._req(tl)
+            until = tl.fits_until(c, m, g, tl.gpu_array(gtype), d, t)
+            keep.append((entry, until))
+            if until < soonest:
+                soonest = until
             if len(keep) >= k:
                 if k == 1:
                     result = (t, [tls[entry[5]]])
                 else:
                     ranked = []
-                    for e in keep:
+                    for e, _until in keep:
                         tl = tls[e[5]]
                         c, _m, g = self._req(tl)
                         ranked.append(self._entry(tl, e[5], t, c, g))

@@ -85,6 +85,7 @@ def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None
     versions: list[str] = []
     first_seq = last_seq = 0
     watching_nodes: set[str] = set()
+    blockers: set[int] = set()   # every job named as holding what it needed, in any interval
     for env in envelopes:
         if at_seq is not None and env.seq > at_seq:
             break
@@ -94,12 +95,15 @@ def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None
         job = st.jobs.get(job_id)
         if job is not None and job.state == PENDING and isinstance(e, ev.JobsStarted):
             _sample(rep, st, e, job_id)
+            if rep.intervals:
+                blockers.update(rep.intervals[-1].blockers)
         if isinstance(e, ev.ControllerStarted) and e.version not in versions:
             versions.append(e.version)
         if job is not None and job.state == PENDING:
             _note_action(rep, env, e, job_id, watching_nodes)
         apply(st, env)
-        _note_blocker_ends(rep, st, env)
+        if isinstance(e, ev.JobExited) and e.job_id in blockers and e.job_id not in rep.blocker_ends:
+            rep.blocker_ends[e.job_id] = env.ts
         if isinstance(e, ev.JobSubmitted) and e.job_id == job_id:
             j = st.jobs[job_id]
             rep.name, rep.user, rep.partition = j.spec.name, j.spec.user, j.partition
@@ -171,14 +175,6 @@ def _note_action(rep: WhyReport, env: ev.Envelope, e: Any, job_id: int, nodes: s
         detail = {k: v for k, v in e.model_dump(mode="json").items() if k not in ("type", "v", "config")}
         actor = detail.pop("by", None) or env.actor   # who did it, as the event records it
         rep.actions.append({"time": env.ts, "seq": env.seq, "actor": actor, "action": kind, **detail})
-
-
-def _note_blocker_ends(rep: WhyReport, st: State, env: ev.Envelope) -> None:
-    if not rep.intervals or not isinstance(env.event, ev.JobExited):
-        return
-    jid = env.event.job_id
-    if any(jid in iv.blockers for iv in rep.intervals) and jid not in rep.blocker_ends:
-        rep.blocker_ends[jid] = env.ts
 
 
 # ---------------------------------------------------------------- verify

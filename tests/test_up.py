@@ -331,3 +331,14 @@ def test_sbatch_test_only_says_when_and_where_without_submitting(up):
     assert run(up, "sbatch", "--parsable", "--wrap", "true", "-o", "/dev/null").stdout == "1\n"   # nothing was used
     r = run(up, "sbatch", "--test-only", "--gres=gpu:9", "--wrap", "true")
     assert r.returncode == 1 and "Requested node configuration is not available" in r.stderr
+
+
+def test_commands_also_speak_through_the_full_nats_client(up):
+    """ROTA_FULL_CLIENT=1 sends the same requests through nats-py (TLS, credentials): same answers."""
+    full = dict(up, ROTA_FULL_CLIENT="1")
+    r = run(full, "sbatch", "--parsable", "--hold", "-J", "via-nats-py", "--wrap", "true")
+    assert r.returncode == 0 and r.stdout.strip().isdigit(), r.stderr
+    assert run(full, "squeue", "-h", "-o", "%i %j %r").stdout == run(up, "squeue", "-h", "-o", "%i %j %r").stdout \
+        == f"{r.stdout.strip()} via-nats-py JobHeldUser\n"
+    r = run(dict(full, ROTA_NATS_URL="nats://127.0.0.1:1"), "squeue")
+    assert r.returncode == 1 and r.stderr.startswith("squeue: error: cannot reach rota at nats://127.0.0.1:1")
