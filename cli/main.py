@@ -302,19 +302,20 @@ def why(
 ) -> None:
     """Why did job N wait? Its wait as intervals, each with the reason and the evidence."""
     from rota.core.events import JobsStarted, JobSubmitted
-    from rota.core.timetravel import why as explain
 
-    from .timetravel import load_seek, parse_at, submit_seq_of, why_json, why_text
+    from .timetravel import explain, job_seqs, load_seek, parse_at, why_json, why_text
 
     try:
         at_seq, at_time = parse_at(at)
     except ValueError as exc:
         _fail(str(exc))
     start_state = None
-    submitted = submit_seq_of(job) if log is None else None
-    if submitted is not None:   # the cluster's log: seek to a snapshot before the submit
+    seqs = job_seqs(job) if log is None else None
+    if seqs is not None:   # the cluster's log: from a snapshot before the submit to where its story ends
+        submitted, last, ended = seqs
+        upto = at_seq if at_seq is not None else (last if ended else None)
         try:
-            start_state, envs = load_seek(nats, target_seq=submitted - 1)
+            start_state, envs = load_seek(nats, target_seq=submitted - 1, to_seq=upto)
         except Exception as exc:  # noqa: BLE001 - unreachable cluster: one clear line
             _fail(f"cannot read the log: {exc}")
     else:
@@ -354,7 +355,7 @@ def replay(
     state = None
     if log is None:
         try:
-            state, envs = load_seek(nats, at_seq, at_time)
+            state, envs = load_seek(nats, at_seq, at_time, to_seq=at_seq)
         except Exception as exc:  # noqa: BLE001 - unreachable cluster: one clear line
             _fail(f"cannot read the log: {exc}")
     else:

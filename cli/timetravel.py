@@ -7,6 +7,7 @@ from dataclasses import asdict
 from typing import Any, Iterable
 
 from rota.core import events as ev
+from rota.core.hostlist import compress
 from rota.core.timefmt import format_duration
 
 SENTENCES = {
@@ -60,9 +61,10 @@ def load_envelopes(log_file: str | None, nats: str | None) -> list[ev.Envelope]:
     return asyncio.run(read())
 
 
-def load_seek(nats: str | None, target_seq: int | None = None, target_time: int | None = None):
-    """From the cluster: the newest time-travel snapshot at or before the target (None: from the start)
-    and the envelopes after it, to the end of the log."""
+def load_seek(nats: str | None, target_seq: int | None = None, target_time: int | None = None,
+              to_seq: int | None = None):
+    """The nearest history snapshot at or before a sequence (or time) and the envelopes after it: up
+    to ``to_seq``, else up to the first one past ``target_time`` when that is given, else to the end."""
     import asyncio
 
     from rota.controller import snapshots
@@ -73,6 +75,9 @@ def load_seek(nats: str | None, target_seq: int | None = None, target_time: int 
     url = cluster_url(nats)
 
     async def read():
+        import gc
+
+        gc.disable()   # a short-lived process that allocates what it keeps: the collector only rescans it
         lg = await JetStreamLog.connect(url.split(","))
         try:
             store = await snapshots.open_store(lg.js)
@@ -82,8 +87,10 @@ def load_seek(nats: str | None, target_seq: int | None = None, target_time: int 
             elif target_time is not None:
                 state = await snapshots.at_or_before_time(store, target_time)
             out: list[ev.Envelope] = []
-            async for chunk in lg.read_batches((state.seq if state else 0) + 1):
+            async for chunk in lg.read_batches((state.seq if state else 0) + 1, to_seq):
                 out.extend(chunk)
+                if to_seq is None and target_time is not None and chunk[-1].ts > target_time:
+                    break   # replay_to stops at the first event past the moment
             return state, out
         finally:
             await lg.close()
@@ -91,23 +98,73 @@ def load_seek(nats: str | None, target_seq: int | None = None, target_time: int 
     return asyncio.run(read())
 
 
-def submit_seq_of(job_id: int) -> int | None:
-    """The job's submit sequence from the projection database, when there is one."""
+def explain(envelopes: list[ev.Envelope], job_id: int, at_seq: int | None, state: Any, workers: int = 0):
+    """``rota.core.timetravel.why``, with the cycles shared out among forked processes (one per CPU,
+    at most ``workers``; each replays the same envelopes and evaluates every n-th cycle); then this
+    process replays once more and merges. Falls back to one process where fork is missing or fails."""
+    import os
+    import pickle
+
+    from rota.core.timetravel import cycle_samples, why
+
+    n = workers or min(os.cpu_count() or 1, 4)
+    if n < 2 or not hasattr(os, "fork") or len(envelopes) < 2000:
+        return why(envelopes, job_id, at_seq, state)
+    children: list[tuple[int, int]] = []
+    try:
+        for w in range(n):
+            read_end, write_end = os.pipe()
+            pid = os.fork()
+            if pid == 0:   # a worker: its own copy of the state and the envelopes
+                code = 1
+                try:
+                    os.close(read_end)
+                    got = cycle_samples(envelopes, job_id, at_seq, state, pick=lambda k, w=w: k % n == w)
+                    with os.fdopen(write_end, "wb") as out:
+                        pickle.dump(got, out, protocol=pickle.HIGHEST_PROTOCOL)
+                    code = 0
+                finally:
+                    os._exit(code)
+            os.close(write_end)
+            children.append((pid, read_end))
+        samples: dict = {}
+        for pid, read_end in children:
+            with os.fdopen(read_end, "rb") as inp:
+                data = inp.read()
+            _, status = os.waitpid(pid, 0)
+            if status != 0 or not data:
+                raise RuntimeError("a worker failed")
+            samples.update(pickle.loads(data))
+        children = []
+    except (OSError, RuntimeError, pickle.UnpicklingError):
+        for pid, _fd in children:
+            try:
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+        samples = {}
+    return why(envelopes, job_id, at_seq, state, samples)
+
+
+def job_seqs(job_id: int) -> tuple[int, int, bool] | None:
+    """From the projection: the job's submit sequence, the last sequence that changed it and whether
+    it has ended (so `why` reads the log only as far as the job's story goes); None if unknown."""
+    import os
     import sqlite3
 
     from .paths import projections_db
 
     path = projections_db()
-    import os
-
     if not os.path.exists(path):
         return None
     try:
         row = sqlite3.connect(f"file:{path}?mode=ro", uri=True).execute(
-            "SELECT submit_seq FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+            "SELECT submit_seq, seq, end_time FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
     except sqlite3.Error:
         return None
-    return row[0] if row and row[0] else None
+    if not row or not row[0]:
+        return None
+    return row[0], row[1], bool(row[2])
 
 
 def parse_at(text: str | None) -> tuple[int | None, int | None]:
@@ -153,7 +210,7 @@ def why_text(rep: Any, users: dict[int, str]) -> list[str]:
     if rep.start_time is not None:
         waited = rep.start_time - rep.submit_time
         out.append(f"{head} waited {_dur(waited)}: submitted {_t(rep.submit_time)}, started {_t(rep.start_time)} "
-                   f"on {','.join(rep.nodes)}" + (" by backfill." if rep.backfilled else "."))
+                   f"on {compress(list(rep.nodes))}" + (" by backfill." if rep.backfilled else "."))
     else:
         end = rep.intervals[-1].end if rep.intervals else rep.submit_time
         state = f" It ended {rep.end_state} without starting." if rep.end_state else " It is still pending."

@@ -5,7 +5,7 @@ Everything here is a fold of envelopes: the same log gives the same answers on a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Iterator
 
 from . import events as ev
@@ -75,10 +75,12 @@ class WhyReport:
 
 
 def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None,
-        state: State | None = None) -> WhyReport:
+        state: State | None = None, samples: dict[int, "CycleSample | None"] | None = None) -> WhyReport:
     """Explain job ``job_id``'s wait: re-run the scheduler in explain mode at every recorded cycle while
     it was pending (the state just before the cycle's decision), and collect what touched it.
-    ``state``: a snapshot taken before the job's submission to start from (``envelopes`` follow it)."""
+    ``state``: a snapshot taken before the job's submission to start from (``envelopes`` follow it).
+    ``samples``: cycles already evaluated by :func:`cycle_samples` (by log sequence), e.g. by
+    another process over the same envelopes; the others are evaluated here."""
     st = state if state is not None else State()
     rep = WhyReport(job_id)
     rep.from_snapshot = st.seq
@@ -94,7 +96,9 @@ def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None
         e = env.event
         job = st.jobs.get(job_id)
         if job is not None and job.state == PENDING and isinstance(e, ev.JobsStarted):
-            _sample(rep, st, e, job_id)
+            sample = samples[env.seq] if samples is not None and env.seq in samples \
+                else cycle_sample(st, e, job_id)
+            _merge(rep, sample)
             if rep.intervals:
                 blockers.update(rep.intervals[-1].blockers)
         if isinstance(e, ev.ControllerStarted) and e.version not in versions:
@@ -132,35 +136,76 @@ def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None
     return rep
 
 
-def _sample(rep: WhyReport, st: State, e: ev.JobsStarted, job_id: int) -> None:
+@dataclass
+class CycleSample:
+    """What one recorded cycle said about the job: its interval and the jobs started around it."""
+
+    interval: Interval
+    backfilled_past: list[dict]
+
+
+def cycle_sample(st: State, e: ev.JobsStarted, job_id: int) -> CycleSample | None:
+    """Re-run the cycle ``e`` records, from ``st`` (the state just before it), focused on ``job_id``;
+    None when the job starts in it (no wait to record, no reservation to place others around)."""
     d = schedule(st, e.now, e.policy, explain=True, focus=job_id)
     p = d.pending.get(job_id)
-    if p is None:   # it starts in this cycle: no wait to record, no reservation to place others around
-        return
+    if p is None:
+        return None
     iv = Interval(e.now, e.now, st.seq + 1, st.seq + 1, p.reason, p.display, p.detail, p.rank, p.priority,
                   p.start, p.blockers, p.ahead, p.evaluated)
+    past: list[dict] = []
+    res = d.reservations.get(job_id)
+    if res is not None:
+        ranked_before, reserved = set(d.order), set(res.nodes)
+        for s in e.starts:
+            owner = s.array_job_id or s.job_id
+            # a backfilled job ranked below this one, on nodes of its reservation: placed around it
+            if s.backfilled and owner != job_id and owner not in ranked_before and \
+                    reserved.intersection(a.node for a in s.alloc):
+                past.append({"time": e.now, "seq": st.seq + 1, "job_id": s.job_id,
+                             "user": st.jobs[owner].spec.user, "ends_by": e.now + s.time_limit,
+                             "reserved_start": res.start})
+    return CycleSample(iv, past)
+
+
+def cycle_samples(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None,
+                  state: State | None = None, pick: Any = None) -> dict[int, CycleSample | None]:
+    """The samples of the recorded cycles while ``job_id`` was pending (the ``k``-th of them only when
+    ``pick(k)``), by log sequence: the expensive part of :func:`why`, to be shared out."""
+    st = state if state is not None else State()
+    out: dict[int, CycleSample | None] = {}
+    k = 0
+    for env in envelopes:
+        if at_seq is not None and env.seq > at_seq:
+            break
+        e = env.event
+        job = st.jobs.get(job_id)
+        if job is not None and job.state == PENDING and isinstance(e, ev.JobsStarted):
+            if pick is None or pick(k):
+                out[env.seq] = cycle_sample(st, e, job_id)
+            k += 1
+        apply(st, env)
+        job = st.jobs.get(job_id)
+        if job is not None and job.state in TERMINAL_STATES and at_seq is None:
+            break
+    return out
+
+
+def _merge(rep: WhyReport, sample: CycleSample | None) -> None:
+    if sample is None:
+        return
+    iv = sample.interval
     last = rep.intervals[-1] if rep.intervals else None
     if last is not None and last.key() == iv.key():
-        last.end, last.last_seq, last.cycles = e.now, st.seq + 1, last.cycles + 1
+        last.end, last.last_seq, last.cycles = iv.start, iv.first_seq, last.cycles + 1
         last.detail, last.expected_start = iv.detail, iv.expected_start
     else:
         if last is not None:
-            last.end = e.now
-        rep.intervals.append(iv)
-    if not rep.estimates or rep.estimates[-1][1] != p.start:
-        rep.estimates.append((e.now, p.start))
-    res = d.reservations.get(job_id)
-    if res is None:
-        return
-    ranked_before, reserved = set(d.order), set(res.nodes)
-    for s in e.starts:
-        owner = s.array_job_id or s.job_id
-        # a backfilled job ranked below this one, on nodes of its reservation: placed around it
-        if s.backfilled and owner != job_id and owner not in ranked_before and \
-                reserved.intersection(a.node for a in s.alloc):
-            rep.backfilled_past.append({"time": e.now, "seq": st.seq + 1, "job_id": s.job_id,
-                                        "user": st.jobs[owner].spec.user,
-                                        "ends_by": e.now + s.time_limit, "reserved_start": res.start})
+            last.end = iv.start
+        rep.intervals.append(replace(iv))   # merged into later: never the sample's own object
+    if not rep.estimates or rep.estimates[-1][1] != iv.expected_start:
+        rep.estimates.append((iv.start, iv.expected_start))
+    rep.backfilled_past.extend(sample.backfilled_past)
 
 
 def _note_action(rep: WhyReport, env: ev.Envelope, e: Any, job_id: int, nodes: set[str]) -> None:

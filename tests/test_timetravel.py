@@ -1,4 +1,5 @@
 """Time travel: why, replay, verify and what-if on scenarios whose answers are known."""
+import pytest
 import subprocess
 import sys
 
@@ -147,3 +148,19 @@ def test_cli_why_verify_replay_whatif_on_a_log_file(tmp_path):
     assert r.returncode == 1 and "not in the log" in r.stderr and "Traceback" not in r.stderr
     r = run("whatif", "--set", "nonsense=1")
     assert r.returncode == 1 and "unknown setting" in r.stderr
+
+
+def test_why_shared_out_among_processes_says_exactly_what_one_process_says():
+    """`rota why` evaluates cycles in forked workers and merges them: the report must not change."""
+    import os
+
+    from rota.bench.timetravel_bench import make_log
+    from rota.cli.timetravel import explain
+
+    log, big = make_log(1500)
+    one = why(log, big)
+    assert sum(iv.cycles for iv in one.intervals) > 50 and one.start_time is not None
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork on this platform")
+    for workers in (2, 3):
+        assert explain(log, big, None, None, workers=workers) == one
