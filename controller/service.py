@@ -32,6 +32,14 @@ _AGENT_EVENTS = (ev.JobsStarted, ev.JobCancelled, ev.JobRequeued, ev.JobUpdated,
                  ev.ClusterConfigured)
 
 
+def _may_start_something(event: Any) -> bool:
+    """Whether a cycle right after ``event`` could decide anything new. A held job is skipped by the
+    scheduler, so submitting one (or holding one) cannot; the periodic cycle still runs."""
+    if isinstance(event, ev.JobSubmitted):
+        return not event.spec.hold
+    return not isinstance(event, ev.JobHeld)
+
+
 READ_VERBS = frozenset({"job", "queue", "squeue", "nodes", "ping", "test_submit"})
 
 
@@ -203,7 +211,8 @@ class Controller:
             for env, fut in staged:
                 self._remember(env.idem, env.seq)
                 fut.set_result((env, False))
-            self._dirty.set()
+            if any(_may_start_something(env.event) for env, _ in staged):
+                self._dirty.set()
             if outbox and self.on_assign is not None:
                 self.on_assign(outbox)
             return
