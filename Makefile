@@ -11,6 +11,9 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[test,plot]"
+	@# byte code, as pip writes for an installed package: the commands then start without compiling
+	@# rota's modules (an editable install has none, and PYTHONDONTWRITEBYTECODE stops Python writing it)
+	$(PY) -m compileall -q core agents cli controller projections bench > /dev/null
 	touch $(STAMP)
 
 install: $(STAMP)
