@@ -1,7 +1,6 @@
 """Slurm hostlist expressions: ``gpu[01-16]``, ``r[1-2]n[1-3]``, ``a,b,c[1,3-5]`` (pure)."""
 from __future__ import annotations
 
-import re
 
 MAX_HOSTS = 65536
 
@@ -53,7 +52,16 @@ def _expand_range(body: str, expr: str) -> list[str]:
     return out
 
 
-_GROUP = re.compile(r"\[([^\]]*)\]")
+_GROUP = None   # compiled on first use: `compress` (every squeue/sacct row) needs no regular expressions
+
+
+def _groups(item: str):
+    global _GROUP
+    if _GROUP is None:
+        import re
+
+        _GROUP = re.compile(r"\[([^\]]*)\]")
+    return _GROUP.finditer(item)
 
 
 def expand(expr: str) -> list[str]:
@@ -63,7 +71,7 @@ def expand(expr: str) -> list[str]:
     for item in _split_top_level(expr.strip()):
         names = [""]
         pos = 0
-        for m in _GROUP.finditer(item):
+        for m in _groups(item):
             prefix = item[pos:m.start()]
             choices = _expand_range(m.group(1), expr)
             names = [n + prefix + c for n in names for c in choices]
@@ -81,7 +89,10 @@ def expand(expr: str) -> list[str]:
     return hosts
 
 
-_NUM_SUFFIX = re.compile(r"^(.*?)(\d+)$")
+def _number_suffix(host: str) -> tuple[str, str] | None:
+    """``gpu012`` -> ("gpu", "012"); None when the name does not end in digits."""
+    stem = host.rstrip("0123456789")
+    return None if len(stem) == len(host) else (stem, host[len(stem):])
 
 
 def compress(hosts: list[str] | tuple[str, ...]) -> str:
@@ -90,14 +101,14 @@ def compress(hosts: list[str] | tuple[str, ...]) -> str:
     order: list[str] = []
     plain: list[str] = []
     for h in hosts:
-        m = _NUM_SUFFIX.match(h)
+        m = _number_suffix(h)
         if not m:
             key = "\0" + h
             if key not in groups:
                 groups[key] = []
                 order.append(key)
             continue
-        prefix, digits = m.group(1), m.group(2)
+        prefix, digits = m
         if prefix not in groups:
             groups[prefix] = []
             order.append(prefix)
