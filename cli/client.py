@@ -61,6 +61,21 @@ def request(verb: str, body: dict, url: str | None = None, timeout: float = 10.0
     raise AssertionError("unreachable")
 
 
+def remote_command(command: str, argv: list[str], out, err) -> int:
+    """Run ``sacct``/``sinfo`` by the controller, over its projection (for a machine that has none)."""
+    try:
+        reply = request("accounting", {"command": command, "argv": list(argv), "uid": os.geteuid()})
+    except NoCluster as exc:
+        err.write(f"{command}: error: {exc}\n")
+        return 1
+    if not reply.get("ok"):
+        err.write(f"{command}: error: {'; '.join(reply.get('error') or ['unknown error'])}\n")
+        return 1
+    out.write(reply.get("out", ""))
+    err.write(reply.get("err", ""))
+    return int(reply.get("code", 1))
+
+
 def _full_client_request(urls: str, subject: str, payload: bytes, timeout: float) -> bytes:
     """The same request through nats-py (``ROTA_FULL_CLIENT=1``): TLS, credentials files, NKEYs."""
     import asyncio

@@ -228,7 +228,10 @@ STATE_ALIASES = {"pd": "PENDING", "r": "RUNNING", "cd": "COMPLETED", "f": "FAILE
                  "ca": "CANCELLED", "nf": "NODE_FAIL", "oom": "OUT_OF_MEMORY"}
 
 
-def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
+def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = None, uid: int | None = None) -> int:
+    """sacct over the projection database ``db`` (default: the local cluster's; when there is none
+    and ``ROTA_NATS_URL`` names a cluster, that cluster's controller answers from its own), showing
+    the jobs of ``uid`` unless told otherwise (default: who runs it)."""
     try:
         values, rest = parse("sacct", argv, OPTIONS)
     except OptionError as exc:
@@ -262,11 +265,16 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
     except Usage as exc:
         err.write(f"{exc}\n")
         return 1
-    path = db_path()
+    path = db or db_path()
     if not os.path.exists(path):
+        if db is None and os.environ.get("ROTA_NATS_URL"):
+            from .client import remote_command
+
+            return remote_command("sacct", argv, out, err)
         err.write(f"sacct: error: Problem talking to the database: no rota accounting at {path}; "
-                  "is `rota up` running (or ROTA_STATE_DIR set)?\n")
+                  "is `rota up` running (or ROTA_STATE_DIR or ROTA_NATS_URL set)?\n")
         return 1
+    uid = os.geteuid() if uid is None else uid
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     db.row_factory = sqlite3.Row
     where, args = [], []
@@ -288,9 +296,9 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
     if users:
         where.append(f"(user IN ({','.join('?' * len(users))}) OR CAST(uid AS TEXT) IN ({','.join('?' * len(users))}))")
         args += users + users
-    elif not ns.allusers and not ids and os.geteuid() != 0:
+    elif not ns.allusers and not ids and uid != 0:
         where.append("uid = ?")
-        args.append(os.geteuid())
+        args.append(uid)
     states = [STATE_ALIASES.get(s.lower(), s.upper()) for arg in ns.state for s in arg.split(",") if s]
     if states:
         where.append(f"state IN ({','.join('?' * len(states))})")

@@ -189,7 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
+def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = None, uid: int | None = None) -> int:
+    """sinfo over the projection database ``db`` (default: the local cluster's; when there is none and
+    ``ROTA_NATS_URL`` names a cluster, that cluster's controller answers from its own)."""
     ns, rest = build_parser().parse_known_args(argv)
     if ns.help:
         out.write("Usage: sinfo [-N] [-l] [-R] [-o format] [-h] [-p partition] [-n nodes] [-t states]\n")
@@ -199,9 +201,14 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
         return 1
     from .paths import projections_db
 
-    path = projections_db()
+    path = db or projections_db()
     if not os.path.exists(path):
-        err.write(f"sinfo: error: no rota cluster state at {path}; is `rota up` running (or ROTA_STATE_DIR set)?\n")
+        if db is None and os.environ.get("ROTA_NATS_URL"):
+            from .client import remote_command
+
+            return remote_command("sinfo", argv, out, err)
+        err.write(f"sinfo: error: no rota cluster state at {path}; is `rota up` running (or ROTA_STATE_DIR "
+                  "or ROTA_NATS_URL set)?\n")
         return 1
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     db.row_factory = sqlite3.Row

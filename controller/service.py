@@ -40,7 +40,7 @@ def _may_start_something(event: Any) -> bool:
     return not isinstance(event, ev.JobHeld)
 
 
-READ_VERBS = frozenset({"job", "queue", "squeue", "nodes", "ping", "test_submit"})
+READ_VERBS = frozenset({"job", "queue", "squeue", "nodes", "ping", "test_submit", "accounting"})
 
 
 class _Raw:
@@ -93,6 +93,7 @@ class Controller:
         self.on_assign: Callable[[list[tuple[str, dict]]], None] | None = None   # agent messages to send
         self.on_reload: Callable[[], None] | None = None                         # state rebuilt from the log
         self._last_decision: tuple[int, Any] | None = None   # (state sequence, Decision) for queue views
+        self.projection_db: str | None = None   # the projection rota up keeps, for remote sacct/sinfo
         self._view_cache: tuple[tuple, list[dict]] | None = None
         self._queue_cache: tuple[list[dict], bytes] | None = None
         self._squeue_cache: tuple[list[dict] | None, dict[bytes, tuple[int | None, bytes]]] = (None, {})
@@ -358,6 +359,8 @@ class Controller:
             return _Raw(self.squeue_reply(body))
         if verb == "nodes":
             return {"ok": True, "nodes": self.nodes_view()}
+        if verb == "accounting":
+            return await self.accounting(body)
         if verb == "ping":
             return {"ok": True, "seq": st.seq, "leader": self.leader, "version": __version__}
         raise commands.Rejected(f"unknown request {verb!r}", code="unknown")
@@ -372,6 +375,26 @@ class Controller:
         data = orjson.dumps(view)
         self._queue_cache = (view, data)
         return data
+
+    async def accounting(self, body: dict) -> dict:
+        """``sacct``/``sinfo`` run here over this cluster's projection, for a client machine that has
+        none (a login node): the same code, the caller's uid for "my jobs"."""
+        import io
+
+        command, argv, uid = body["command"], body["argv"], int(body["uid"])
+        if command not in ("sacct", "sinfo") or not isinstance(argv, list) or \
+                not all(isinstance(a, str) for a in argv):
+            raise ValueError("accounting wants command sacct|sinfo and argv as a list of strings")
+        if self.projection_db is None:
+            raise commands.Rejected("this controller keeps no projection (run sacct/sinfo where rota up runs)",
+                                    code="no_projection")
+        if command == "sacct":
+            from rota.cli.sacct import run
+        else:
+            from rota.cli.sinfo import run
+        out, err = io.StringIO(), io.StringIO()
+        code = await asyncio.to_thread(run, argv, out, err, db=self.projection_db, uid=uid)
+        return {"ok": True, "out": out.getvalue(), "err": err.getvalue(), "code": code}
 
     def squeue_reply(self, request: dict) -> bytes:
         """squeue's rendered output for one command line (see :mod:`rota.projections.squeue_view`), as the

@@ -91,6 +91,7 @@ async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, n
         link = AgentLink(controller, eventlog.nc, node_timeout=node_timeout)
         await link.start()
         projector = Projector(state_dir / "projections.sqlite", eventlog)
+        controller.projection_db = str(state_dir / "projections.sqlite")
         try:
             await projector.open()
         except Exception as exc:  # noqa: BLE001 - scheduling goes on; sacct/sinfo say they have no data

@@ -222,6 +222,13 @@ def test_the_slurm_commands_work_end_to_end(up):
         time.sleep(0.2)
     assert r.stdout.splitlines()[0].startswith(f"{long}|CANCELLED by ")
     assert r.stdout.splitlines()[1] == f"{long}.batch|CANCELLED"
+    # a machine without the projection (a login node) asks the controller, which answers from its own
+    url = json.loads((out / "cluster.json").read_text())["nats"]
+    login = dict(up, ROTA_STATE_DIR=str(out / "elsewhere"), ROTA_NATS_URL=url)
+    for cmd in (("sacct", "-j", f"{quick},{long}"), ("sacct", "--bogus"), ("sinfo",), ("sinfo", "-N", "-R")):
+        here, there = run(up, *cmd), run(login, *cmd)
+        assert (there.returncode, there.stdout, there.stderr) == (here.returncode, here.stdout, here.stderr), cmd
+    assert run(login, "sacct", "-j", quick, "-n", "-X", "-P", "--format=JobID,State").stdout == f"{quick}|FAILED\n"
     r = run(up, "scontrol", "update", "NodeName=gpu02", "State=DRAIN")
     assert r.returncode == 1 and "You must specify a reason" in r.stderr
     assert run(up, "scontrol", "update", "NodeName=gpu02", "State=DRAIN", "Reason=bad fan").returncode == 0
