@@ -374,15 +374,12 @@ def verify(
     """Re-run the scheduler at every recorded cycle and check it makes exactly the recorded decisions."""
     import time as _time
 
-    from rota.core.timetravel import verify as check
+    from .timetravel import verify_all
 
     envs = _history(log, nats)
     t0 = _time.perf_counter()
-    cycles, bad = 0, []
-    for _seq, div in check(envs, from_seq, to_seq):
-        cycles += 1
-        if div is not None:
-            bad.append(div)
+    results = verify_all(envs, from_seq, to_seq)
+    cycles, bad = len(results), [div for _seq, div in results if div is not None]
     dt = _time.perf_counter() - t0
     for d in bad:
         typer.echo(f"DIVERGES at sequence {d.seq} (cycle {d.cycle}), job {d.job_id}: recorded {d.recorded}; "

@@ -98,52 +98,86 @@ def load_seek(nats: str | None, target_seq: int | None = None, target_time: int 
     return asyncio.run(read())
 
 
-def explain(envelopes: list[ev.Envelope], job_id: int, at_seq: int | None, state: Any, workers: int = 0):
-    """``rota.core.timetravel.why``, with the cycles shared out among forked processes (one per CPU,
-    at most ``workers``; each replays the same envelopes and evaluates every n-th cycle); then this
-    process replays once more and merges. Falls back to one process where fork is missing or fails."""
+def forked_map(work: Any, n: int) -> list | None:
+    """``[work(0, n), ..., work(n-1, n)]``, each computed in a forked copy of this process (they run on
+    separate CPUs); None where fork is missing or a worker failed (the caller then works alone)."""
     import os
     import pickle
 
-    from rota.core.timetravel import cycle_samples, why
-
-    n = workers or min(os.cpu_count() or 1, 4)
-    if n < 2 or not hasattr(os, "fork") or len(envelopes) < 2000:
-        return why(envelopes, job_id, at_seq, state)
+    if n < 2 or not hasattr(os, "fork"):
+        return None
     children: list[tuple[int, int]] = []
+    results = []
     try:
         for w in range(n):
             read_end, write_end = os.pipe()
             pid = os.fork()
-            if pid == 0:   # a worker: its own copy of the state and the envelopes
+            if pid == 0:   # a worker: its own copy of everything the parent holds
                 code = 1
                 try:
                     os.close(read_end)
-                    got = cycle_samples(envelopes, job_id, at_seq, state, pick=lambda k, w=w: k % n == w)
                     with os.fdopen(write_end, "wb") as out:
-                        pickle.dump(got, out, protocol=pickle.HIGHEST_PROTOCOL)
+                        pickle.dump(work(w, n), out, protocol=pickle.HIGHEST_PROTOCOL)
                     code = 0
                 finally:
                     os._exit(code)
             os.close(write_end)
             children.append((pid, read_end))
-        samples: dict = {}
-        for pid, read_end in children:
+        while children:
+            pid, read_end = children[0]
             with os.fdopen(read_end, "rb") as inp:
                 data = inp.read()
+            children.pop(0)
             _, status = os.waitpid(pid, 0)
             if status != 0 or not data:
                 raise RuntimeError("a worker failed")
-            samples.update(pickle.loads(data))
-        children = []
+            results.append(pickle.loads(data))
+        return results
     except (OSError, RuntimeError, pickle.UnpicklingError):
-        for pid, _fd in children:
+        for pid, read_end in children:
             try:
+                os.close(read_end)
                 os.waitpid(pid, 0)
             except OSError:
                 pass
-        samples = {}
+        return None
+
+
+def workers() -> int:
+    """How many processes to share time-travel work among (the CPUs, at most 4)."""
+    import os
+
+    return min(os.cpu_count() or 1, 4)
+
+
+def explain(envelopes: list[ev.Envelope], job_id: int, at_seq: int | None, state: Any, n: int = 0):
+    """``rota.core.timetravel.why`` with the cycles shared out among forked workers (each replays the
+    same envelopes and evaluates every n-th cycle); this process then replays once more and merges.
+    The report is the same as one process's."""
+    from rota.core.timetravel import cycle_samples, why
+
+    n = n or workers()
+    samples = None
+    if len(envelopes) >= 2000:
+        parts = forked_map(lambda w, n: cycle_samples(envelopes, job_id, at_seq, state,
+                                                      pick=lambda k: k % n == w), n)
+        if parts is not None:
+            samples = {seq: s for part in parts for seq, s in part.items()}
     return why(envelopes, job_id, at_seq, state, samples)
+
+
+def verify_all(envelopes: list[ev.Envelope], from_seq: int = 1, to_seq: int | None = None, n: int = 0
+               ) -> list[tuple[int, Any]]:
+    """``rota.core.timetravel.verify`` over the range, the cycles shared out among forked workers;
+    (sequence, divergence or None) for every recorded cycle, in log order."""
+    from rota.core.timetravel import verify
+
+    n = n or workers()
+    parts = forked_map(lambda w, n: list(verify(envelopes, from_seq, to_seq, pick=lambda k: k % n == w)), n) \
+        if len(envelopes) >= 2000 else None
+    if parts is None:
+        return list(verify(envelopes, from_seq, to_seq))
+    return sorted((r for part in parts for r in part), key=lambda r: r[0])
 
 
 def job_seqs(job_id: int) -> tuple[int, int, bool] | None:

@@ -150,17 +150,28 @@ def test_cli_why_verify_replay_whatif_on_a_log_file(tmp_path):
     assert r.returncode == 1 and "unknown setting" in r.stderr
 
 
-def test_why_shared_out_among_processes_says_exactly_what_one_process_says():
-    """`rota why` evaluates cycles in forked workers and merges them: the report must not change."""
+def test_why_and_verify_shared_out_among_processes_say_exactly_what_one_process_says():
+    """`rota why` and `rota verify` evaluate cycles in forked workers and merge: nothing may change,
+    a tampered decision included."""
     import os
 
     from rota.bench.timetravel_bench import make_log
-    from rota.cli.timetravel import explain
+    from rota.cli.timetravel import explain, verify_all
 
     log, big = make_log(1500)
     one = why(log, big)
     assert sum(iv.cycles for iv in one.intervals) > 50 and one.start_time is not None
     if not hasattr(os, "fork"):
         pytest.skip("no fork on this platform")
-    for workers in (2, 3):
-        assert explain(log, big, None, None, workers=workers) == one
+    for n in (2, 3):
+        assert explain(log, big, None, None, n=n) == one
+    cycles = [i for i, env in enumerate(log) if isinstance(env.event, ev.JobsStarted)]
+    victim = cycles[len(cycles) // 2]
+    e = log[victim].event
+    moved = e.starts[0].model_copy(update={"job_id": e.starts[0].job_id + 100_000})
+    tampered = list(log)
+    tampered[victim] = log[victim].model_copy(update={"event": e.model_copy(update={"starts": (moved,) + e.starts[1:]})})
+    for envs in (log, tampered):
+        single = list(verify(envs))
+        assert verify_all(envs, n=2) == single and len(single) == len(cycles)
+    assert [seq for seq, d in verify_all(tampered, n=3) if d is not None][0] == log[victim].seq
