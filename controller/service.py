@@ -66,7 +66,7 @@ class _NothingToDo(Exception):
 class Controller:
     def __init__(self, eventlog: Any, *, config: ev.ClusterConfig | None = None,
                  clock: Callable[[], float] = time.time, cycle_interval: float = 5.0,
-                 debounce: float = 0.02, snapshot_every: int = 10_000, history_every: int = 20_000,
+                 debounce: float = 0.02, snapshot_every: int = 10_000, history_every: int = 10_000,
                  name: str = "controller") -> None:
         self.log = eventlog
         self.state = State()
