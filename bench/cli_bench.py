@@ -94,20 +94,19 @@ def timed_pair(floor_cmd: list[str], cmd: list[str], env: dict, runs: int) -> tu
     """Medians of ``floor_cmd`` and ``cmd``, run in alternation ``runs`` times each."""
     floor, times = [], []
     for _ in range(runs):
-        floor.append(timed(floor_cmd, env, 1))
-        times.append(timed(cmd, env, 1))
+        floor.append(timed(floor_cmd, env))
+        times.append(timed(cmd, env))
     return statistics.median(floor), statistics.median(times)
 
 
-def timed(cmd: list[str], env: dict, runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        r = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
-        times.append(time.perf_counter() - t0)
-        if r.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed: {r.stderr.decode()}")
-    return statistics.median(times)
+def timed(cmd: list[str], env: dict) -> float:
+    """Seconds one run of ``cmd`` takes, as a separate process (it must succeed)."""
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
+    elapsed = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {r.stderr.decode()}")
+    return elapsed
 
 
 def run(finished: int, pending: int, runs: int) -> list[Figure]:

@@ -51,6 +51,21 @@ def parse(prog: str, argv: list[str], table: list[Option], *, stop_at_operand: b
         else:
             values[opt.dest] = value
 
+    def take(opt: Option, attached: str | None, i: int, missing: str) -> int:
+        """Store ``opt``'s value (attached, else the next word when required); the next index."""
+        if opt.arg == NO:
+            store(opt, True)
+        elif attached is not None:
+            store(opt, attached)
+        elif opt.arg == OPTIONAL:
+            store(opt, True)
+        elif i < len(argv):
+            store(opt, argv[i])
+            return i + 1
+        else:
+            raise OptionError(missing)
+        return i
+
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -70,19 +85,9 @@ def parse(prog: str, argv: list[str], table: list[Option], *, stop_at_operand: b
                     raise OptionError(f"{prog}: option '{arg}' is ambiguous; possibilities:"
                                       + "".join(f" '--{n}'" for n in matches))
                 name, opt = matches[0], longs[matches[0]]
-            if opt.arg == NO:
-                if eq:
-                    raise OptionError(f"{prog}: option '--{name}' doesn't allow an argument")
-                store(opt, True)
-            elif eq:
-                store(opt, value)
-            elif opt.arg == OPTIONAL:
-                store(opt, True)
-            elif i < len(argv):
-                store(opt, argv[i])
-                i += 1
-            else:
-                raise OptionError(f"{prog}: option '--{name}' requires an argument")
+            if opt.arg == NO and eq:
+                raise OptionError(f"{prog}: option '--{name}' doesn't allow an argument")
+            i = take(opt, value if eq else None, i, f"{prog}: option '--{name}' requires an argument")
             continue
         if arg.startswith("-") and arg != "-":
             j = 1
@@ -95,15 +100,7 @@ def parse(prog: str, argv: list[str], table: list[Option], *, stop_at_operand: b
                 if opt.arg == NO:
                     store(opt, True)
                     continue
-                if j < len(arg):
-                    store(opt, arg[j:])
-                elif opt.arg == OPTIONAL:
-                    store(opt, True)
-                elif i < len(argv):
-                    store(opt, argv[i])
-                    i += 1
-                else:
-                    raise OptionError(f"{prog}: option requires an argument -- '{letter}'")
+                i = take(opt, arg[j:] or None, i, f"{prog}: option requires an argument -- '{letter}'")
                 break
             continue
         operands.append(arg)

@@ -307,9 +307,19 @@ class _PullReader:
     async def _ask(self) -> None:
         n = min(self.batch, self.end - self.requested)
         if n > 0:
-            body = json.dumps({"batch": n, "expires": 30_000_000_000}).encode()
-            await self.log.nc.publish(self.next_subject, body, reply=self.inbox)
+            await self._send(json.dumps({"batch": n, "expires": 30_000_000_000}).encode())
             self.requested += n
+
+    async def _send(self, body: bytes) -> None:
+        """Publish one MSG.NEXT request, its deliveries addressed to our inbox."""
+        await self.log.nc.publish(self.next_subject, body, reply=self.inbox)
+
+    async def _hand_over(self, chunk: list[tuple[int, dict | None, bytes]]) -> list[tuple[int, dict | None, bytes]]:
+        """Keep two batches requested ahead of ``chunk``; trim what lies past the end."""
+        delivered = chunk[-1][0]
+        while self.requested < self.end and self.requested - delivered < 2 * self.batch:
+            await self._ask()
+        return [m for m in chunk if m[0] <= self.end] if delivered > self.end else chunk
 
     async def chunks(self) -> AsyncIterator[list[tuple[int, dict | None, bytes]]]:
         delivered = self.start - 1
@@ -327,11 +337,7 @@ class _PullReader:
             if not chunk:
                 continue
             delivered = chunk[-1][0]
-            while self.requested < self.end and self.requested - delivered < 2 * self.batch:
-                await self._ask()
-            if delivered > self.end:
-                chunk = [m for m in chunk if m[0] <= self.end]
-            yield chunk
+            yield await self._hand_over(chunk)
 
     async def close(self) -> None:
         if self.sub is not None:
@@ -385,13 +391,9 @@ class _RawPullReader(_PullReader):
         self.next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.log.stream}.{self.consumer}"
         self.buf = b""
 
-    async def _ask(self) -> None:
-        n = min(self.batch, self.end - self.requested)
-        if n > 0:
-            body = json.dumps({"batch": n, "expires": 30_000_000_000}).encode()
-            self.writer.write(b"PUB %s %s %d\r\n%s\r\n" % (self.next_subject.encode(), self.inbox.encode(),
-                                                            len(body), body))
-            self.requested += n
+    async def _send(self, body: bytes) -> None:
+        self.writer.write(b"PUB %s %s %d\r\n%s\r\n" % (self.next_subject.encode(), self.inbox.encode(),
+                                                        len(body), body))
 
     def _parse(self) -> int:
         """Cut the complete frames out of the buffer into ``got``; returns PINGs to answer."""
@@ -459,11 +461,7 @@ class _RawPullReader(_PullReader):
                 continue
             chunk, self.got = got, []
             delivered = chunk[-1][0]
-            while self.requested < self.end and self.requested - delivered < 2 * self.batch:
-                await self._ask()
-            if delivered > self.end:
-                chunk = [m for m in chunk if m[0] <= self.end]
-            yield chunk
+            yield await self._hand_over(chunk)
 
     async def close(self) -> None:
         writer = getattr(self, "writer", None)

@@ -96,14 +96,6 @@ FIELDS = {
 NOW_DEPENDENT = frozenset("ML")   # specifiers whose text for a running job changes every second
 
 
-def field(job: dict, code: str, now: int) -> str:
-    """The text of one specifier for one job."""
-    try:
-        return FIELDS[code](job, now)
-    except KeyError:
-        raise FormatError(f"unsupported format specifier %{code}") from None
-
-
 def compile_format(fmt: str) -> tuple[str, list[str]]:
     """A ``-o`` format as a ``str.format`` template and its specifiers, in order: ``%[.][size]X``;
     a size pads and truncates, ``.`` right-justifies."""
@@ -166,7 +158,8 @@ STATE_NAMES = {"PD": "PENDING", "R": "RUNNING", "CG": "COMPLETING", "S": "SUSPEN
 def answer(jobs: list[dict], request: dict, now: int) -> dict:
     """squeue's output for ``request`` (what the command line asked) over the queue view ``jobs``.
 
-    ``{"ok": True, "text": ...}``, or ``{"ok": False, "error": line}`` with Slurm's wording.
+    ``{"ok": True, "text": ..., "now_dependent": bool}`` (whether the text changes with the second:
+    running jobs' times are shown), or ``{"ok": False, "error": line}`` with Slurm's wording.
     """
     wanted_ids = request.get("jobs")
     if wanted_ids:
