@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test,plot]"
 	@# byte code, as pip writes for an installed package: the commands then start without compiling
 	@# rota's modules (an editable install has none, and PYTHONDONTWRITEBYTECODE stops Python writing it)
-	$(PY) -m compileall -q core agents cli controller projections bench > /dev/null
+	$(PY) -m compileall -q core agents cli controller projections wire bench > /dev/null
 	touch $(STAMP)
 
 install: $(STAMP)

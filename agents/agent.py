@@ -461,7 +461,7 @@ def _alive(pid: int, ticks: int | None) -> bool:
 def _group_members(pgid: int) -> list[int]:
     out = []
     for p in Path("/proc").iterdir():
-        if p.name.isdigit():
+        if p.name.isdecimal():
             try:
                 if int((p / "stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
                     out.append(int(p.name))
@@ -473,7 +473,7 @@ def _group_members(pgid: int) -> list[int]:
 def _group_rss_kib(pgid: int) -> int:
     total = 0
     for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
+        if not p.name.isdecimal():
             continue
         try:
             fields = (p / "stat").read_text().rsplit(")", 1)[1].split()

@@ -166,7 +166,7 @@ def _kv(path: Path) -> dict[str, int]:
     try:
         for line in path.read_text().splitlines():
             k, _, v = line.partition(" ")
-            if v.strip().isdigit():
+            if v.strip().isdecimal():
                 out[k] = int(v)
     except OSError:
         pass

@@ -241,7 +241,7 @@ def open_gpus(fake: str | None = None, faults_file: str | os.PathLike | None = N
     """GPUs from ``--fake-gpus TYPE:N``, else from pynvml; returns (gpus or None, how they were found)."""
     if fake:
         gtype, _, n = fake.partition(":")
-        if not gtype or not n.isdigit():
+        if not gtype or not n.isdecimal():
             raise ValueError(f"--fake-gpus {fake!r}: expected TYPE:COUNT, e.g. a100:4")
         return Gpus(FakeNvml(gtype, int(n), faults_file, node), gtype), f"fake NVML: {n} x {gtype}"
     try:

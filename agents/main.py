@@ -10,7 +10,7 @@ from typing import Any
 
 def main(*, node: str, nats: str | None, state_dir: str | None, echo=print, **options: Any) -> int:
     from rota.cli.client import NoCluster, cluster_url
-    from rota.cli.paths import default_state_dir
+    from rota.wire.paths import default_state_dir
 
     from .agent import Agent
 

@@ -226,7 +226,7 @@ def projections_rebuild(
     from rota.controller.eventlog import JetStreamLog
     from rota.projections.projector import Projector
 
-    from .paths import projections_db
+    from rota.wire.paths import projections_db
 
     url = _open_log(nats)
     target = Path(db) if db else Path(projections_db())
@@ -264,7 +264,7 @@ def export(
     from rota.controller.eventlog import JetStreamLog
     from rota.projections.export import export_parquet
 
-    from .paths import projections_db
+    from rota.wire.paths import projections_db
 
     url = _open_log(nats)
 

@@ -43,7 +43,7 @@ class Usage(Exception):
 
 
 def db_path() -> str:
-    from .paths import projections_db
+    from rota.wire.paths import projections_db
 
     return projections_db()
 
@@ -61,7 +61,7 @@ def parse_format(text: str) -> list[tuple[str, int, bool]]:
             raise Usage(f"sacct: error: Invalid field requested: \"{name}\"")
         left = key in LEFT
         if width:
-            if not width.removeprefix("-").isdigit():
+            if not width.removeprefix("-").isdecimal():
                 raise Usage(f"sacct: error: Invalid field width: \"{item}\"")
             left = width.startswith("-") or left
             w = abs(int(width))
@@ -221,7 +221,7 @@ class _Namespace:
 def _job_id_ok(text: str) -> bool:
     """``N``, ``N_T``, either with ``.batch``."""
     head, underscore, task = text.removesuffix(".batch").partition("_")
-    return head.isdigit() and (task.isdigit() if underscore else True)
+    return head.isdecimal() and (task.isdecimal() if underscore else True)
 
 
 STATE_ALIASES = {"pd": "PENDING", "r": "RUNNING", "cd": "COMPLETED", "f": "FAILED", "to": "TIMEOUT",

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import sys
 
-from .client import login_name
 from .options import NO, OPTIONAL, REQUIRED, Option, OptionError, parse
 
 UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
@@ -26,7 +25,7 @@ def parse_mem(value: str) -> int:
     unit = "M"
     if v and v[-1] in UNITS:
         unit, v = v[-1], v[:-1]
-    if not v.isdigit():
+    if not v.isdecimal():
         raise SbatchError("Invalid --mem specification", 255)
     return int(int(v) * UNITS[unit])
 
@@ -76,7 +75,7 @@ OPTIONS = [Option(s or None, names, arg, dest) for s, names, arg, dest in (
     ("", "uid", REQUIRED, "!uid"), ("", "usage", NO, "help"), ("", "use-min-nodes", NO, "!use-min-nodes"),
     ("v", "verbose", NO, "~verbose"), ("V", "version", NO, "version"), ("W", "wait", NO, "!wait"),
     ("", "wait-all-nodes", REQUIRED, "~wait-all-nodes"), ("", "wckey", REQUIRED, "~wckey"),
-    ("", "wrap", REQUIRED, "wrap"), ("", "nats", REQUIRED, "nats"))]
+    ("", "wrap", REQUIRED, "wrap"))]
 USAGE = ("Usage: sbatch [-N nnodes] [-n ntasks] [-c ncpus] [--mem=MB|--mem-per-cpu=MB] [--gres=gpu[:type]:N]\n"
          "              [-t time] [-p partition] [-J jobname] [-o out] [-e err] [-a array] [-d dependency]\n"
          "              [-b begin] [-H] [-w nodes] [-x nodes] [--wrap cmd] [--parsable] [--test-only]\n"
@@ -151,8 +150,6 @@ def build_spec(argv: list[str], now: float | None = None) -> tuple[dict, bool]:
     spec = _spec(merged, script, name, now)
     if merged.get("test_only"):
         spec["_test_only"] = True
-    if merged.get("nats"):
-        spec["_nats"] = merged["nats"]
     return spec, bool(merged.get("parsable"))
 
 
@@ -176,21 +173,25 @@ def _spec(o: dict, script: str, default_name: str, now: float | None = None) -> 
     export = o.get("export")
     if export is not None and export.split(",")[0].upper() != "ALL":
         raise SbatchError("sbatch: error: rota supports only --export=ALL (the submitting environment)", 1)
-    spec: dict = {"name": o.get("job_name") or default_name, "user": login_name(), "uid": os.getuid(),
-                  "gid": os.getgid(), "script": script, "workdir": o.get("chdir") or os.getcwd(),
-                  "env": dict(os.environ), "hold": bool(o.get("hold")), "exclusive": bool(o.get("exclusive")),
+    umask = os.umask(0o022)
+    os.umask(umask)
+    env = dict(os.environ)
+    env["SLURM_UMASK"] = f"{umask:04o}"   # the job runs with the submitter's umask, as in Slurm
+    spec: dict = {"name": o.get("job_name") or default_name, "script": script,
+                  "workdir": o.get("chdir") or os.getcwd(),
+                  "env": env, "hold": bool(o.get("hold")), "exclusive": bool(o.get("exclusive")),
                   "requeue": bool(o.get("requeue")) and not o.get("no_requeue"),
                   "submit_line": " ".join(["sbatch"] + sys.argv[1:])}
     spec["_warnings"] = _unsupported(o)
     if o.get("partition"):
         spec["partitions"] = o["partition"].split(",")
     if o.get("nodes"):
-        if not o["nodes"].split("-")[0].isdigit():
+        if not o["nodes"].split("-")[0].isdecimal():
             raise SbatchError("sbatch: error: Invalid node count specification", 255)
         spec["nodes"], spec["nodes_given"] = int(o["nodes"].split("-")[0]), True
     for key, given in (("ntasks", "ntasks_given"), ("ntasks_per_node", None), ("cpus_per_task", "cpus_per_task_given")):
         if o.get(key):
-            if not o[key].isdigit() or int(o[key]) < 1:
+            if not o[key].isdecimal() or int(o[key]) < 1:
                 option = {"ntasks": "--ntasks", "ntasks_per_node": "--ntasks-per-node",
                           "cpus_per_task": "--cpus-per-task"}[key]
                 raise SbatchError(f"sbatch: error: Invalid numeric value \"{o[key]}\" for {option}.", 255)
@@ -209,16 +210,16 @@ def _spec(o: dict, script: str, default_name: str, now: float | None = None) -> 
             count = parts[-1] if len(parts) > 1 else "1"
             if len(parts) == 3:
                 spec["gpu_type"] = parts[1]
-            elif len(parts) == 2 and not count.isdigit():
+            elif len(parts) == 2 and not count.isdecimal():
                 spec["gpu_type"], count = parts[1], "1"
-            if not count.isdigit():
+            if not count.isdecimal():
                 raise SbatchError("sbatch: error: Invalid generic resource (gres) specification")
             spec["gpus_per_node"], spec["gpu_given"] = int(count), True
     for attr, key in (("gpus", "gpus_total"), ("gpus_per_node", "gpus_per_node")):
         val = o.get(attr)
         if val:
             gtype, _, count = val.rpartition(":")
-            if not count.isdigit():
+            if not count.isdecimal():
                 raise SbatchError("sbatch: error: Invalid generic resource (gres) specification")
             spec[key] = int(count)
             if gtype:
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     from .client import NoCluster, request
 
     try:
-        reply = request("test_submit" if test_only else "submit", {"spec": spec}, url=spec.pop("_nats", None))
+        reply = request("test_submit" if test_only else "submit", {"spec": spec})
     except NoCluster as exc:
         print(f"sbatch: error: {exc}", file=sys.stderr)
         return 1

@@ -30,7 +30,7 @@ def _signal(text: str | None) -> int:
     if text is None:
         return 15
     t = text.upper().removeprefix("SIG")
-    if t.isdigit():
+    if t.isdecimal():
         return int(t)
     if t not in SIGNALS:
         raise ValueError(f"scancel: error: Unknown job signal: {text}")

@@ -22,7 +22,7 @@ def _ts(t: int | None) -> str:
 
 
 def _db() -> sqlite3.Connection:
-    from .paths import projections_db
+    from rota.wire.paths import projections_db
 
     path = projections_db()
     if not os.path.exists(path):
@@ -89,7 +89,7 @@ def show_job(ids: list[str]) -> list[str]:
     from rota.core.hostlist import compress as _compress
     from rota.core.timefmt import format_duration
 
-    if not ids or not ids[0].split("_")[0].isdigit():
+    if not ids or not ids[0].split("_")[0].isdecimal():
         raise Fail("slurm_load_jobs error: Invalid job id specified")
     reply = _request("job", {"job_id": int(ids[0].split("_")[0])})
     if not reply.get("ok"):

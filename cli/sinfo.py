@@ -199,7 +199,7 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
     if rest:
         err.write(f"sinfo: unrecognized option '{rest[0]}'\nTry \"sinfo --help\" for more information\n")
         return 1
-    from .paths import projections_db
+    from rota.wire.paths import projections_db
 
     path = db or projections_db()
     if not os.path.exists(path):

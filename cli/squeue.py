@@ -21,9 +21,9 @@ OPTIONS = [Option(s or None, names, arg, dest) for s, names, arg, dest in (
     ("", "sibling", NO, "sibling"), ("S", "sort", REQUIRED, "sort"), ("", "start", NO, "start"),
     ("t", "states", REQUIRED, "states"), ("s", "steps", OPTIONAL, "steps"), ("u", "user", REQUIRED, "users"),
     ("", "usage", NO, "help"), ("v", "verbose", NO, "verbose"), ("V", "version", NO, "version"),
-    ("", "json", NO, "json"), ("", "yaml", NO, "yaml"), ("", "nats", REQUIRED, "nats"))]
+    ("", "json", NO, "json"), ("", "yaml", NO, "yaml"))]
 SUPPORTED = {"noheader", "help", "jobs", "long", "me", "format", "Format", "partitions", "start", "states", "users",
-             "nats", "version", "verbose", "all", "array", "local", "noconvert"}   # the last five change nothing here
+             "version", "verbose", "all", "array", "local", "noconvert"}   # the last five change nothing here
 USAGE = ("Usage: squeue [-j jobs] [-u users|--me] [-p partitions] [-t states] [-o format|-O fields] [-l] [-h]\n"
          "              [--start]\n")
 
@@ -49,17 +49,12 @@ def main(argv: list[str] | None = None) -> int:
         o["jobs"] = ",".join(([o["jobs"]] if isinstance(o.get("jobs"), str) else []) + operands)
     if o.get("jobs") is True:
         o.pop("jobs")
-    if o.pop("me", False):
-        from .client import login_name
-
-        o["users"] = login_name()
-    nats = o.pop("nats", None)
     request = {k: v for k, v in o.items() if k in ("jobs", "users", "partitions", "states", "format", "Format",
-                                                   "noheader", "long", "start")}
+                                                   "noheader", "long", "start", "me")}
     from .client import NoCluster, request as send
 
     try:
-        reply = send("squeue", request, url=nats)
+        reply = send("squeue", request)
     except NoCluster as exc:
         print(f"squeue: error: {exc}", file=sys.stderr)
         return 1

@@ -32,7 +32,7 @@ def _clock(text: str) -> tuple[int, int, int] | None:
     if t.endswith(("am", "pm")):
         shift, t = (12 if t.endswith("pm") else 0), t[:-2]
     parts = t.split(":")
-    if len(parts) not in (2, 3) or not all(p.isdigit() and len(p) <= 2 for p in parts):
+    if len(parts) not in (2, 3) or not all(p.isdecimal() and len(p) <= 2 for p in parts):
         return None
     h, m, s = (int(p) for p in parts + ["0"] * (3 - len(parts)))
     if shift or text.lower().endswith("am"):
@@ -46,14 +46,14 @@ def _clock(text: str) -> tuple[int, int, int] | None:
 
 def _date(text: str, today: time.struct_time) -> tuple[int, int, int] | None:
     """``MMDD[YY]``, ``MM/DD[/YY]``, ``MM.DD[.YY]`` -> (year, month, day)."""
-    if text.isdigit() and len(text) in (4, 6):
+    if text.isdecimal() and len(text) in (4, 6):
         parts = [text[0:2], text[2:4]] + ([text[4:6]] if len(text) == 6 else [])
     else:
         sep = "/" if "/" in text else "." if "." in text else None
         if sep is None:
             return None
         parts = text.split(sep)
-        if len(parts) not in (2, 3) or not all(p.isdigit() and 1 <= len(p) <= 2 for p in parts):
+        if len(parts) not in (2, 3) or not all(p.isdecimal() and 1 <= len(p) <= 2 for p in parts):
             return None
     month, day = int(parts[0]), int(parts[1])
     year = 2000 + int(parts[2]) if len(parts) == 3 else today.tm_year
@@ -74,7 +74,7 @@ def parse_moment(text: str, now: float, *, future: bool = False) -> int:
         sign = rest[0]
         digits = rest[1:].rstrip("abcdefghijklmnopqrstuvwxyz")
         unit = rest[1 + len(digits):]
-        if sign not in "+-" or not digits.isdigit() or unit not in _UNITS:
+        if sign not in "+-" or not digits.isdecimal() or unit not in _UNITS:
             raise MomentError(text)
         delta = int(digits) * _UNITS[unit]
         return int(now + delta if sign == "+" else now - delta)
@@ -87,7 +87,7 @@ def parse_moment(text: str, now: float, *, future: bool = False) -> int:
     if len(date_part) == 10 and date_part[4] == "-" and date_part[7] == "-":   # YYYY-MM-DD[THH:MM[:SS]]
         y, mo, d = date_part.split("-")
         clock = _clock(clock_part) if clock_part else (0, 0, 0)
-        if not (y.isdigit() and mo.isdigit() and d.isdigit()) or clock is None \
+        if not (y.isdecimal() and mo.isdecimal() and d.isdecimal()) or clock is None \
                 or not (1 <= int(mo) <= 12 and 1 <= int(d) <= 31):
             raise MomentError(text)
         return int(time.mktime((int(y), int(mo), int(d), *clock, 0, 0, -1)))

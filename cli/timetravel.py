@@ -186,7 +186,7 @@ def job_seqs(job_id: int) -> tuple[int, int, bool] | None:
     import os
     import sqlite3
 
-    from .paths import projections_db
+    from rota.wire.paths import projections_db
 
     path = projections_db()
     if not os.path.exists(path):
@@ -206,7 +206,7 @@ def parse_at(text: str | None) -> tuple[int | None, int | None]:
     if text is None:
         return None, None
     t = text.strip()
-    if t.isdigit():
+    if t.isdecimal():
         n = int(t)
         return (n, None) if n < 1_000_000_000 else (None, n)
     for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d"):

@@ -17,12 +17,15 @@ from typing import Any, Callable
 from rota.core import commands, events as ev
 from rota.core import __version__
 from rota.core.apply import apply, fold
+from rota.core.auth import ROOT, Caller
 from rota.core.schedule import schedule
 from rota.core.state import State, dump_snapshot
 
 from . import assign, snapshots
-from .recent import Recent
 from .eventlog import FencedError, LogUnavailable
+from .frontdoor import FrontDoor
+from .recent import Recent
+from .views import Raw, Views, encode_reply
 
 log = logging.getLogger("rota.controller")
 API = "rota.api"
@@ -37,26 +40,18 @@ def _may_start_something(event: Any) -> bool:
     scheduler, so submitting one (or holding one) cannot; the periodic cycle still runs."""
     if isinstance(event, ev.JobSubmitted):
         return not event.spec.hold
-    return not isinstance(event, ev.JobHeld)
+    return not isinstance(event, (ev.JobHeld, ev.RequestDenied))
 
 
-READ_VERBS = frozenset({"job", "queue", "squeue", "nodes", "ping", "test_submit", "accounting"})
-
-
-class _Raw:
-    """A reply value that is JSON already (inserted as is by :func:`encode_reply`)."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-
-def encode_reply(result: dict) -> bytes:
-    """A reply as JSON bytes (orjson), splicing pre-encoded values in without re-encoding them."""
-    import orjson
-
-    return orjson.dumps(result, default=lambda v: orjson.Fragment(v.data) if isinstance(v, _Raw) else str(v))
+def _answer_like(first: asyncio.Future, fut: asyncio.Future) -> None:
+    """Answer a retry the way its first try was answered (as a duplicate of it)."""
+    if fut.done():
+        return
+    if first.cancelled() or first.exception() is not None:
+        fut.set_exception(first.exception() or LogUnavailable("cancelled"))
+    else:
+        env, _duplicate = first.result()
+        fut.set_result((env, True))
 
 
 class _NothingToDo(Exception):
@@ -67,7 +62,7 @@ class Controller:
     def __init__(self, eventlog: Any, *, config: ev.ClusterConfig | None = None,
                  clock: Callable[[], float] = time.time, cycle_interval: float = 5.0,
                  debounce: float = 0.02, snapshot_every: int = 10_000, history_every: int = 10_000,
-                 name: str = "controller") -> None:
+                 name: str = "controller", keyring: Any = None) -> None:
         self.log = eventlog
         self.state = State()
         self.config = config
@@ -81,7 +76,6 @@ class Controller:
         self.leader = False
         self._lock = asyncio.Lock()
         self._dirty = asyncio.Event()
-        self._results: Recent[dict] = Recent(100_000)   # answers to recent requests, by request id
         self._tasks: list[asyncio.Task] = []
         self._subs: list[Any] = []
         self._last_snapshot_seq = 0
@@ -92,11 +86,13 @@ class Controller:
         self._recent: Recent[int] = Recent(200_000)   # idempotency id -> sequence, for retries after a restart
         self.on_assign: Callable[[list[tuple[str, dict]]], None] | None = None   # agent messages to send
         self.on_reload: Callable[[], None] | None = None                         # state rebuilt from the log
-        self._last_decision: tuple[int, Any] | None = None   # (state sequence, Decision) for queue views
+        self.last_decision: tuple[int, Any] | None = None   # (state sequence, Decision) for queue views
         self.projection_db: str | None = None   # the projection rota up keeps, for remote sacct/sinfo
-        self._view_cache: tuple[tuple, list[dict]] | None = None
-        self._queue_cache: tuple[list[dict], bytes] | None = None
-        self._squeue_cache: tuple[list[dict] | None, dict[bytes, tuple[int | None, bytes]]] = (None, {})
+        self.timetravel_env: dict[str, str] | None = None   # how to run time travel for others (rota up)
+        self.keyring = keyring
+        self.frontdoor = FrontDoor(self, keyring)
+        self.views = Views(self)
+        self._nc: Any = None
 
     # ------------------------------------------------------------ state
 
@@ -183,9 +179,13 @@ class Controller:
         base = self.state.seq
         staged: list[tuple[ev.Envelope, asyncio.Future]] = []
         outbox: list[tuple[str, dict]] = []
+        first_of: dict[str, asyncio.Future] = {}
         for prepare, actor, idem, fut in batch:
             if idem and idem in self._recent:   # a retry of something already on the log
                 fut.set_result((self._recent_envelope(idem, actor), True))
+                continue
+            if idem in first_of:                # a retry that arrived with its first try: one event, one answer
+                first_of[idem].add_done_callback(lambda first, fut=fut: _answer_like(first, fut))
                 continue
             try:
                 event = prepare(self.state)
@@ -201,6 +201,8 @@ class Controller:
             if tracked:
                 outbox.extend(assign.messages(self.state, event, before))
             staged.append((env, fut))
+            if idem:
+                first_of[idem] = fut
         if not staged:
             return
         acks = await asyncio.gather(*(self.log.append(env.event, actor=env.actor, idem=env.idem, ts=env.ts,
@@ -274,252 +276,28 @@ class Controller:
 
     # ------------------------------------------------------------ requests
 
-    async def handle(self, verb: str, body: dict) -> dict | _Raw:
-        """Serve one API request; a rejected request gets Slurm's error lines."""
-        rid = body.get("rid", "")
-        if rid and rid in self._results:
-            return self._results[rid]
-        try:
-            result = await self._dispatch(verb, body, rid)
-        except commands.Rejected as r:
-            result = {"ok": False, "error": list(r.lines), "code": r.code}
-        except FencedError:
-            result = {"ok": False, "error": ["controller is not the leader"], "code": "not_leader"}
-        except LogUnavailable as exc:
-            result = {"ok": False, "error": [f"event log unavailable ({exc}); retry"], "code": "unavailable"}
-        except (ValueError, KeyError, TypeError) as exc:
-            result = {"ok": False, "error": [f"bad request: {exc}"], "code": "bad_request"}
-        if rid and verb not in READ_VERBS and result.get("ok"):   # a retried write gets the same answer
-            self._results[rid] = result
-        return result
-
-    async def _dispatch(self, verb: str, body: dict, rid: str) -> dict:
-        user = body.get("user", "root")
-        st = self.state
-        if verb == "submit":
-            spec = ev.JobSpec.model_validate(body["spec"])
-            env, duplicate = await self.write(lambda state: commands.submit(state, spec, state.next_job_id),
-                                              spec.user, rid)
-            if duplicate:   # a retried submit: answer with the job its first try created
-                job_id = next((j.job_id for j in self.state.jobs.values() if j.submit_seq == env.seq), None)
-                if job_id is None:
-                    raise commands.Rejected("this request was accepted earlier, but its job is no longer known",
-                                            code="duplicate")
-                return {"ok": True, "job_id": job_id}
-            return {"ok": True, "job_id": env.event.job_id}
-        if verb == "test_submit":
-            return self.test_submit(ev.JobSpec.model_validate(body["spec"]))
-        if verb == "signal":
-            # a signal changes nothing the scheduler knows: it goes to the batch host, not into the log
-            job = self.state.jobs.get(int(body["job_id"]))
-            if job is None:
-                raise commands.Rejected("Invalid job id specified", code="no_job")
-            if job.state != "RUNNING" or not job.alloc:
-                raise commands.Rejected("Job is not running", code="not_running")
-            if self.on_assign is None:
-                raise commands.Rejected("no agents are connected to deliver the signal", code="no_agents")
-            self.on_assign([(job.alloc[0].node, {"op": "signal", "job_id": job.job_id, "restarts": job.restarts,
-                                                 "signal": int(body.get("signal", 15))})])
-            return {"ok": True}
-        if verb == "cancel":
-            jid, uid = int(body["job_id"]), int(body.get("uid", 0))
-            tasks = tuple(int(t) for t in body["tasks"]) if body.get("tasks") is not None else None
-            await self.write(lambda state: commands.cancel(state, jid, uid, tasks), user, rid)
-            return {"ok": True}
-        if verb in ("hold", "release"):
-            jid = int(body["job_id"])
-            admin = bool(body.get("admin", False))
-            act = commands.hold if verb == "hold" else commands.release
-            await self.write(lambda state: act(state, jid, admin), user, rid)
-            return {"ok": True}
-        if verb == "requeue":
-            jid, hold = int(body["job_id"]), bool(body.get("hold", False))
-            await self.write(lambda state: commands.requeue(state, jid, hold), user, rid)
-            return {"ok": True}
-        if verb == "update_job":
-            jid = int(body["job_id"])
-            await self.write(lambda state: commands.update_job(
-                state, jid, time_limit=body.get("time_limit"), priority=body.get("priority"),
-                by_admin=bool(body.get("admin", True))), user, rid)
-            return {"ok": True}
-        if verb in ("drain", "down", "resume"):
-            node, reason = body["node"], body.get("reason", "")
-            if verb == "drain":
-                await self.write(lambda state: commands.drain(state, node, reason, user), user, rid)
-            elif verb == "down":
-                await self.write(lambda state: commands.down(state, node, reason, user), user, rid)
-            else:
-                await self.write(lambda state: commands.resume(state, node, user), user, rid)
-            return {"ok": True}
-        if verb == "job":
-            return {"ok": True, "job": self.job_view(int(body["job_id"])), "now": self.now()}
-        if verb == "queue":
-            return {"ok": True, "jobs": _Raw(self.queue_json()), "now": self.now()}
-        if verb == "squeue":
-            return _Raw(self.squeue_reply(body))
-        if verb == "nodes":
-            return {"ok": True, "nodes": self.nodes_view()}
-        if verb == "accounting":
-            return await self.accounting(body)
-        if verb == "ping":
-            return {"ok": True, "seq": st.seq, "leader": self.leader, "version": __version__}
-        raise commands.Rejected(f"unknown request {verb!r}", code="unknown")
-
-    def queue_json(self) -> bytes:
-        """``queue_view`` as JSON, reused while the view is the same list."""
-        view = self.queue_view()
-        if self._queue_cache is not None and self._queue_cache[0] is view:
-            return self._queue_cache[1]
+    async def handle(self, verb: str, body: dict, caller: Caller = ROOT, rid: str = "") -> dict:
+        """Serve one API request in process (tests, benchmarks, tools beside the controller): the same
+        validation, rights and handlers as a request through the front door, for an already known caller."""
         import orjson
 
-        data = orjson.dumps(view)
-        self._queue_cache = (view, data)
-        return data
+        body = dict(body)
+        rid = rid or str(body.pop("rid", ""))
+        result = await self.frontdoor.dispatch(verb, orjson.dumps(body), caller, rid)
+        return orjson.loads(encode_reply(result)) if isinstance(result, Raw) else result
 
-    async def accounting(self, body: dict) -> dict:
-        """``sacct``/``sinfo`` run here over this cluster's projection, for a client machine that has
-        none (a login node): the same code, the caller's uid for "my jobs"."""
-        import io
+    async def nc_reply(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
+        await self._nc.publish(subject, data, headers=headers)
 
-        command, argv, uid = body["command"], body["argv"], int(body["uid"])
-        if command not in ("sacct", "sinfo") or not isinstance(argv, list) or \
-                not all(isinstance(a, str) for a in argv):
-            raise ValueError("accounting wants command sacct|sinfo and argv as a list of strings")
-        if self.projection_db is None:
-            raise commands.Rejected("this controller keeps no projection (run sacct/sinfo where rota up runs)",
-                                    code="no_projection")
-        if command == "sacct":
-            from rota.cli.sacct import run
-        else:
-            from rota.cli.sinfo import run
-        out, err = io.StringIO(), io.StringIO()
-        code = await asyncio.to_thread(run, argv, out, err, db=self.projection_db, uid=uid)
-        return {"ok": True, "out": out.getvalue(), "err": err.getvalue(), "code": code}
-
-    def squeue_reply(self, request: dict) -> bytes:
-        """squeue's rendered output for one command line (see :mod:`rota.projections.squeue_view`), as the
-        encoded reply. Kept per command line while the queue view is the same (tools poll squeue far
-        more often than the queue changes) and, for output with running jobs' times, the same second."""
-        import orjson
-
-        from rota.projections.squeue_view import answer
-
-        clean = {k: v for k, v in sorted(request.items()) if k != "rid"}
-        view = self.queue_view()
-        now = int(self.now())
-        if self._squeue_cache[0] is not view:
-            self._squeue_cache = (view, {})
-        key = orjson.dumps(clean)
-        hit = self._squeue_cache[1].get(key)
-        if hit is not None and (hit[0] is None or hit[0] == now):
-            return hit[1]
-        result = answer(view, clean, now)
-        dependent = result.pop("now_dependent", False)
-        data = orjson.dumps(result)
-        if len(self._squeue_cache[1]) >= 64:
-            self._squeue_cache[1].clear()
-        self._squeue_cache[1][key] = (now if dependent else None, data)
-        return data
+    def send_signal(self, job: Any, signal: int) -> None:
+        """Deliver a signal to a running job's processes on its batch host (the log does not change)."""
+        if self.on_assign is None:
+            raise commands.Rejected("no agents are connected to deliver the signal", code="no_agents")
+        self.on_assign([(job.alloc[0].node, {"op": "signal", "job_id": job.job_id, "restarts": job.restarts,
+                                             "signal": signal})])
 
     def queue_view(self) -> list[dict]:
-        """Pending and running jobs with their current reasons (as squeue needs them); the same list
-        object while nothing in it changed, so views derived from it can be reused."""
-        key = (self.state.seq, id(self._last_decision[1]) if self._last_decision else None)
-        cached = self._view_cache
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        view = self._build_queue_view()
-        if cached is not None and cached[1] == view:
-            view = cached[1]
-        key = (self.state.seq, id(self._last_decision[1]) if self._last_decision else None)
-        self._view_cache = (key, view)
-        return view
-
-    def _build_queue_view(self) -> list[dict]:
-        d = None
-        if self.state.pending:
-            # the last cycle's reasons, as slurmctld shows them; a fresh pass only when jobs arrived since
-            last = self._last_decision
-            fresh = last is not None and last[0] == self.state.seq
-            d = last[1] if fresh else schedule(self.state, self.now(), explain=False)
-            if not fresh:
-                self._last_decision = (self.state.seq, d)
-        out = []
-        for jid in list(self.state.pending) + list(self.state.running):
-            job = self.state.jobs[jid]
-            p = d.pending.get(jid) if d is not None else None
-            out.append({
-                "job_id": jid, "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
-                "array_pending": job.array_pending, "array_throttle": job.array_throttle,
-                "partition": job.partition, "name": job.spec.name, "user": job.spec.user,
-                "state": job.state, "start_time": job.start_time, "submit_time": job.submit_time,
-                "time_limit": job.time_limit, "nodes": [a.node for a in job.alloc],
-                "num_nodes": len(job.alloc) or (job.req.nnodes if job.req else 1),
-                "reason": (p.display if p is not None else "None") if job.state == "PENDING" else "None",
-                "expected_start": p.start if p is not None else None,
-                "priority": (d.priorities.get(jid, 0) if d is not None else 0) if job.state == "PENDING" else 0,
-                "sched_nodes": list(d.reservations[jid].nodes) if d is not None and jid in d.reservations else [],
-                "account": job.spec.account, "uid": job.spec.uid,
-                "cpus": sum(a.cpus for a in job.alloc) or (job.req.total_cpus if job.req else 1),
-            })
-        return out
-
-    def test_submit(self, spec: ev.JobSpec) -> dict:
-        """``sbatch --test-only``: validate and say when and where the job would start; nothing is logged."""
-        import copy
-        import datetime as dt
-
-        from rota.core.hostlist import compress
-
-        state = self.state
-        job_id = state.next_job_id
-        event = commands.submit(state, spec, job_id)
-        trial = copy.deepcopy(state)
-        now = max(self.now(), trial.now)
-        apply(trial, ev.Envelope(seq=trial.seq + 1, ts=now, actor=spec.user, idem="", event=event))
-        d = schedule(trial, now)
-        start = next((s for s in d.starts if (s.array_job_id or s.job_id) == job_id), None)
-        if start is not None:
-            when, nodes, part = now, [a.node for a in start.alloc], start.partition
-            cpus = sum(a.cpus for a in start.alloc)
-        else:
-            res = d.reservations.get(job_id)
-            job = trial.jobs[job_id]
-            when = res.start if res is not None else None
-            nodes = list(res.nodes) if res is not None else []
-            part = res.partition if res is not None else job.partition
-            cpus = job.req.total_cpus if job.req is not None else 1
-        return {"ok": True, "job_id": job_id, "partition": part, "cpus": cpus, "nodes": compress(nodes) or "(null)",
-                "start": dt.datetime.fromtimestamp(when).strftime("%Y-%m-%dT%H:%M:%S") if when else "Unknown"}
-
-    def job_view(self, job_id: int) -> dict:
-        """Everything ``scontrol show job`` prints about a job the controller still holds."""
-        job = self.state.jobs.get(job_id)
-        if job is None:
-            raise commands.Rejected("Invalid job id specified", code="no_job")
-        p = None
-        if job.state == "PENDING":
-            last = self._last_decision
-            d = last[1] if last is not None and last[0] == self.state.seq else schedule(self.state, self.now())
-            p = d.pending.get(job_id)
-        req = job.req
-        return {
-            "job_id": job.job_id, "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
-            "spec": job.spec.model_dump(mode="json", exclude={"script", "env"}), "state": job.state,
-            "reason": p.reason if p is not None else None, "expected_start": p.start if p is not None else None,
-            "priority": p.priority if p is not None else 0, "hold": job.hold, "partition": job.partition,
-            "submit_time": job.submit_time, "eligible_time": job.eligible_time, "start_time": job.start_time,
-            "end_time": job.end_time, "time_limit": job.time_limit, "exit_code": job.exit_code, "signal": job.signal,
-            "restarts": job.restarts, "nodes": [a.node for a in job.alloc], "alloc_cpus": sum(a.cpus for a in job.alloc),
-            "alloc_mem": sum(a.mem for a in job.alloc), "alloc_gpus": sum(len(a.gpus) for a in job.alloc),
-            "req": list(req) if req is not None else None, "backfilled": job.backfilled, "nice": job.nice,
-        }
-
-    def nodes_view(self) -> list[dict]:
-        return [{"name": n.name, "state": n.display_state(), "cpus": n.cpus, "alloc_cpus": n.alloc_cpus,
-                 "memory": n.memory, "alloc_mem": n.alloc_mem, "gpus": n.gpu_count, "free_gpus": n.free_gpus,
-                 "reason": n.reason, "reason_by": n.reason_by, "reason_time": n.reason_time}
-                for n in self.state.nodes.values()]
+        return self.views.queue_view()
 
     # ------------------------------------------------------------ cycles
 
@@ -533,7 +311,7 @@ class Controller:
             decision = schedule(state, max(self.now(), state.now))
             event = decision.event()
             if event is None:
-                self._last_decision = (state.seq, decision)
+                self.last_decision = (state.seq, decision)
                 raise _NothingToDo
             decided.append(event)
             return event
@@ -600,28 +378,16 @@ class Controller:
     # ------------------------------------------------------------ serving over NATS
 
     async def serve(self, nc: Any) -> None:
-        """Answer ``rota.api.<verb>`` requests (JSON in, JSON out) and run cycles."""
-
+        """Answer ``rota.api.<verb>`` requests through the front door and run cycles."""
         inflight: set[asyncio.Task] = set()
+        self._nc = nc
 
         async def on_request(msg: Any) -> None:
             # nats-py runs a subscription's callbacks one at a time: hand each request to its own task
             # so concurrent requests reach the writer together and are committed as one group.
-            task = asyncio.create_task(answer(msg))
+            task = asyncio.create_task(self.frontdoor.on_message(msg))
             inflight.add(task)
             task.add_done_callback(inflight.discard)
-
-        async def answer(msg: Any) -> None:
-            verb = msg.subject.rsplit(".", 1)[-1]
-            try:
-                body = json.loads(msg.data or b"{}")
-            except ValueError:
-                body = None
-            if not isinstance(body, dict):
-                result = {"ok": False, "error": ["bad request: body is not a JSON object"], "code": "bad_request"}
-            else:
-                result = await self.handle(verb, body)
-            await msg.respond(encode_reply(result))
 
         self._subs.append(await nc.subscribe(f"{API}.*", queue="rota-controller", cb=on_request))
         self._tasks.append(asyncio.create_task(self.run_cycles()))

@@ -52,7 +52,7 @@ async def at_or_before(store: Any, seq: int) -> State | None:
         names = [o.name for o in await store.list() if o.name.startswith("at-") and not o.deleted]
     except Exception:  # noqa: BLE001 - an empty bucket raises
         names = []
-    seqs = sorted(int(n[3:]) for n in names if n[3:].isdigit() and int(n[3:]) <= seq)
+    seqs = sorted(int(n[3:]) for n in names if n[3:].isdecimal() and int(n[3:]) <= seq)
     for s in reversed(seqs):
         state = await _load(store, history_name(s))
         if state is not None:

@@ -15,7 +15,7 @@ log = logging.getLogger("rota.up")
 from rota.core.slurmconf import ConfigError, auto_config, parse_config
 
 from rota.agents.agent import Agent
-from rota.cli.paths import default_state_dir
+from rota.wire.paths import default_state_dir
 from rota.projections.projector import Projector
 
 from . import natsserver
@@ -36,7 +36,7 @@ def machine_config(fake_gpus: str | None) -> ev.ClusterConfig:
     gpus: list[tuple[str, int]] = []
     if fake_gpus:
         gtype, _, count = fake_gpus.rpartition(":")
-        if not count.isdigit():
+        if not count.isdecimal():
             raise ValueError(f"--fake-gpus {fake_gpus!r}: use TYPE:N, for example a100:4")
         gpus.append((gtype or "gpu", int(count)))
     host = socket.gethostname().split(".")[0] or "localhost"

@@ -24,14 +24,22 @@ def apply(state: State, env: ev.Envelope) -> State:
 
 
 def fold(envelopes, state: State | None = None) -> State:
-    """Apply every envelope in order, starting from ``state`` (or an empty one)."""
+    """Apply every envelope in order, starting from ``state`` (or an empty one).
+
+    An event the reducer cannot apply (it names nodes or GPUs that do not exist, carries a spec
+    that no longer parses) changes nothing and is noted in ``state.set_aside`` with its sequence:
+    one bad record never stops a replay. Handlers check before they change anything.
+    """
     st = State() if state is None else state
     handlers = _HANDLERS
     for env in envelopes:
         event = env.event
         handler = handlers.get(type(event))
         if handler is not None:
-            handler(st, env, event)
+            try:
+                handler(st, env, event)
+            except Exception as exc:  # noqa: BLE001 - a malformed record: set aside, keep folding
+                st.set_aside.append((env.seq, f"{event.type}: {type(exc).__name__}: {exc}"))
         st.seq = env.seq
         if env.ts > st.now:
             st.now = env.ts
@@ -109,7 +117,7 @@ def _finish(state: State, job: Job, end_state: str, ts: int) -> None:
     state.finished.append((ts, job.job_id))
 
 
-def _requeue(state: State, job: Job, ts: int, hold: bool) -> None:
+def _requeue(state: State, job: Job, ts: int, hold: bool, user_hold: bool = False) -> None:
     if job.state == RUNNING:
         _release(state, job, ts)
     job.state = PENDING
@@ -119,7 +127,7 @@ def _requeue(state: State, job: Job, ts: int, hold: bool) -> None:
     job.exit_code = job.signal = job.max_rss = 0
     job.cancel_by = None
     if hold:
-        job.hold = "admin"
+        job.hold = "user" if user_hold else "admin"
     job.eligible_time = ts
     state.pending[job.job_id] = None
 
@@ -269,7 +277,16 @@ def _job_requeued(state: State, env: ev.Envelope, e: ev.JobRequeued) -> None:
     job = state.jobs.get(e.job_id)
     if job is None or job.state == PENDING or job.array_pending is not None:
         return
-    _requeue(state, job, env.ts, e.hold)
+    _requeue(state, job, env.ts, e.hold, e.user_hold)
+
+
+def _fits(nodes: dict[str, Node], start: ev.Start) -> bool:
+    """Whether an allocation names only existing nodes and GPU indices (a decision the reducer can apply)."""
+    for a in start.alloc:
+        node = nodes.get(a.node)
+        if node is None or a.cpus < 0 or a.mem < 0 or any(not 0 <= g < len(node.gpu_owner) for g in a.gpus):
+            return False
+    return True
 
 
 def _jobs_started(state: State, env: ev.Envelope, e: ev.JobsStarted) -> None:
@@ -277,6 +294,9 @@ def _jobs_started(state: State, env: ev.Envelope, e: ev.JobsStarted) -> None:
     now = e.now
     for s in e.starts:
         jid = s.job_id
+        if not _fits(nodes, s):
+            state.set_aside.append((env.seq, f"jobs.started: job {jid}'s allocation names unknown nodes or GPUs"))
+            continue
         if s.array_job_id is not None:
             master = jobs.get(s.array_job_id)
             if master is None or master.array_pending is None or s.array_task_id not in master.array_pending:

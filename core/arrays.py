@@ -21,7 +21,7 @@ def parse_array(text: str, max_array_size: int = MAX_ARRAY_SIZE) -> ArraySpec:
     body, pct, thr = raw.partition("%")
     throttle = 0
     if pct:
-        if not thr.isdigit():
+        if not thr.isdecimal():
             raise ArraySpecError(f"invalid array throttle in {text!r}: use %N with N a whole number")
         throttle = int(thr)
     indices: set[int] = set()
@@ -29,11 +29,11 @@ def parse_array(text: str, max_array_size: int = MAX_ARRAY_SIZE) -> ArraySpec:
         rng, colon, step_s = piece.partition(":")
         step = 1
         if colon:
-            if not step_s.isdigit() or int(step_s) < 1:
+            if not step_s.isdecimal() or int(step_s) < 1:
                 raise ArraySpecError(f"invalid array step in {piece!r}")
             step = int(step_s)
         lo, dash, hi = rng.partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()):
+        if not lo.isdecimal() or (dash and not hi.isdecimal()):
             raise ArraySpecError(f"invalid array range {piece!r} in {text!r}")
         a = int(lo)
         b = int(hi) if dash else a

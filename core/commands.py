@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from . import events as ev
 from .arrays import ArraySpecError, parse_array
+from .auth import ROOT, Caller
 from .deps import DependencySpecError, parse_dependency
-from .request import constraint_matches, node_request, partition_shape
-from .state import PENDING, RUNNING, TERMINAL_STATES, State
+from .limits import MAX_COUNT, MAX_NICE, MAX_TIME, spec_problems
+from .request import constraint_matches, effective_time_limit, node_request, partition_shape
+from .state import PENDING, RUNNING, TERMINAL_STATES, Job, State
 
 
 class Rejected(Exception):
@@ -22,13 +24,29 @@ class Rejected(Exception):
 
 
 NODE_CONFIG_UNAVAILABLE = "Requested node configuration is not available"
+ACCESS_DENIED = "Access/permission denied"
+INVALID_USER = "Invalid user id"     # what slurmctld answers a user who tries to change a node
 
 
-def submit(state: State, spec: ev.JobSpec, job_id: int) -> ev.JobSubmitted:
+def denied(caller: Caller, verb: str, target: str, reason: str) -> ev.RequestDenied:
+    """The audit record of a refused request (appended by the front door, so attempts are on the log)."""
+    return ev.RequestDenied(verb=verb, uid=caller.uid, user=caller.user, host=caller.host, target=target,
+                            reason=reason)
+
+
+def submit(state: State, spec: ev.JobSpec, job_id: int, caller: Caller = ROOT) -> ev.JobSubmitted:
     """Validate a submission; return its event or raise :class:`Rejected`."""
     cfg = state.config
     if cfg is None:
         raise Rejected("the cluster has no configuration yet", code="unconfigured")
+    problems = spec_problems(spec)
+    if problems:
+        raise Rejected(*problems, code="invalid")
+    if spec.uid != caller.uid and caller.level < 2:
+        raise Rejected(ACCESS_DENIED, code="permission")
+    if spec.nice < 0 and not caller.operator:
+        raise Rejected("Access/permission denied: only operators and administrators may set a negative nice",
+                       code="permission")
     parts_by_name = {p.name: p for p in cfg.partitions}
     names = list(spec.partitions)
     if not names:
@@ -112,56 +130,88 @@ def _check_partition(state: State, spec: ev.JobSpec, part: ev.PartitionConfig, e
         raise Rejected(NODE_CONFIG_UNAVAILABLE, code="nodes")
 
 
-def _job(state: State, job_id: int):
+def _job(state: State, job_id: int) -> Job:
     job = state.jobs.get(job_id)
     if job is None:
         raise Rejected("Invalid job id specified", code="no_job")
     return job
 
 
-def cancel(state: State, job_id: int, by_uid: int, tasks: tuple[int, ...] | None = None) -> ev.JobCancelled:
+def _own_job(state: State, caller: Caller, job_id: int) -> Job:
+    """The job, if ``caller`` may act on it (its owner, an operator or an administrator)."""
     job = _job(state, job_id)
+    if not caller.may_touch(job.spec.uid):
+        raise Rejected(ACCESS_DENIED, code="permission")
+    return job
+
+
+def cancel(state: State, job_id: int, caller: Caller = ROOT, tasks: tuple[int, ...] | None = None,
+           signal: int = 15) -> ev.JobCancelled:
+    job = _own_job(state, caller, job_id)
     if job.state in TERMINAL_STATES and job.array_pending is None:
         raise Rejected("Job/step already completing or completed", code="finished")
-    return ev.JobCancelled(job_id=job_id, by_uid=by_uid, tasks=tasks)
+    return ev.JobCancelled(job_id=job_id, by_uid=caller.uid, tasks=tasks, signal=signal)
 
 
-def requeue(state: State, job_id: int, hold: bool = False) -> ev.JobRequeued:
+def signal_target(state: State, job_id: int, caller: Caller = ROOT) -> Job:
+    """``scancel --signal``: the running job to signal (a signal changes nothing the log knows)."""
+    job = _own_job(state, caller, job_id)
+    if job.state != RUNNING or not job.alloc:
+        raise Rejected("Job is not running", code="not_running")
+    return job
+
+
+def requeue(state: State, job_id: int, hold: bool = False, caller: Caller = ROOT) -> ev.JobRequeued:
     """``scontrol requeue``: a running or finished batch job goes back to the queue (same id)."""
-    job = _job(state, job_id)
+    job = _own_job(state, caller, job_id)
     if job.state == PENDING:
         raise Rejected("Job is pending execution", code="pending")
-    return ev.JobRequeued(job_id=job_id, hold=hold)
+    return ev.JobRequeued(job_id=job_id, hold=hold, user_hold=hold and not caller.operator)
 
 
-def hold(state: State, job_id: int, admin: bool) -> ev.JobHeld:
-    job = _job(state, job_id)
+def hold(state: State, job_id: int, caller: Caller = ROOT, user_hold: bool = False) -> ev.JobHeld:
+    """``scontrol hold`` (an administrator's hold when an operator asks) or ``uhold`` (always the user's)."""
+    job = _own_job(state, caller, job_id)
     if job.state != PENDING:
         raise Rejected("Job is no longer pending execution", code="not_pending")
-    return ev.JobHeld(job_id=job_id, admin=admin)
+    return ev.JobHeld(job_id=job_id, admin=caller.operator and not user_hold)
 
 
-def release(state: State, job_id: int, by_admin: bool) -> ev.JobReleased:
-    job = _job(state, job_id)
+def release(state: State, job_id: int, caller: Caller = ROOT) -> ev.JobReleased:
+    job = _own_job(state, caller, job_id)
     if job.state != PENDING:
         raise Rejected("Job is no longer pending execution", code="not_pending")
-    if job.hold == "admin" and not by_admin:
-        raise Rejected("Access/permission denied", code="permission")
+    if job.hold == "admin" and not caller.operator:
+        raise Rejected(ACCESS_DENIED, code="permission")
     return ev.JobReleased(job_id=job_id)
 
 
-def update_job(state: State, job_id: int, *, time_limit: int | None = None,
-               priority: int | None = None, by_admin: bool = True) -> ev.JobUpdated:
-    job = _job(state, job_id)
+def _current_limit(state: State, job: Job) -> int:
+    if job.state == RUNNING or job.time_limit is not None:
+        return job.time_limit or 0
+    part = state.partition(job.partition)
+    return effective_time_limit(None, part) if part is not None else 0
+
+
+def update_job(state: State, job_id: int, *, time_limit: int | None = None, priority: int | None = None,
+               nice: int | None = None, caller: Caller = ROOT) -> ev.JobUpdated:
+    """``scontrol update JobId=``: owners may only lower a limit or raise nice; operators anything."""
+    job = _own_job(state, caller, job_id)
+    if time_limit is not None and not 0 <= time_limit <= MAX_TIME:
+        raise Rejected(f"Invalid TimeLimit value: it must be between 0 and {MAX_TIME} seconds", code="invalid")
+    if priority is not None and not 0 <= priority <= MAX_COUNT:
+        raise Rejected(f"Invalid Priority value: it must be between 0 and {MAX_COUNT}", code="invalid")
+    if nice is not None and not -MAX_NICE <= nice <= MAX_NICE:
+        raise Rejected(f"Invalid nice value, must be between -{MAX_NICE} and {MAX_NICE}", code="invalid")
     if job.state in TERMINAL_STATES:
         raise Rejected("Job has already finished", code="finished")
-    if time_limit is not None and job.state == RUNNING and not by_admin:
-        current = job.time_limit or 0
-        if time_limit == 0 or (current and time_limit > current):
-            raise Rejected("Access/permission denied", code="permission")
-    if priority is not None and not by_admin:
-        raise Rejected("Access/permission denied", code="permission")
-    return ev.JobUpdated(job_id=job_id, time_limit=time_limit, priority=priority)
+    if not caller.operator:
+        current = _current_limit(state, job)
+        if time_limit is not None and current and (time_limit == 0 or time_limit > current):
+            raise Rejected(ACCESS_DENIED, code="permission")
+        if priority is not None or (nice is not None and nice < 0):
+            raise Rejected(ACCESS_DENIED, code="permission")
+    return ev.JobUpdated(job_id=job_id, time_limit=time_limit, priority=priority, nice=nice)
 
 
 def _node(state: State, name: str):
@@ -171,6 +221,11 @@ def _node(state: State, name: str):
     return node
 
 
+def _operator(caller: Caller) -> None:
+    if not caller.operator:
+        raise Rejected(INVALID_USER, code="permission")
+
+
 def _node_with_reason(state: State, node: str, reason: str) -> None:
     _node(state, node)
     if not reason.strip():
@@ -178,19 +233,22 @@ def _node_with_reason(state: State, node: str, reason: str) -> None:
                        code="reason")
 
 
-def drain(state: State, node: str, reason: str, by: str) -> ev.NodeDrained:
+def drain(state: State, node: str, reason: str, caller: Caller = ROOT) -> ev.NodeDrained:
+    _operator(caller)
     _node_with_reason(state, node, reason)
-    return ev.NodeDrained(node=node, reason=reason, by=by)
+    return ev.NodeDrained(node=node, reason=reason, by=caller.user)
 
 
-def down(state: State, node: str, reason: str, by: str) -> ev.NodeDown:
+def down(state: State, node: str, reason: str, caller: Caller = ROOT) -> ev.NodeDown:
+    _operator(caller)
     _node_with_reason(state, node, reason)
-    return ev.NodeDown(node=node, reason=reason, by=by)
+    return ev.NodeDown(node=node, reason=reason, by=caller.user)
 
 
-def resume(state: State, node: str, by: str, undrain_only: bool = False) -> ev.NodeResumed:
+def resume(state: State, node: str, caller: Caller = ROOT, undrain_only: bool = False) -> ev.NodeResumed:
+    _operator(caller)
     n = _node(state, node)
     if not (n.drain or n.down or n.invalid_reg):
         raise Rejected(f"Invalid node state transition requested: {node} is not drained or down",
                        code="state")
-    return ev.NodeResumed(node=node, by=by, undrain_only=undrain_only)
+    return ev.NodeResumed(node=node, by=caller.user, undrain_only=undrain_only)

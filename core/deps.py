@@ -45,7 +45,7 @@ def parse_dependency(text: str) -> Dependency:
         for ident in rest.split(":"):
             jid_s, plus, delay_s = ident.partition("+")
             jid_s = jid_s.split("_")[0]
-            if not jid_s.isdigit() or (plus and not delay_s.isdigit()):
+            if not jid_s.isdecimal() or (plus and not delay_s.isdecimal()):
                 raise DependencySpecError(f"invalid job id {ident!r} in dependency {item!r}")
             terms.append(DepTerm(kind, int(jid_s), int(delay_s) * 60 if plus else 0))
     return Dependency(tuple(terms), any_of)

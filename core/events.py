@@ -78,6 +78,17 @@ class QosConfig(Model):
     priority: int = 0
 
 
+class AuthConfig(Model):
+    """Who may do what, and how long a credential lives (slurm.conf ``SlurmUser``, ``AuthInfo=ttl=``,
+    ``PrivateData``, and rota's ``AdminUsers``/``OperatorUsers``, Slurm's AdminLevel as names)."""
+
+    slurm_user: str = "root"                  # the service user: an administrator
+    admins: tuple[str, ...] = ()              # AdminLevel=Administrator
+    operators: tuple[str, ...] = ()           # AdminLevel=Operator
+    cred_ttl: int = 300                       # seconds a credential lives (munge's default)
+    private_data: tuple[str, ...] = ()        # "jobs": users see only their own jobs
+
+
 class ClusterConfig(Model):
     cluster_name: str = "rota"
     nodes: tuple[NodeConfig, ...]
@@ -86,6 +97,7 @@ class ClusterConfig(Model):
     priority: PriorityWeights = PriorityWeights()
     qos: tuple[QosConfig, ...] = (QosConfig(name="normal"),)
     gres_types: tuple[str, ...] = ("gpu",)
+    auth: AuthConfig = AuthConfig()
     agents: bool = False          # nodes run jobs through agents: a node takes work once its agent registered
 
     def default_partition(self) -> PartitionConfig | None:
@@ -228,6 +240,7 @@ class JobRequeued(Model):
     v: int = 1
     job_id: int
     hold: bool = False
+    user_hold: bool = False       # held by its owner (requeuehold by a user), not by an administrator
 
 
 class JobsStarted(Model):
@@ -316,10 +329,23 @@ class HealthFault(Model):
     code: str = ""                # "xid:79", "ecc", "lost", "healthcheck"
 
 
+class RequestDenied(Model):
+    """A request refused for want of rights: the audit trail of attempts (changes no state)."""
+
+    type: Literal["request.denied"] = "request.denied"
+    v: int = 1
+    verb: str                     # the API verb, e.g. "cancel"
+    uid: int                      # the authenticated caller
+    user: str
+    host: str = ""                # where the caller's credential was issued
+    target: str = ""              # "job 12", "node gpu01"
+    reason: str = ""              # Slurm's words, e.g. "Access/permission denied"
+
+
 EVENT_TYPES: tuple[type[Model], ...] = (
     ClusterConfigured, ControllerStarted, JobSubmitted, JobCancelled, JobHeld, JobReleased,
     JobUpdated, JobRequeued, JobsStarted, JobExited, NodeRegistered, NodeDrained,
-    NodeResumed, NodeDown, NodeNotResponding, HealthFault,
+    NodeResumed, NodeDown, NodeNotResponding, HealthFault, RequestDenied,
 )
 
 Event = Annotated[Union[EVENT_TYPES], Field(discriminator="type")]  # type: ignore[valid-type]

@@ -37,7 +37,7 @@ def _expand_range(body: str, expr: str) -> list[str]:
         if not piece:
             raise HostlistError(f"empty range in hostlist {expr!r}")
         lo, dash, hi = piece.partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()):
+        if not lo.isdecimal() or (dash and not hi.isdecimal()):
             raise HostlistError(f"bad range {piece!r} in hostlist {expr!r}: use digits like 01-16")
         if not dash:
             out.append(lo)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import events as ev
-from .deps import NEVER, OK, parse_dependency, dependency_status
+from .deps import NEVER, OK, DependencySpecError, parse_dependency, dependency_status
 from .hostlist import compress
 from .priority import PriorityContext, job_priority
 from .profile import INF, UNLIMITED_DURATION, ShapeSearch, Timeline
@@ -313,7 +313,10 @@ def _static_reason(cy: _Cycle, job: Job, parts: list[str]) -> Pending | None:
         parts[:] = usable_parts
     spec = job.spec
     if spec.dependency:
-        status = dependency_status(cy.state, parse_dependency(spec.dependency), job.job_id, cy.now)
+        try:
+            status = dependency_status(cy.state, parse_dependency(spec.dependency), job.job_id, cy.now)
+        except DependencySpecError:   # validated at submit; a record from elsewhere can never be met
+            status = NEVER
         if status == NEVER:
             return Pending("DependencyNeverSatisfied", detail=f"dependency {spec.dependency} can never be met")
         if status != OK:

@@ -150,9 +150,9 @@ def _gres(ctx: _Ctx, lineno: int, value: str, gres_types: set[str] | None) -> li
             continue
         count_s = parts[-1].split("(")[0] if len(parts) > 1 else "1"
         gtype = parts[1] if len(parts) == 3 else ""
-        if len(parts) == 2 and not count_s.isdigit():
+        if len(parts) == 2 and not count_s.isdecimal():
             gtype, count_s = parts[1], "1"
-        if not count_s.isdigit() or len(parts) > 3:
+        if not count_s.isdecimal() or len(parts) > 3:
             ctx.err(lineno, f"Gres={item} is not gpu[:type]:count", "for example Gres=gpu:a100:4")
             continue
         out.append(ev.GpuConfig(type=gtype, count=int(count_s)))
@@ -437,7 +437,7 @@ def _apply_gres_conf(ctx: _Ctx, text: str, file: str, nodes: dict[str, ev.NodeCo
                 gctx.err(lineno, f"bad File={vals['file']}: {exc}", "write File=/dev/nvidia[0-3]")
                 continue
         else:
-            n = int(vals.get("count", "1")) if vals.get("count", "1").isdigit() else 1
+            n = int(vals.get("count", "1")) if vals.get("count", "1").isdecimal() else 1
         for t in targets:
             if t not in nodes:
                 gctx.err(lineno, f"gres.conf names unknown node {t}")

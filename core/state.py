@@ -141,6 +141,8 @@ class State:
     part_shapes: dict[str, PartitionShape] = field(default_factory=dict)
     finished: deque[tuple[int, int]] = field(default_factory=deque, compare=False)   # (end time, job id), purge order
     min_job_age: int = 300                  # from the config; 0 keeps finished jobs forever
+    # records the reducer could not apply, as (sequence, why): reported by the shell, never stored
+    set_aside: list[tuple[int, str]] = field(default_factory=list, compare=False, repr=False)
 
     def refresh_partition_shapes(self) -> None:
         """Recompute each partition's node shape (after a configuration change)."""

@@ -16,7 +16,7 @@ class TimeSpecError(ValueError):
 
 
 def _int(part: str, text: str) -> int:
-    if not part.isdigit():
+    if not part.isdecimal():
         raise TimeSpecError(f"invalid time specification {text!r}")
     return int(part)
 

@@ -346,7 +346,7 @@ def apply_settings(config: ev.ClusterConfig, settings: dict[str, str]) -> ev.Clu
             raise ValueError(f"unknown setting {key!r}: {parts[-1]!r} is not a field of {'.'.join(parts[:-1])}")
         old = target[parts[-1]]
         target[parts[-1]] = int(value) if isinstance(old, int) and not isinstance(old, bool) and \
-            value.lstrip("-").isdigit() else (value.lower() in ("1", "true", "yes") if isinstance(old, bool) else value)
+            value.lstrip("-").isdecimal() else (value.lower() in ("1", "true", "yes") if isinstance(old, bool) else value)
     return ev.ClusterConfig.model_validate(data)
 
 

@@ -141,7 +141,7 @@ def format_from_names(text: str) -> str:
             raise FormatError(f"Invalid job format specification: {name}")
         right = width.startswith(".")
         w = width.lstrip(".") or "20"
-        if not w.isdigit():
+        if not w.isdecimal():
             raise FormatError(f"Invalid field width: {item}")
         out.append(f"%{'.' if right else ''}{w}{code}")
     return "".join(out)   # -O fields are not separated: their widths space them
@@ -166,7 +166,7 @@ def answer(jobs: list[dict], request: dict, now: int) -> dict:
         ids = set()
         for item in wanted_ids.split(","):
             base = item.split("_")[0]
-            if not base.isdigit():
+            if not base.isdecimal():
                 return {"ok": False, "error": f"squeue: error: Invalid job id: {item}"}
             ids.add(int(base))
         jobs = [j for j in jobs if j["job_id"] in ids or j["array_job_id"] in ids]

@@ -1,0 +1,128 @@
+"""The local signer: munged's role, and the only door the commands have into rota.
+
+It listens on a Unix socket any local user may reach. For each request it asks the kernel who is
+calling (``SO_PEERCRED``: uid and gid, which the caller cannot choose), signs the request with
+this host's key (a credential bound to the verb, the request id and the payload, see
+:mod:`rota.core.credentials`) and forwards it to the controller over its own NATS connection,
+then relays the answer. The commands never hold a key, never connect to NATS and never say who
+they are.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import struct
+import time
+from typing import Any
+
+from rota.core import credentials
+from rota.wire import localsock
+from rota.wire.subjects import api_subject
+
+log = logging.getLogger("rota.signer")
+
+CRED_HEADER, RID_HEADER = "Rota-Cred", "Rota-Rid"
+SLOW_VERBS = {"timetravel": 900.0, "accounting": 120.0}   # answers that take more than a moment
+READ_TIMEOUT = 10.0
+MAX_INFLIGHT_PER_UID = 64
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket, from the kernel."""
+    data = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", data)
+
+
+class Signer:
+    def __init__(self, path: str, host: str, keyring: Any, nc: Any, *, ttl: int = credentials.DEFAULT_TTL,
+                 clock: Any = time.time) -> None:
+        if not credentials.valid_host(host):
+            raise ValueError(f"{host!r} cannot sign credentials: host names are letters, digits, '_' and '-'")
+        key = keyring.key_of(host)
+        if key is None:
+            raise ValueError(f"the key given is not host {host}'s")
+        self.path, self.host, self.key, self.nc, self.ttl, self.clock = path, host, key, nc, ttl, clock
+        self.server: asyncio.AbstractServer | None = None
+        self._inflight: dict[int, int] = {}
+
+    async def start(self) -> None:
+        run_dir = os.path.dirname(self.path)
+        os.makedirs(run_dir, exist_ok=True)
+        os.chmod(run_dir, 0o755)
+        if os.path.lexists(self.path):
+            os.unlink(self.path)     # a socket left by a rota that died; we own its directory
+        self.server = await asyncio.start_unix_server(self._serve, path=self.path, limit=localsock.MAX_HEADER * 4)
+        os.chmod(self.path, 0o666)   # every local user may ask; who they are comes from the kernel
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            try:
+                await asyncio.wait_for(self.server.wait_closed(), timeout=2)
+            except asyncio.TimeoutError:
+                pass
+            self.server = None
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+    def sign(self, subject: str, rid: str, payload: bytes, uid: int, gid: int) -> str:
+        """A credential for this host's caller ``uid``/``gid``, bound to subject, request id and payload."""
+        return credentials.issue(self.key, "req", uid, gid, self.host, int(self.clock()), os.urandom(16).hex(),
+                                 f"{subject} {rid}", payload, self.ttl)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        uid = -1
+        try:
+            _pid, uid, gid = peer_credentials(writer.get_extra_info("socket"))
+            if self._inflight.get(uid, 0) >= MAX_INFLIGHT_PER_UID:
+                raise localsock.SignerError(f"too many requests in flight for uid {uid}; retry")
+            self._inflight[uid] = self._inflight.get(uid, 0) + 1
+            try:
+                line = await asyncio.wait_for(reader.readuntil(b"\n"), READ_TIMEOUT)
+                verb, rid, size = localsock.parse_request_header(line)
+                payload = await asyncio.wait_for(reader.readexactly(size), READ_TIMEOUT)
+                reply = await self.forward(verb, rid, payload, uid, gid)
+            finally:
+                self._inflight[uid] -= 1
+            writer.write(b"OK %d\n" % len(reply) + reply)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError) as exc:
+            writer.write(_error(f"bad request to the local rota signer: {exc or type(exc).__name__}"))
+        except localsock.SignerError as exc:
+            writer.write(_error(str(exc)))
+        except Exception as exc:  # noqa: BLE001 - one reply per request, whatever happened
+            log.exception("signer: request from uid %s failed", uid)
+            writer.write(_error(f"the local rota signer failed: {type(exc).__name__}"))
+        try:
+            await writer.drain()
+            writer.close()
+        except (ConnectionError, OSError):
+            pass
+
+    async def forward(self, verb: str, rid: str, payload: bytes, uid: int, gid: int) -> bytes:
+        """Sign and send one request; retried (a fresh credential, the same request id) on timeouts."""
+        from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+
+        subject = api_subject(verb)
+        timeout = SLOW_VERBS.get(verb, 10.0)
+        for _attempt in range(3):
+            headers = {CRED_HEADER: self.sign(subject, rid, payload, uid, gid), RID_HEADER: rid}
+            try:
+                msg = await self.nc.request(subject, payload, timeout=timeout, headers=headers)
+            except NoRespondersError:
+                raise localsock.SignerError("no rota controller answers; is `rota up` running?") from None
+            except (NatsTimeout, asyncio.TimeoutError):
+                continue
+            if (msg.headers or {}).get(RID_HEADER) != rid:
+                log.error("signer: dropped a reply that does not answer request %s", rid)
+                continue
+            return msg.data
+        raise localsock.SignerError(f"the rota controller did not answer within {3 * timeout:.0f} s")
+
+
+def _error(message: str) -> bytes:
+    data = message.encode()
+    return b"ERR %d\n" % len(data) + data

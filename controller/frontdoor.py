@@ -1,0 +1,288 @@
+"""The controller's front door: authenticate, resolve rights once, validate, dispatch, answer once.
+
+Every API request arrives on ``rota.api.<verb>`` with a credential issued by the caller's local
+signer. Here, in this order and nowhere else:
+
+1. the credential is checked (key, binding to subject, request id and payload, lifetime, replay);
+2. the caller's name comes from its uid (``pwd``) and its rights from the configuration;
+3. the body is validated by the verb's request model (:mod:`rota.controller.requests`);
+4. the verb's handler runs; the core commands check the caller's rights against what it touches,
+   and a refusal is appended to the log as ``request.denied``;
+5. exactly one reply goes back, carrying the request id it answers.
+"""
+from __future__ import annotations
+
+import logging
+import pwd
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+import orjson
+from pydantic import ValidationError
+
+from rota.core import commands
+from rota.core import credentials as creds
+from rota.core import events as ev
+from rota.core.auth import Caller, caller as make_caller
+
+from . import requests as rq
+from .eventlog import FencedError, LogUnavailable
+from .recent import Recent
+from .views import Raw
+
+log = logging.getLogger("rota.controller.api")
+
+CRED_HEADER, RID_HEADER = "Rota-Cred", "Rota-Rid"
+Handler = Callable[[Any, Caller, Any, str], Awaitable[dict | Raw]]
+
+
+@dataclass(frozen=True, slots=True)
+class Verb:
+    model: type[rq.Request]
+    handler: Handler
+    writes: bool          # changes the log: a retry with the same request id gets the first answer
+
+
+VERBS: dict[str, Verb] = {}
+
+
+def verb(name: str, model: type[rq.Request], writes: bool = False) -> Callable[[Handler], Handler]:
+    def register(fn: Handler) -> Handler:
+        VERBS[name] = Verb(model, fn, writes)
+        return fn
+    return register
+
+
+class FrontDoor:
+    def __init__(self, controller: Any, keyring: Any = None) -> None:
+        self.c = controller
+        self.keyring = keyring
+        self.replay = creds.ReplayCache()
+        self._results: Recent[dict] = Recent(100_000)   # (uid, request id) -> the answer a retry gets
+        self._names: dict[int, str | None] = {}
+        self.refused = 0
+
+    # ------------------------------------------------------------ identity
+
+    def user_name(self, uid: int) -> str | None:
+        """The name ``uid`` has on this host (what the log and the views call the caller)."""
+        if uid not in self._names:
+            if len(self._names) > 65536:
+                self._names.clear()
+            try:
+                self._names[uid] = pwd.getpwuid(uid).pw_name
+            except KeyError:
+                self._names[uid] = None
+        return self._names[uid]
+
+    def authenticate(self, subject: str, rid: str, credential: str | None, payload: bytes) -> Caller:
+        """The caller a request's credential proves, with its rights; raises CredentialError."""
+        if self.keyring is None:
+            raise creds.CredentialError(creds.INVALID, "this controller has no cluster key")
+        cfg = self.c.state.config
+        ttl = cfg.auth.cred_ttl if cfg is not None else creds.DEFAULT_TTL
+        cred = creds.verify(self.keyring.key_of, credential, f"{subject} {rid}", payload, int(self.c.clock()),
+                            kind="req", replay=self.replay, max_ttl=ttl)
+        name = self.user_name(cred.uid)
+        if name is None:
+            raise commands.Rejected("Invalid user id", code="permission")
+        return make_caller(cfg.auth if cfg is not None else None, cred.uid, cred.gid, name, cred.host)
+
+    # ------------------------------------------------------------ NATS
+
+    async def on_message(self, msg: Any) -> None:
+        """Answer one ``rota.api.<verb>`` message: one reply, always, carrying its request id."""
+        if not msg.reply:
+            return      # a publish, not a request: nobody to answer
+        headers = msg.headers or {}
+        rid = headers.get(RID_HEADER, "")
+        verb_name = msg.subject.rsplit(".", 1)[-1]
+        try:
+            if not rid or len(rid) > 64:
+                raise commands.Rejected("bad request: no request id", code="bad_request")
+            caller = self.authenticate(msg.subject, rid, headers.get(CRED_HEADER), msg.data or b"")
+            result = await self.dispatch(verb_name, msg.data or b"{}", caller, rid)
+        except creds.CredentialError as exc:
+            self.refused += 1
+            log.warning("refused %s (request %s): %s%s", msg.subject, rid[:64], exc.words,
+                        f"; {exc.detail}" if exc.detail else "")
+            result = {"ok": False, "error": [f"Protocol authentication error: {exc.words}"
+                                              + (f" ({exc.detail})" if exc.words == creds.REWOUND else "")],
+                      "code": "auth"}
+        except commands.Rejected as r:
+            result = {"ok": False, "error": list(r.lines), "code": r.code}
+        except Exception as exc:  # noqa: BLE001 - one reply per request, whatever happened
+            log.exception("request %s on %s failed", rid[:64], msg.subject)
+            result = {"ok": False, "error": [f"internal error: {type(exc).__name__}"], "code": "internal"}
+        try:
+            await self.c.nc_reply(msg.reply, encode(result), {RID_HEADER: rid})
+        except Exception as exc:  # noqa: BLE001 - the caller is gone or the connection closed
+            log.warning("could not answer request %s: %s", rid[:64], exc)
+
+    # ------------------------------------------------------------ dispatch
+
+    async def dispatch(self, verb_name: str, body: bytes, caller: Caller, rid: str = "") -> dict | Raw:
+        """Validate ``body`` for ``verb_name`` and run its handler as ``caller``; errors become answers."""
+        spec = VERBS.get(verb_name)
+        if spec is None:
+            return {"ok": False, "error": [f"unknown request {verb_name[:40]!r}"], "code": "unknown"}
+        key = (caller.uid, rid)
+        if rid and spec.writes and key in self._results:
+            return self._results[key]
+        request = None
+        try:
+            request = spec.model.model_validate_json(body)
+            result = await spec.handler(self.c, caller, request, rid)
+        except ValidationError as exc:
+            result = {"ok": False, "error": [f"bad request: {rq.first_problem(exc)}"], "code": "bad_request"}
+        except ValueError as exc:   # orjson and friends on a body that is not JSON
+            result = {"ok": False, "error": [f"bad request: {str(exc).splitlines()[0] if str(exc) else 'invalid'}"],
+                      "code": "bad_request"}
+        except commands.Rejected as r:
+            result = {"ok": False, "error": list(r.lines), "code": r.code}
+            if r.code == "permission":
+                await self._record_denial(verb_name, caller, request, r)
+        except FencedError:
+            result = {"ok": False, "error": ["controller is not the leader"], "code": "not_leader"}
+        except LogUnavailable as exc:
+            result = {"ok": False, "error": [f"event log unavailable ({exc}); retry"], "code": "unavailable"}
+        if rid and spec.writes and isinstance(result, dict) and result.get("ok"):
+            self._results[key] = result
+        return result
+
+    async def _record_denial(self, verb_name: str, caller: Caller, request: Any, r: commands.Rejected) -> None:
+        target = ""
+        if hasattr(request, "job_id"):
+            target = f"job {request.job_id}"
+        elif hasattr(request, "node"):
+            target = f"node {request.node}"
+        try:
+            await self.c.append(commands.denied(caller, verb_name, target, r.lines[-1]), caller.actor())
+        except Exception as exc:  # noqa: BLE001 - the refusal stands even if the log cannot take the record
+            log.warning("refused %s by %s (%s) not recorded: %s", verb_name, caller.actor(), target, exc)
+
+
+def encode(result: dict | Raw) -> bytes:
+    if isinstance(result, Raw):
+        return result.data
+    return orjson.dumps(result, default=lambda v: orjson.Fragment(v.data) if isinstance(v, Raw) else str(v))
+
+
+# ---------------------------------------------------------------- the verbs
+
+
+def _spec(request: rq.Submit, caller: Caller) -> ev.JobSpec:
+    """The job as submitted, with who submitted it taken from the credential (never from the body)."""
+    fields = request.spec.model_dump()
+    return ev.JobSpec.model_validate({**fields, "user": caller.user, "uid": caller.uid, "gid": caller.gid,
+                                      "submit_host": caller.host or fields.get("submit_host", "")})
+
+
+@verb("submit", rq.Submit, writes=True)
+async def _submit(c: Any, caller: Caller, request: rq.Submit, rid: str) -> dict:
+    spec = _spec(request, caller)
+    env, duplicate = await c.write(lambda state: commands.submit(state, spec, state.next_job_id, caller),
+                                   caller.actor(), f"{caller.uid}:{rid}" if rid else "")
+    if duplicate:   # a retried submit: answer with the job its first try created
+        job_id = next((j.job_id for j in c.state.jobs.values() if j.submit_seq == env.seq), None)
+        if job_id is None:
+            raise commands.Rejected("this request was accepted earlier, but its job is no longer known",
+                                    code="duplicate")
+        return {"ok": True, "job_id": job_id}
+    return {"ok": True, "job_id": env.event.job_id}
+
+
+@verb("test_submit", rq.Submit)
+async def _test_submit(c: Any, caller: Caller, request: rq.Submit, rid: str) -> dict:
+    return c.views.test_submit(_spec(request, caller), caller)
+
+
+async def _write(c: Any, caller: Caller, rid: str, prepare: Callable) -> dict:
+    await c.write(prepare, caller.actor(), f"{caller.uid}:{rid}" if rid else "")
+    return {"ok": True}
+
+
+@verb("cancel", rq.Cancel, writes=True)
+async def _cancel(c: Any, caller: Caller, r: rq.Cancel, rid: str) -> dict:
+    return await _write(c, caller, rid, lambda s: commands.cancel(s, r.job_id, caller, r.tasks, r.signal))
+
+
+@verb("signal", rq.Signal)
+async def _signal(c: Any, caller: Caller, r: rq.Signal, rid: str) -> dict:
+    job = commands.signal_target(c.state, r.job_id, caller)
+    c.send_signal(job, r.signal)
+    return {"ok": True}
+
+
+@verb("hold", rq.Hold, writes=True)
+async def _hold(c: Any, caller: Caller, r: rq.Hold, rid: str) -> dict:
+    return await _write(c, caller, rid, lambda s: commands.hold(s, r.job_id, caller, r.user_hold))
+
+
+@verb("release", rq.JobOnly, writes=True)
+async def _release(c: Any, caller: Caller, r: rq.JobOnly, rid: str) -> dict:
+    return await _write(c, caller, rid, lambda s: commands.release(s, r.job_id, caller))
+
+
+@verb("requeue", rq.Requeue, writes=True)
+async def _requeue(c: Any, caller: Caller, r: rq.Requeue, rid: str) -> dict:
+    return await _write(c, caller, rid, lambda s: commands.requeue(s, r.job_id, r.hold, caller))
+
+
+@verb("update_job", rq.UpdateJob, writes=True)
+async def _update_job(c: Any, caller: Caller, r: rq.UpdateJob, rid: str) -> dict:
+    return await _write(c, caller, rid, lambda s: commands.update_job(
+        s, r.job_id, time_limit=r.time_limit, priority=r.priority, nice=r.nice, caller=caller))
+
+
+@verb("drain", rq.NodeChange, writes=True)
+async def _drain(c: Any, caller: Caller, r: rq.NodeChange, rid: str) -> dict:
+    return await _write(c, caller, rid, lambda s: commands.drain(s, r.node, r.reason, caller))
+
+
+@verb("down", rq.NodeChange, writes=True)
+async def _down(c: Any, caller: Caller, r: rq.NodeChange, rid: str) -> dict:
+    return await _write(c, caller, rid, lambda s: commands.down(s, r.node, r.reason, caller))
+
+
+@verb("resume", rq.NodeChange, writes=True)
+async def _resume(c: Any, caller: Caller, r: rq.NodeChange, rid: str) -> dict:
+    return await _write(c, caller, rid, lambda s: commands.resume(s, r.node, caller))
+
+
+@verb("job", rq.JobOnly)
+async def _job(c: Any, caller: Caller, r: rq.JobOnly, rid: str) -> dict:
+    return {"ok": True, "job": c.views.job(r.job_id, caller), "now": c.now()}
+
+
+@verb("queue", rq.NoArgs)
+async def _queue(c: Any, caller: Caller, r: rq.NoArgs, rid: str) -> dict:
+    return {"ok": True, "jobs": Raw(c.views.queue_json(caller)), "now": c.now()}
+
+
+@verb("squeue", rq.Squeue)
+async def _squeue(c: Any, caller: Caller, r: rq.Squeue, rid: str) -> Raw:
+    return Raw(c.views.squeue_reply(r.model_dump(), caller))
+
+
+@verb("nodes", rq.NoArgs)
+async def _nodes(c: Any, caller: Caller, r: rq.NoArgs, rid: str) -> dict:
+    return {"ok": True, "nodes": c.views.nodes()}
+
+
+@verb("accounting", rq.Accounting)
+async def _accounting(c: Any, caller: Caller, r: rq.Accounting, rid: str) -> dict:
+    return await c.views.accounting(r.command, list(r.argv), caller)
+
+
+@verb("timetravel", rq.TimeTravel)
+async def _timetravel(c: Any, caller: Caller, r: rq.TimeTravel, rid: str) -> dict:
+    return await c.views.timetravel(r.command, list(r.argv), caller)
+
+
+@verb("ping", rq.NoArgs)
+async def _ping(c: Any, caller: Caller, r: rq.NoArgs, rid: str) -> dict:
+    from rota.core import __version__
+
+    return {"ok": True, "seq": c.state.seq, "leader": c.leader, "version": __version__,
+            "user": caller.user, "uid": caller.uid, "level": caller.level}

@@ -1,0 +1,115 @@
+"""One request model per API verb: typed, bounded, unknown fields refused.
+
+The body of every request is validated here (straight from its JSON bytes, so a recursion bomb or
+a 10 MB string is refused by the parser) before any handler sees it. A submit's job carries no
+identity: the controller adds the caller's uid, gid and name from the credential.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
+
+from rota.core.events import JobSpec
+from rota.core.limits import MAX_COUNT, MAX_LIST, MAX_NAME, MAX_NICE, MAX_PATH, MAX_TIME, control_free
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _printable(text: str) -> str:
+    if not control_free(text):
+        raise ValueError("control characters are not allowed")
+    return text
+
+
+JobId = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+Name = Annotated[str, Field(max_length=MAX_NAME), AfterValidator(_printable)]
+NodeName = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_printable)]
+Arg = Annotated[str, Field(max_length=MAX_PATH), AfterValidator(_printable)]
+Filter = Annotated[str, Field(max_length=MAX_LIST), AfterValidator(_printable)]
+
+IDENTITY = ("user", "uid", "gid")
+JobSpecIn = create_model(   # a job as a client may describe it: JobSpec without who submits it
+    "JobSpecIn", __base__=Request,
+    **{name: (f.annotation, f) for name, f in JobSpec.model_fields.items() if name not in IDENTITY})  # type: ignore[call-overload]
+
+
+class NoArgs(Request):
+    pass
+
+
+class Submit(Request):
+    spec: JobSpecIn  # type: ignore[valid-type]
+
+
+class JobOnly(Request):
+    job_id: JobId
+
+
+class Cancel(Request):
+    job_id: JobId
+    tasks: tuple[Annotated[int, Field(ge=0, le=MAX_COUNT)], ...] | None = Field(None, max_length=MAX_LIST)
+    signal: int = Field(15, ge=1, le=64)
+
+
+class Signal(Request):
+    job_id: JobId
+    signal: int = Field(15, ge=1, le=64)
+
+
+class Hold(Request):
+    job_id: JobId
+    user_hold: bool = False          # ``uhold``: always the user's hold
+
+
+class Requeue(Request):
+    job_id: JobId
+    hold: bool = False
+
+
+class UpdateJob(Request):
+    job_id: JobId
+    time_limit: int | None = Field(None, ge=0, le=MAX_TIME)
+    priority: int | None = Field(None, ge=0, le=MAX_COUNT)
+    nice: int | None = Field(None, ge=-MAX_NICE, le=MAX_NICE)
+
+
+class NodeChange(Request):
+    node: NodeName
+    reason: Name = ""
+
+
+class Squeue(Request):
+    jobs: Filter | None = None
+    users: Filter | None = None
+    partitions: Filter | None = None
+    states: Filter | None = None
+    format: Filter | None = None
+    Format: Filter | None = None
+    noheader: bool = False
+    long: bool = False
+    start: bool = False
+    me: bool = False                 # the caller's own jobs (its uid, from the credential)
+
+
+class Accounting(Request):
+    command: Literal["sacct", "sinfo"]
+    argv: tuple[Arg, ...] = Field((), max_length=256)
+
+
+class TimeTravel(Request):
+    command: Literal["why", "replay", "verify", "whatif"]
+    argv: tuple[Arg, ...] = Field((), max_length=64)
+
+
+def first_problem(exc: Any) -> str:
+    """One readable line for a pydantic ValidationError: where and what."""
+    errors = exc.errors(include_url=False) if hasattr(exc, "errors") else []
+    if not errors:
+        return str(exc).splitlines()[0]
+    e = errors[0]
+    where = ".".join(str(p) for p in e.get("loc", ())) or "body"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where}: {e.get('msg', 'invalid')}{more}"

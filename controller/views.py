@@ -1,0 +1,285 @@
+"""What the controller shows: the queue (squeue), one job (scontrol show job), nodes, a test submit,
+and the projection-backed commands (sacct, sinfo) and time travel run on a caller's behalf.
+
+Views read the controller's state; they never change it. Where ``PrivateData=jobs`` is set, a
+caller who is not an operator sees only its own jobs.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from typing import Any
+
+from rota.core import commands, events as ev
+from rota.core.apply import apply
+from rota.core.auth import Caller
+from rota.core.schedule import schedule
+
+log = logging.getLogger("rota.controller.views")
+
+
+class Raw:
+    """A reply value that is JSON already (inserted as is by :func:`encode_reply`)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+def encode_reply(result: dict | Raw) -> bytes:
+    """A reply as JSON bytes (orjson), splicing pre-encoded values in without re-encoding them."""
+    import orjson
+
+    if isinstance(result, Raw):
+        return result.data
+    return orjson.dumps(result, default=lambda v: orjson.Fragment(v.data) if isinstance(v, Raw) else str(v))
+
+
+def private_jobs(state: Any, caller: Caller) -> bool:
+    """Whether ``caller`` may see only its own jobs (``PrivateData=jobs``)."""
+    cfg = state.config
+    return cfg is not None and "jobs" in cfg.auth.private_data and not caller.operator
+
+
+class Views:
+    def __init__(self, controller: Any) -> None:
+        self.c = controller
+        self._view_cache: tuple[tuple, list[dict]] | None = None
+        self._queue_cache: tuple[list[dict], bytes] | None = None
+        self._squeue_cache: tuple[list[dict] | None, dict[bytes, tuple[int | None, bytes]]] = (None, {})
+        self._timetravel = asyncio.Semaphore(2)
+        self._timetravel_users: set[int] = set()
+
+    # ------------------------------------------------------------ the queue
+
+    def queue_json(self, caller: Caller) -> bytes:
+        """``queue_view`` as JSON, reused while the view is the same list."""
+        import orjson
+
+        view = self.queue_view()
+        if private_jobs(self.c.state, caller):
+            return orjson.dumps([j for j in view if j["uid"] == caller.uid])
+        if self._queue_cache is not None and self._queue_cache[0] is view:
+            return self._queue_cache[1]
+        data = orjson.dumps(view)
+        self._queue_cache = (view, data)
+        return data
+
+    def squeue_reply(self, request: dict, caller: Caller) -> bytes:
+        """squeue's rendered output for one command line (see :mod:`rota.projections.squeue_view`), as the
+        encoded reply. Kept per command line while the queue view is the same (tools poll squeue far
+        more often than the queue changes) and, for output with running jobs' times, the same second."""
+        import orjson
+
+        from rota.projections.squeue_view import answer
+
+        clean = {k: v for k, v in sorted(request.items()) if v not in (None, False)}
+        full = view = self.queue_view()
+        if clean.pop("me", False):
+            clean["users"] = str(caller.uid)
+        if private_jobs(self.c.state, caller):
+            view = [j for j in full if j["uid"] == caller.uid]
+            clean["_uid"] = caller.uid
+        now = int(self.c.now())
+        if self._squeue_cache[0] is not full:
+            self._squeue_cache = (full, {})
+        key = orjson.dumps(clean)
+        hit = self._squeue_cache[1].get(key)
+        if hit is not None and (hit[0] is None or hit[0] == now):
+            return hit[1]
+        result = answer(view, clean, now)
+        dependent = result.pop("now_dependent", False)
+        data = orjson.dumps(result)
+        if len(self._squeue_cache[1]) >= 64:
+            self._squeue_cache[1].clear()
+        self._squeue_cache[1][key] = (now if dependent else None, data)
+        return data
+
+    def queue_view(self) -> list[dict]:
+        """Pending and running jobs with their current reasons (as squeue needs them); the same list
+        object while nothing in it changed, so views derived from it can be reused."""
+        c = self.c
+        key = (c.state.seq, id(c.last_decision[1]) if c.last_decision else None)
+        cached = self._view_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        view = self._build_queue_view()
+        if cached is not None and cached[1] == view:
+            view = cached[1]
+        key = (c.state.seq, id(c.last_decision[1]) if c.last_decision else None)
+        self._view_cache = (key, view)
+        return view
+
+    def _decision(self) -> Any:
+        """The last cycle's decision (reasons as slurmctld shows them); a fresh pass when jobs arrived since."""
+        c = self.c
+        last = c.last_decision
+        if last is not None and last[0] == c.state.seq:
+            return last[1]
+        d = schedule(c.state, c.now(), explain=False)
+        c.last_decision = (c.state.seq, d)
+        return d
+
+    def _build_queue_view(self) -> list[dict]:
+        state = self.c.state
+        d = self._decision() if state.pending else None
+        out = []
+        for jid in list(state.pending) + list(state.running):
+            job = state.jobs[jid]
+            p = d.pending.get(jid) if d is not None else None
+            pending = job.state == "PENDING"
+            out.append({
+                "job_id": jid, "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
+                "array_pending": job.array_pending, "array_throttle": job.array_throttle,
+                "partition": job.partition, "name": job.spec.name, "user": job.spec.user,
+                "state": job.state, "start_time": job.start_time, "submit_time": job.submit_time,
+                "time_limit": job.time_limit, "nodes": [a.node for a in job.alloc],
+                "num_nodes": len(job.alloc) or (job.req.nnodes if job.req else 1),
+                "reason": (p.display if p is not None else "None") if pending else "None",
+                "expected_start": p.start if p is not None else None,
+                "priority": (d.priorities.get(jid, 0) if d is not None else 0) if pending else 0,
+                "sched_nodes": list(d.reservations[jid].nodes) if d is not None and jid in d.reservations else [],
+                "account": job.spec.account, "uid": job.spec.uid,
+                "cpus": sum(a.cpus for a in job.alloc) or (job.req.total_cpus if job.req else 1),
+            })
+        return out
+
+    # ------------------------------------------------------------ one job, nodes, a trial submit
+
+    def job(self, job_id: int, caller: Caller) -> dict:
+        """Everything ``scontrol show job`` prints about a job the controller still holds (never its
+        script or environment)."""
+        state = self.c.state
+        job = state.jobs.get(job_id)
+        if job is None or (private_jobs(state, caller) and job.spec.uid != caller.uid):
+            raise commands.Rejected("Invalid job id specified", code="no_job")
+        p = self._decision().pending.get(job_id) if job.state == "PENDING" else None
+        req = job.req
+        return {
+            "job_id": job.job_id, "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
+            "spec": job.spec.model_dump(mode="json", exclude={"script", "env"}), "state": job.state,
+            "reason": p.reason if p is not None else None, "expected_start": p.start if p is not None else None,
+            "priority": p.priority if p is not None else 0, "hold": job.hold, "partition": job.partition,
+            "submit_time": job.submit_time, "eligible_time": job.eligible_time, "start_time": job.start_time,
+            "end_time": job.end_time, "time_limit": job.time_limit, "exit_code": job.exit_code, "signal": job.signal,
+            "restarts": job.restarts, "nodes": [a.node for a in job.alloc], "alloc_cpus": sum(a.cpus for a in job.alloc),
+            "alloc_mem": sum(a.mem for a in job.alloc), "alloc_gpus": sum(len(a.gpus) for a in job.alloc),
+            "req": list(req) if req is not None else None, "backfilled": job.backfilled, "nice": job.nice,
+        }
+
+    def nodes(self) -> list[dict]:
+        return [{"name": n.name, "state": n.display_state(), "cpus": n.cpus, "alloc_cpus": n.alloc_cpus,
+                 "memory": n.memory, "alloc_mem": n.alloc_mem, "gpus": n.gpu_count, "free_gpus": n.free_gpus,
+                 "reason": n.reason, "reason_by": n.reason_by, "reason_time": n.reason_time}
+                for n in self.c.state.nodes.values()]
+
+    def test_submit(self, spec: ev.JobSpec, caller: Caller) -> dict:
+        """``sbatch --test-only``: validate and say when and where the job would start; nothing is logged."""
+        import copy
+        import datetime as dt
+
+        from rota.core.hostlist import compress
+
+        state = self.c.state
+        job_id = state.next_job_id
+        event = commands.submit(state, spec, job_id, caller)
+        trial = copy.deepcopy(state)
+        now = max(self.c.now(), trial.now)
+        apply(trial, ev.Envelope(seq=trial.seq + 1, ts=now, actor=caller.actor(), idem="", event=event))
+        d = schedule(trial, now)
+        start = next((s for s in d.starts if (s.array_job_id or s.job_id) == job_id), None)
+        if start is not None:
+            when, nodes, part = now, [a.node for a in start.alloc], start.partition
+            cpus = sum(a.cpus for a in start.alloc)
+        else:
+            res = d.reservations.get(job_id)
+            job = trial.jobs[job_id]
+            when = res.start if res is not None else None
+            nodes = list(res.nodes) if res is not None else []
+            part = res.partition if res is not None else job.partition
+            cpus = job.req.total_cpus if job.req is not None else 1
+        return {"ok": True, "job_id": job_id, "partition": part, "cpus": cpus, "nodes": compress(nodes) or "(null)",
+                "start": dt.datetime.fromtimestamp(when).strftime("%Y-%m-%dT%H:%M:%S") if when else "Unknown"}
+
+    # ------------------------------------------------------------ commands run for a caller
+
+    async def accounting(self, command: str, argv: list[str], caller: Caller) -> dict:
+        """``sacct``/``sinfo`` over this cluster's projection, for a caller who cannot read it: the same
+        code, the caller's uid for "my jobs" (and, under PrivateData=jobs, only theirs)."""
+        import io
+
+        db = self.c.projection_db
+        if db is None:
+            raise commands.Rejected("this controller keeps no projection (run sacct/sinfo where rota up runs)",
+                                    code="no_projection")
+        if command == "sacct":
+            from rota.cli.sacct import run
+        else:
+            from rota.cli.sinfo import run
+        out, err = io.StringIO(), io.StringIO()
+        only = caller.uid if private_jobs(self.c.state, caller) else None
+        kwargs = {"only_uid": only} if command == "sacct" else {}
+        code = await asyncio.to_thread(run, argv, out, err, db=db, uid=caller.uid, **kwargs)
+        return {"ok": True, "out": out.getvalue(), "err": err.getvalue(), "code": code}
+
+    async def timetravel(self, command: str, argv: list[str], caller: Caller) -> dict:
+        """``rota why|replay|verify|whatif`` run here (where the log can be read) for a caller who cannot
+        read the log: a child process with a time limit, at most two at once, one per user."""
+        env = self.c.timetravel_env
+        if env is None:
+            raise commands.Rejected("this controller cannot run time travel for others (no state directory)",
+                                    code="no_log")
+        bad = _timetravel_argv_problem(command, argv)
+        if bad:
+            raise commands.Rejected(bad, code="invalid")
+        if caller.uid in self._timetravel_users:
+            raise commands.Rejected("you already have a time-travel command running; wait for it", code="busy")
+        self._timetravel_users.add(caller.uid)
+        try:
+            async with self._timetravel:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "rota.cli.main", command, *argv, env=env, stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+                try:
+                    out, err = await asyncio.wait_for(proc.communicate(), timeout=600)
+                except asyncio.TimeoutError:
+                    proc.kill()
+                    await proc.wait()
+                    raise commands.Rejected(f"rota {command} took longer than 600 s and was stopped",
+                                            code="timeout") from None
+        finally:
+            self._timetravel_users.discard(caller.uid)
+        return {"ok": True, "out": out[:64 << 20].decode(errors="replace"),
+                "err": err[:1 << 20].decode(errors="replace"), "code": proc.returncode}
+
+
+# the options each time-travel command may be given on another user's behalf (nothing that names a
+# file or another cluster)
+TIMETRAVEL_OPTIONS = {"why": {"--at", "--json"}, "replay": {"--at"}, "verify": {"--from", "--to"},
+                      "whatif": {"--set", "--json", "--top"}}
+_FLAGS = {"--json"}
+
+
+def _timetravel_argv_problem(command: str, argv: list[str]) -> str | None:
+    allowed = TIMETRAVEL_OPTIONS[command]
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("-"):
+            name = arg.split("=", 1)[0]
+            if name not in allowed:
+                return f"rota {command}: option {name} is not available through the controller " \
+                       f"(allowed: {', '.join(sorted(allowed))})"
+            if "=" not in arg and name not in _FLAGS:
+                i += 1
+        i += 1
+    return None
+
+
+def timetravel_environment(state_dir: str) -> dict[str, str]:
+    """The environment of a time-travel child: this cluster's state directory, nothing of the caller's."""
+    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ", "HOME", "PYTHONPATH")}
+    return {**keep, "ROTA_STATE_DIR": state_dir, "ROTA_DIRECT_LOG": "1"}

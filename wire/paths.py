@@ -1,0 +1,56 @@
+"""Where a running rota keeps its state and its local socket (light: every command imports it).
+
+The state directory holds the cluster key (private), the NATS store (private), the agents' ledgers
+(private) and spools, and the projection (private). Its ``run/`` folder holds the local signer's
+socket, which every local user may reach: the commands talk only to that socket.
+"""
+from __future__ import annotations
+
+import os
+
+SYSTEM_STATE_DIR = "/var/lib/rota"
+
+
+def state_dir() -> str:
+    """``$ROTA_STATE_DIR``; else root's ``/var/lib/rota``; else ``$XDG_DATA_HOME/rota`` or ``~/.local/share/rota``."""
+    env = os.environ.get("ROTA_STATE_DIR")
+    if env:
+        return env
+    if os.geteuid() == 0:
+        return SYSTEM_STATE_DIR
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(base, "rota")
+
+
+def default_state_dir():  # -> pathlib.Path
+    from pathlib import Path
+
+    return Path(state_dir())
+
+
+def projections_db() -> str:
+    """The projection database of the local cluster (``$ROTA_PROJECTIONS`` overrides)."""
+    return os.environ.get("ROTA_PROJECTIONS") or os.path.join(state_dir(), "projections.sqlite")
+
+
+def socket_in(state: str) -> str:
+    """The local signer's socket of the rota whose state lives in ``state``."""
+    return os.path.join(state, "run", "rota.sock")
+
+
+def socket_path() -> str:
+    """The local signer's socket a command talks to: ``$ROTA_SOCKET``; else the state directory's
+    (``$ROTA_STATE_DIR``, or this user's own rota if one runs, else the system's)."""
+    env = os.environ.get("ROTA_SOCKET")
+    if env:
+        return env
+    if os.environ.get("ROTA_STATE_DIR"):
+        return socket_in(os.environ["ROTA_STATE_DIR"])
+    own = socket_in(state_dir())
+    if os.path.exists(own):
+        return own
+    return socket_in(SYSTEM_STATE_DIR)
+
+
+def cluster_key_path(state: str) -> str:
+    return os.path.join(state, "cluster.key")
