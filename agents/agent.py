@@ -18,10 +18,14 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 from rota.core import __version__
+from rota.core import credentials
 from rota.core import events as ev
+from rota.wire import natsauth
+from rota.wire import subjects as sj
+from rota.wire.jsqueue import stored_at, work_queue
 
 from . import cgroups as cg
 from . import launch
@@ -29,58 +33,7 @@ from .gpu import Gpus, open_gpus
 
 log = logging.getLogger("rota.agent")
 
-INBOX_STREAM, INBOX_PREFIX = "ROTA_INBOX", "rota.inbox"
-ASSIGN_STREAM, ASSIGN_PREFIX = "ROTA_ASSIGN", "rota.assign"
-HEARTBEAT_PREFIX = "rota.hb"
-SHEPHERD = '"$@"; s=$?; echo $s > "$0"; exit $s'
-
-
-async def ensure_streams(js: Any, replicas: int = 1) -> None:
-    """The inbox and assignment streams: file storage, work-queue retention (deleted once acted on)."""
-    from nats.js.api import RetentionPolicy, StorageType, StreamConfig
-
-    for name, prefix in ((INBOX_STREAM, INBOX_PREFIX), (ASSIGN_STREAM, ASSIGN_PREFIX)):
-        cfg = StreamConfig(name=name, subjects=[f"{prefix}.>"], storage=StorageType.FILE,
-                           retention=RetentionPolicy.WORK_QUEUE, num_replicas=replicas, duplicate_window=600.0)
-        for attempt in range(40):
-            try:
-                try:
-                    await js.stream_info(name)
-                except Exception:  # noqa: BLE001 - not found: create
-                    await js.add_stream(cfg)
-                break
-            except Exception:  # noqa: BLE001 - a cluster still forming
-                if attempt == 39:
-                    raise
-                await asyncio.sleep(0.25)
-
-
-async def work_queue(js: Any, stream: str, subject: str, durable: str, *, batch: int, ack_wait: float,
-                     what: str) -> AsyncIterator[list[Any]]:
-    """Batches of messages from a durable pull consumer on a work-queue stream, forever; the caller
-    acks each message once it has acted on it (unacked ones come back after ``ack_wait``)."""
-    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
-    cfg = ConsumerConfig(durable_name=durable, filter_subject=subject, ack_policy=AckPolicy.EXPLICIT,
-                         deliver_policy=DeliverPolicy.ALL, ack_wait=ack_wait)
-    while True:
-        try:
-            sub = await js.pull_subscribe(subject, durable=durable, stream=stream, config=cfg)
-            break
-        except Exception as exc:  # noqa: BLE001 - the stream or a cluster leader is not there yet
-            log.warning("cannot read %s yet: %s", what, exc)
-            await asyncio.sleep(0.5)
-    while True:
-        try:
-            msgs = await sub.fetch(batch, timeout=1.0)
-        except asyncio.TimeoutError:
-            continue
-        except Exception as exc:  # noqa: BLE001 - reconnecting
-            if "timeout" not in str(exc).lower():
-                log.warning("reading %s: %s", what, exc)
-            await asyncio.sleep(0.2)
-            continue
-        yield msgs
+CRED_HEADER = "Rota-Cred"
 
 
 @dataclass
@@ -108,11 +61,19 @@ class Run:
 
 
 class Agent:
-    def __init__(self, node: str, nats_url: str, state_dir: str | os.PathLike, *, fake_gpus: str | None = None,
+    def __init__(self, node: str, nats_url: str, state_dir: str | os.PathLike, *, keyring: Any,
+                 tls_ca: str | None = None, fake_gpus: str | None = None,
                  faults_file: str | None = None, heartbeat: float = 5.0, health_interval: float = 30.0,
                  kill_wait: float = 30.0, health_program: str | None = None, cpus: int | None = None,
                  memory: int | None = None, use_cgroups: bool = True) -> None:
+        if not credentials.valid_host(node):
+            raise ValueError(f"node name {node!r} cannot be used: letters, digits, '_' and '-' only")
         self.node, self.url = node, nats_url
+        self.keyring, self.tls_ca = keyring, tls_ca
+        self.key = keyring.key_of(node)
+        if self.key is None:
+            raise ValueError(f"the key given is not node {node}'s (rota keygen --host {node})")
+        self.replay = credentials.ReplayCache()
         self.dir = Path(state_dir) / "agent" / node
         self.spool = self.dir / "spool"
         self.ledger = self.dir / "jobs"
@@ -136,17 +97,29 @@ class Agent:
 
     # ------------------------------------------------------------ life cycle
 
+    def make_dirs(self) -> None:
+        """The agent's folders: its ledger (launch records: environments and scripts) private to it,
+        the spool reachable so each job's own private folder in it can be handed to the job's user."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.spool.mkdir(exist_ok=True)
+        self.ledger.mkdir(exist_ok=True)
+        os.chmod(self.dir.parent, 0o755)
+        os.chmod(self.dir, 0o755)
+        os.chmod(self.spool, 0o755)
+        os.chmod(self.ledger, 0o700)
+        for f in self.ledger.glob("*.json"):
+            os.chmod(f, 0o600)
+
     async def start(self) -> None:
         import nats
 
-        for d in (self.spool, self.ledger):
-            d.mkdir(parents=True, exist_ok=True)
         from rota.controller.eventlog import connection_callbacks
 
-        self.nc = await nats.connect(self.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2,
-                                     name=f"rota-agent-{self.node}", **connection_callbacks(f"agent {self.node}"))
+        self.make_dirs()
+        self.nc = await nats.connect(self.url.split(","), max_reconnect_attempts=-1, reconnect_time_wait=0.2,
+                                     name=f"rota-agent-{self.node}", **connection_callbacks(f"agent {self.node}"),
+                                     **natsauth.connect_options(self.keyring, self.node, self.tls_ca))
         self.js = self.nc.jetstream(timeout=10)
-        await ensure_streams(self.js)
         running = self._adopt()
         inventory = self.gpus.inventory() if self.gpus is not None else []
         await self.report(ev.NodeRegistered(node=self.node, cpus=self.cpus, memory=self.memory, gpus=tuple(inventory),
@@ -176,15 +149,20 @@ class Agent:
 
     # ------------------------------------------------------------ reporting
 
+    def sign(self, subject: str, body: bytes) -> str:
+        """This node's credential for a message it sends (checked by the controller against the node)."""
+        return credentials.issue(self.key, "node", 0, 0, self.node, int(time.time()), os.urandom(16).hex(),
+                                 subject, body)
+
     async def report(self, event: Any) -> None:
         """Put an observation into the inbox; retried (same message id) until JetStream has it."""
         body = ev.EVENT_ADAPTER.dump_json(event)
-        msg_id = f"{self.node}-{uuid.uuid4().hex}"
+        subject = f"{sj.INBOX_PREFIX}.{self.node}"
+        headers = {"Nats-Msg-Id": f"{self.node}-{uuid.uuid4().hex}", CRED_HEADER: self.sign(subject, body)}
         delay = 0.1
         while True:
             try:
-                await self.js.publish(f"{INBOX_PREFIX}.{self.node}", body, stream=INBOX_STREAM,
-                                      headers={"Nats-Msg-Id": msg_id})
+                await self.js.publish(subject, body, stream=sj.INBOX_STREAM, headers=headers)
                 return
             except Exception as exc:  # noqa: BLE001 - NATS down or slow: keep it, retry
                 log.warning("report not yet accepted (%s); retrying", exc)
@@ -192,10 +170,11 @@ class Agent:
                 delay = min(delay * 2, 5.0)
 
     async def _heartbeats(self) -> None:
+        subject = f"{sj.HEARTBEAT_PREFIX}.{self.node}"
         while True:
+            body = json.dumps({"running": sorted(self.runs)}).encode()
             try:
-                await self.nc.publish(f"{HEARTBEAT_PREFIX}.{self.node}",
-                                      json.dumps({"running": sorted(self.runs)}).encode())
+                await self.nc.publish(subject, body, headers={CRED_HEADER: self.sign(subject, body)})
             except Exception:  # noqa: BLE001 - reconnecting
                 pass
             await asyncio.sleep(self.heartbeat)
@@ -217,24 +196,43 @@ class Agent:
 
     # ------------------------------------------------------------ assignments
 
+    def check_order(self, msg: Any) -> dict[str, Any]:
+        """An order from the controller, if it carries the controller's credential for this node
+        (valid when the broker stored it, never seen before); raises CredentialError or ValueError."""
+        cred = credentials.verify(lambda host: self.key if host == self.node else None,
+                                  (msg.headers or {}).get(CRED_HEADER), msg.subject, msg.data,
+                                  stored_at(msg, int(time.time())), kind="ctl", replay=self.replay)
+        a = json.loads(msg.data)
+        if not isinstance(a, dict) or not isinstance(a.get("job_id"), int):
+            raise ValueError("not an order")
+        del cred
+        return a
+
     async def _assignments(self) -> None:
-        async for msgs in work_queue(self.js, ASSIGN_STREAM, f"{ASSIGN_PREFIX}.{self.node}", f"agent-{self.node}",
-                                     batch=64, ack_wait=60, what="assignments"):
+        async for msgs in work_queue(self.js, sj.ASSIGN_STREAM, f"{sj.ASSIGN_PREFIX}.{self.node}",
+                                     sj.agent_consumer(self.node), batch=64, ack_wait=60, what="assignments",
+                                     create=False):
             for msg in msgs:
                 try:
-                    self.act(json.loads(msg.data))
+                    a = self.check_order(msg)
+                except (credentials.CredentialError, ValueError) as exc:
+                    log.error("an order for %s was set aside: %s", self.node, exc)
+                    await msg.ack()
+                    continue
+                try:
+                    self.act(a)
+                except launch.LaunchError as exc:
+                    log.error("job %s cannot start here: %s", a.get("job_id"), exc)
+                    await self._launch_failed(a, str(exc))
                 except Exception as exc:  # noqa: BLE001 - a bad assignment must not stop the agent
-                    log.error("assignment %r failed: %s", msg.data[:200], exc)
-                    await self._launch_failed(msg.data, str(exc))
+                    log.error("order %r failed: %s", msg.data[:200], exc)
+                    await self._launch_failed(a, f"{type(exc).__name__}: {exc}")
                 await msg.ack()
 
-    async def _launch_failed(self, data: bytes, why: str) -> None:
-        try:
-            a = json.loads(data)
-            if a.get("op") == "launch":
-                await self.report(ev.JobExited(job_id=a["job_id"], state="FAILED", exit_code=1, node=self.node))
-        except ValueError:
-            pass
+    async def _launch_failed(self, a: dict[str, Any], why: str) -> None:
+        if a.get("op") == "launch":
+            await self.report(ev.JobExited(job_id=a["job_id"], state="FAILED", exit_code=1, node=self.node,
+                                           reason=why[:1000]))
 
     def act(self, a: dict[str, Any]) -> None:
         """Carry out one assignment: launch a job, or kill one (cancel)."""
@@ -270,21 +268,26 @@ class Agent:
                 run.term_sent = time.time()
 
     def _launch(self, a: dict[str, Any]) -> None:
+        if not a.get("nodes") or a["nodes"][0] != self.node:
+            raise launch.LaunchError(f"the order is for {a.get('nodes')!r}, not for {self.node}")
+        launch.identity(a)             # a launch with no valid uid, or one this node does not know, stops here
         cgroup = None
         if self.cgroups is not None:
             cgroup = self.cgroups.create(a["job_id"], a["mem"], self._pick_cpus(a["cpus"]))
-        status = self.spool / f"job{a['job_id']}.{a.get('restarts', 0)}.status"
-        status.unlink(missing_ok=True)
-        uid, gid = a["spec"].get("uid", 0), a["spec"].get("gid", 0)
-        if os.geteuid() == 0 and uid:
-            status.touch(mode=0o600)
-            os.chown(status, uid, gid)   # the shepherd runs as the job's user and writes it
+        try:
+            proc, status = launch.start(a, self.node, self.spool, cgroup)
+        except Exception:
+            if cgroup is not None:
+                cgroup.remove()
+            raise
         a = {**a, "status_file": str(status)}
-        proc = launch.start(a, self.node, self.spool, cgroup, shepherd=(SHEPHERD, str(status)))
         run = Run(a, proc.pid, time.time(), proc, cgroup)
         self.runs[run.job_id] = run
-        (self.ledger / f"{run.job_id}.json").write_text(json.dumps(
-            {"a": a, "pid": proc.pid, "started": run.started, "ticks": _start_ticks(proc.pid)}))
+        record = json.dumps({"a": a, "pid": proc.pid, "started": run.started, "ticks": _start_ticks(proc.pid)})
+        path = self.ledger / f"{run.job_id}.json"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(record)
 
     def _pick_cpus(self, n: int) -> list[int] | None:
         """Specific CPUs for a job's cpuset, when this host really has the CPUs the node claims."""
@@ -334,11 +337,12 @@ class Agent:
                 return 0, -waited             # the shepherd itself was killed (our kill of the group)
         elif _alive(run.pid, run.a.get("_ticks")):
             return None
-        try:
-            rc = int(Path(run.a["status_file"]).read_text().strip())
-        except (OSError, ValueError, KeyError):
-            if waited is None:                # adopted, and its shepherd died without a word: a kill
-                return 0, signal.SIGKILL
+        text = _read_users_file(run.a.get("status_file"))
+        if text is not None and text.strip().isdecimal() and len(text.strip()) < 4:
+            rc = int(text.strip())
+        elif waited is None:                  # adopted, and its shepherd died without a word: a kill
+            return 0, signal.SIGKILL
+        else:
             rc = waited
         return (0, rc - 128) if rc > 128 else (rc, 0)
 
@@ -361,14 +365,19 @@ class Agent:
             state = "COMPLETED"
         else:
             state = "FAILED"
-        _tell_the_user(run, self.node, state)
+        why = _read_users_file(f"{run.a['status_file']}.why") if run.a.get("status_file") else None
+        why = (why or "").strip().splitlines()[0][:1000] if why and why.strip() else ""
+        if why:
+            log.error("job %s could not start: %s", run.job_id, why)
+        await asyncio.to_thread(_tell_the_user, run, self.node, state)
         if run.kill_reason != "stopped":   # a job the log already ended needs no report
             await self.report(ev.JobExited(job_id=run.job_id, state=state, exit_code=exit_code, signal=sig,
-                                           max_rss=run.peak_kib, elapsed=elapsed, node=self.node))
+                                           max_rss=run.peak_kib, elapsed=elapsed, node=self.node, reason=why))
         (self.ledger / f"{run.job_id}.json").unlink(missing_ok=True)
-        for f in (run.a.get("status_file"),):
-            if f:
-                Path(f).unlink(missing_ok=True)
+        if run.a.get("status_file"):
+            import shutil
+
+            shutil.rmtree(Path(run.a["status_file"]).parent, ignore_errors=True)
 
     def _signal(self, run: Run, sig: int) -> None:
         try:
@@ -413,11 +422,28 @@ def _tell_the_user(run: Run, node: str, state: str) -> None:
         return
     try:
         _out, err = launch.output_paths(run.a, node)
-        if str(err) != "/dev/null":
-            with open(err, "a") as fh:
-                fh.write(line + "\n")
+    except (KeyError, ValueError):
+        return
+    if str(err) != "/dev/null":
+        launch.append_as_user(run.a, err, line)
+
+
+def _read_users_file(path: str | None) -> str | None:
+    """A small file the job's user could have replaced: read without following links or blocking."""
+    if not path:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
-        pass
+        return None
+    try:
+        import stat
+
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, 4096).decode(errors="replace")
+    finally:
+        os.close(fd)
 
 
 def _mem_total_mib() -> int:
@@ -502,4 +528,6 @@ async def _run_health_program(program: str) -> str | None:
 
 
 def hostname() -> str:
-    return socket.gethostname().split(".")[0]
+    """This host's short name, as credentials and NATS users spell it (other characters become '-')."""
+    name = socket.gethostname().split(".")[0] or "localhost"
+    return "".join(c if (c.isascii() and c.isalnum()) or c in "_-" else "-" for c in name)[:64]

@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import pwd
 import re
-import stat
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ def expand_pattern(pattern: str, a: dict[str, Any], node: str) -> str:
             "A": a.get("array_job_id") or a["job_id"],
             "a": a["array_task_id"] if a.get("array_task_id") is not None else 4294967294,
         }[code]
-        return str(value).zfill(int(width)) if width else str(value)
+        return str(value).zfill(min(int(width), 64)) if width else str(value)
     return _PATTERN.sub(sub, pattern)
 
 
@@ -109,60 +108,132 @@ def _home(uid: int) -> str:
         return "/"
 
 
-def write_script(a: dict[str, Any], spool: Path) -> Path:
-    """The batch script as a private executable file in the agent's spool directory."""
+# The shepherd runs as the job's user: it opens the job's files itself (so a job can only ever write
+# where its user may), records the script's exit status for a restarted agent, and explains a file it
+# cannot open in "<status>.why".
+#   sh -c SHEPHERD STATUS OUT ERR IN MODE SCRIPT ARGS...
+SHEPHERD = r"""st=$0 out=$1 err=$2 in=$3 mode=$4; shift 4
+why() { printf '%s\n' "$1" > "$st.why"; exit 1; }
+(: >>"$out") 2>/dev/null || why "cannot open the output file $out"
+[ "$err" = "$out" ] || (: >>"$err") 2>/dev/null || why "cannot open the error file $err"
+(: <"$in") 2>/dev/null || why "cannot read the input file $in"
+if [ "$mode" = a ]; then exec >>"$out"; else exec >"$out"; fi
+if [ "$err" = "$out" ]; then exec 2>&1; elif [ "$mode" = a ]; then exec 2>>"$err"; else exec 2>"$err"; fi
+exec <"$in"
+"$@"; s=$?; echo $s > "$st"; exit $s
+"""
+
+
+def identity(a: dict[str, Any]) -> tuple[int, int, list[int], str]:
+    """The job's uid, gid, supplementary groups and user name (never defaulted: a launch without a
+    uid is refused)."""
+    spec = a["spec"]
+    uid, gid = spec.get("uid"), spec.get("gid")
+    if not isinstance(uid, int) or not isinstance(gid, int) or uid < 0 or gid < 0:
+        raise LaunchError("the launch names no valid uid and gid")
+    try:
+        name = pwd.getpwuid(uid).pw_name
+        groups = os.getgrouplist(name, gid)
+    except KeyError:
+        raise LaunchError(f"uid {uid} has no account on this node") from None
+    return uid, gid, groups, name
+
+
+class LaunchError(Exception):
+    """A job that cannot be started here (reported as FAILED with this reason)."""
+
+
+def job_dir(spool: Path, a: dict[str, Any]) -> Path:
+    return spool / f"job{a['job_id']:07d}.{a.get('restarts', 0)}"
+
+
+def prepare_job_dir(spool: Path, a: dict[str, Any], uid: int, gid: int) -> tuple[Path, Path]:
+    """The job's private directory (its user's, mode 0700) holding the script and the status file.
+
+    Made and filled as root before it is handed to the user, so nothing the user does can redirect
+    what root writes; returns (script, status file)."""
+    import shutil
+
     spool.mkdir(parents=True, exist_ok=True)
-    path = spool / f"job{a['job_id']:07d}.{a.get('restarts', 0)}.sh"
-    script = a["spec"].get("script") or "#!/bin/sh\n"
-    path.write_text(script)
-    path.chmod(stat.S_IRWXU)
-    uid, gid = a["spec"].get("uid", 0), a["spec"].get("gid", 0)
-    if os.geteuid() == 0 and uid:
-        os.chown(path, uid, gid)
-    return path
+    d = job_dir(spool, a)
+    if d.exists() or d.is_symlink():
+        shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(mode=0o700)
+    script = d / "script"
+    fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o700)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(a["spec"].get("script") or "#!/bin/sh\n")
+    status = d / "status"
+    os.close(os.open(status, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    if os.geteuid() == 0:
+        for f in (script, status, d):   # the directory last: until then the user cannot touch it
+            os.chown(f, uid, gid)
+    return script, status
 
 
-def start(a: dict[str, Any], node: str, spool: Path, cgroup: Any | None,
-          shepherd: tuple[str, str] | None = None) -> subprocess.Popen:
-    """Start the batch script in its own session and process group, as the submitting user.
+def start(a: dict[str, Any], node: str, spool: Path, cgroup: Any | None) -> tuple[subprocess.Popen, Path]:
+    """Start the batch script in its own session and process group, as the submitting user; returns
+    the shepherd's process and the status file.
 
-    The child joins the job's cgroup before it execs, so nothing it starts escapes the limits.
-    ``shepherd`` = (shell code, status file): run the script under ``sh -c CODE STATUS SCRIPT ARGS...``.
+    The child joins the job's cgroup, then becomes the job's user (groups, gid, uid), takes its umask
+    and its working directory, and only then does anything on the job's behalf.
     """
     spec = a["spec"]
-    script = write_script(a, spool)
+    uid, gid, groups, _name = identity(a)
+    me = os.geteuid()
+    if me != 0 and uid != me:
+        raise LaunchError(f"this node's agent does not run as root: it can run only jobs of uid {me}")
+    script, status = prepare_job_dir(spool, a, uid, gid)
     out_path, err_path = output_paths(a, node)
-    mode = "ab" if spec.get("open_mode") == "append" else "wb"
-    uid, gid = spec.get("uid", 0), spec.get("gid", 0)
-    as_user = os.geteuid() == 0 and uid != 0
+    mode = "a" if spec.get("open_mode") == "append" else "w"
     workdir = spec.get("workdir") or "/"
-    if not os.path.isdir(workdir):
-        workdir = "/tmp"
     cg_procs = [str(p) for p in cgroup.proc_files()] if cgroup is not None else []
+    env = job_env(a, node)
+    try:
+        umask = int(env.get("SLURM_UMASK", "0022"), 8) & 0o777
+    except ValueError:
+        umask = 0o022
+    become = me == 0
 
-    def in_child() -> None:   # runs in the forked child before exec: keep it to plain syscalls
+    def in_child() -> None:   # runs in the forked child before exec: plain syscalls only
         pid = str(os.getpid())
         for f in cg_procs:
             with open(f, "w") as fh:
                 fh.write(pid)
-        if as_user:
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-
-    stdin_path = spec.get("input") or "/dev/null"
-    with open(out_path, mode) as out, open(stdin_path, "rb") as stdin:
-        err = out if err_path == out_path else open(err_path, mode)
-        if as_user:
-            for f in {out_path, err_path}:
-                os.chown(f, uid, gid)
+        if become:
+            os.setgroups(groups)
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+        os.umask(umask)
         try:
-            argv = [str(script), *spec.get("argv", [])]
-            if shepherd is not None:
-                argv = ["/bin/sh", "-c", shepherd[0], shepherd[1], *argv]
-            return subprocess.Popen(argv, cwd=workdir, env=job_env(a, node),
-                                    stdin=stdin, stdout=out, stderr=err, start_new_session=True,
-                                    preexec_fn=in_child, close_fds=True)
-        finally:
-            if err is not out:
-                err.close()
+            os.chdir(workdir)
+        except OSError:
+            os.chdir("/tmp")   # as slurmstepd does when the submit directory is not reachable
+
+    argv = ["/bin/sh", "-c", SHEPHERD, str(status), str(out_path), str(err_path),
+            spec.get("input") or "/dev/null", mode, str(script), *spec.get("argv", [])]
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=in_child, close_fds=True)
+    return proc, status
+
+
+def append_as_user(a: dict[str, Any], path: Path, line: str) -> None:
+    """Append a line to one of the job's files with the job's own rights (never root's)."""
+    try:
+        uid, gid, groups, _name = identity(a)
+    except LaunchError:
+        return
+    become = os.geteuid() == 0
+
+    def drop() -> None:
+        if become:
+            os.setgroups(groups)
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+
+    try:
+        subprocess.run(["/bin/sh", "-c", 'printf "%s\\n" "$1" >> "$2"', "sh", line, str(path)],
+                       preexec_fn=drop, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        pass

@@ -1,4 +1,5 @@
-"""``rota agent``: one node agent in the foreground until Ctrl-C or SIGTERM."""
+"""``rota agent`` (a node's agent and its local signer) and ``rota authd`` (a signer alone, for a login
+host), each in the foreground until Ctrl-C or SIGTERM."""
 from __future__ import annotations
 
 import asyncio
@@ -8,25 +9,75 @@ from pathlib import Path
 from typing import Any
 
 
-def main(*, node: str, nats: str | None, state_dir: str | None, echo=print, **options: Any) -> int:
-    from rota.cli.client import NoCluster, cluster_url
-    from rota.wire.paths import default_state_dir
+def _keyring(key: str | None, state: Path, host: str, echo) -> Any:
+    from rota.wire.keys import KeyFileError, load_keyring
+    from rota.wire.paths import cluster_key_path
+
+    path = key or cluster_key_path(str(state))
+    try:
+        return load_keyring(path, host)
+    except KeyFileError as exc:
+        echo(f"rota: {exc}")
+    except OSError as exc:
+        echo(f"rota: cannot read the key {path}: {exc.strerror}")
+    return None
+
+
+def signer_is_running(path: str) -> bool:
+    """Whether a signer already answers on ``path`` (another agent of this host, or rota up)."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(path)
+            return True
+        except OSError:
+            return False
+
+
+async def run_signer(path: str, host: str, keyring: Any, url: str, tls_ca: str | None, echo) -> Any:
+    """Connect as ``host``'s role and serve the local socket; returns the running signer."""
+    import nats
+
+    from rota.controller.eventlog import connection_callbacks
+    from rota.wire import natsauth
+
+    from .signer import Signer
+
+    nc = await nats.connect(url.split(","), max_reconnect_attempts=-1, reconnect_time_wait=0.2,
+                            name=f"rota-signer-{host}", **connection_callbacks(f"signer {host}"),
+                            **natsauth.connect_options(keyring, host, tls_ca))
+    signer = Signer(path, host, keyring, nc)
+    await signer.start()
+    echo(f"rota: local signer for {host} on {path}")
+    return signer
+
+
+def main(*, node: str, nats: str | None, state_dir: str | None, key: str | None = None, tls_ca: str | None = None,
+         socket_path: str | None = None, echo=print, **options: Any) -> int:
+    from rota.wire.cluster import NoCluster, nats_urls
+    from rota.wire.paths import default_state_dir, socket_in
 
     from .agent import Agent
 
     logging.basicConfig(level=logging.WARNING, format=f"rota agent {node}: %(message)s")
     try:
-        url = cluster_url(nats)
+        url = nats_urls(nats)
     except NoCluster as exc:
         echo(f"rota agent: {exc}")
         return 1
+    state = Path(state_dir) if state_dir else default_state_dir()
+    keyring = _keyring(key, state, node, echo)
+    if keyring is None:
+        return 1
     try:
-        agent = Agent(node, url, Path(state_dir) if state_dir else default_state_dir(), **options)
+        agent = Agent(node, url, state, keyring=keyring, tls_ca=tls_ca, **options)
     except ValueError as exc:
         echo(f"rota agent: {exc}")
         return 1
     for line in agent.describe():
         echo(line)
+    path = socket_path or socket_in(str(state))
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -34,8 +85,15 @@ def main(*, node: str, nats: str | None, state_dir: str | None, echo=print, **op
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await agent.start()
+        signer = None
+        if signer_is_running(path):
+            echo(f"rota agent {node}: a signer already answers on {path}; not starting another")
+        else:
+            signer = await run_signer(path, node, keyring, url, tls_ca, echo)
         echo(f"rota agent {node}: registered with {url}; running jobs keep running if the agent stops")
         await stop.wait()
+        if signer is not None:
+            await signer.stop()
         await agent.stop()
 
     try:
@@ -44,4 +102,42 @@ def main(*, node: str, nats: str | None, state_dir: str | None, echo=print, **op
         echo(f"rota agent: cannot reach NATS at {url}: {exc}")
         return 1
     echo(f"rota agent {node}: stopped")
+    return 0
+
+
+def authd(*, host: str | None, nats: str | None, key: str | None, tls_ca: str | None, socket_path: str | None,
+          state_dir: str | None, echo=print) -> int:
+    """``rota authd``: only the local signer (munged's place), for a login host without an agent."""
+    from rota.wire.cluster import NoCluster, nats_urls
+    from rota.wire.paths import default_state_dir, socket_in
+
+    from .agent import hostname
+
+    name = host or hostname()
+    logging.basicConfig(level=logging.WARNING, format=f"rota authd {name}: %(message)s")
+    try:
+        url = nats_urls(nats)
+    except NoCluster as exc:
+        echo(f"rota authd: {exc}")
+        return 1
+    state = Path(state_dir) if state_dir else default_state_dir()
+    keyring = _keyring(key, state, name, echo)
+    if keyring is None:
+        return 1
+    path = socket_path or socket_in(str(state))
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        signer = await run_signer(path, name, keyring, url, tls_ca, echo)
+        await stop.wait()
+        await signer.stop()
+
+    try:
+        asyncio.run(run())
+    except (OSError, ValueError) as exc:
+        echo(f"rota authd: {exc}")
+        return 1
     return 0

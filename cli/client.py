@@ -39,16 +39,17 @@ def request(verb: str, body: dict, timeout: float = 45.0) -> dict:
 
 
 def remote_command(command: str, argv: list[str], out, err, verb: str = "accounting",
-                   timeout: float = 150.0) -> int:
+                   timeout: float = 150.0, prog: str | None = None) -> int:
     """Run ``sacct``/``sinfo`` (or time travel) by the controller, for a caller who cannot read the
     projection (or the log) here: its output, as the caller."""
+    prog = prog or command
     try:
         reply = request(verb, {"command": command, "argv": list(argv)}, timeout=timeout)
     except NoCluster as exc:
-        err.write(f"{command}: error: {exc}\n")
+        err.write(f"{prog}: error: {exc}\n")
         return 1
     if not reply.get("ok"):
-        err.write(f"{command}: error: {'; '.join(reply.get('error') or ['unknown error'])}\n")
+        err.write(f"{prog}: error: {'; '.join(reply.get('error') or ['unknown error'])}\n")
         return 1
     out.write(reply.get("out", ""))
     err.write(reply.get("err", ""))

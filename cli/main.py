@@ -23,13 +23,18 @@ def up(
     no_agent: bool = typer.Option(False, "--no-agent", help="run no local agent (agents run elsewhere)"),
     node_timeout: float = typer.Option(300.0, help="seconds of agent silence before a node is DOWN (SlurmdTimeout)"),
     kill_wait: float = typer.Option(30.0, help="seconds between SIGTERM and SIGKILL at a time limit or cancel (KillWait)"),
+    listen: Optional[str] = typer.Option(None, help="address the embedded nats-server listens on (default 127.0.0.1; RotaNatsListen=)"),
+    tls_cert: Optional[str] = typer.Option(None, help="TLS certificate of the embedded nats-server (RotaTLSCertFile=)"),
+    tls_key: Optional[str] = typer.Option(None, help="its private key (RotaTLSKeyFile=)"),
+    tls_ca: Optional[str] = typer.Option(None, help="the CA that signed it, for rota's own clients (RotaTLSCAFile=)"),
 ) -> None:
     """Run the controller, a local agent (and an embedded nats-server) in the foreground until Ctrl-C."""
     from rota.controller.up import main as up_main
 
+    tls = {k: v for k, v in (("cert_file", tls_cert), ("key_file", tls_key), ("ca_file", tls_ca)) if v}
     raise typer.Exit(up_main(state_dir, config, nats, nats_port, fake_gpus, typer.echo, agent_node=agent_node,
                              no_agent=no_agent, node_timeout=node_timeout,
-                             agent_options={"kill_wait": kill_wait}))
+                             agent_options={"kill_wait": kill_wait}, tls=tls or None, listen=listen))
 
 
 @app.command()
@@ -46,14 +51,85 @@ def agent(
     health_program: Optional[str] = typer.Option(None, help="admin health check: a non-zero exit drains the node"),
     kill_wait: float = typer.Option(30.0, help="seconds between SIGTERM and SIGKILL (KillWait)"),
     no_cgroups: bool = typer.Option(False, "--no-cgroups", help="do not confine jobs in cgroups (poll RSS instead)"),
+    key: Optional[str] = typer.Option(None, help="this node's key file, or the cluster key (default: the state directory's cluster.key)"),
+    tls_ca: Optional[str] = typer.Option(None, help="CA certificate of the NATS servers, when they speak TLS"),
+    socket: Optional[str] = typer.Option(None, "--socket", help="where the local signer listens (default: the state directory's run/rota.sock)"),
 ) -> None:
-    """Run a node agent (slurmd) in the foreground until Ctrl-C."""
+    """Run a node agent (slurmd) and this host's local signer in the foreground until Ctrl-C."""
     from rota.agents.main import main as agent_main
 
-    raise typer.Exit(agent_main(node=node, nats=nats, state_dir=state_dir, fake_gpus=fake_gpus,
+    raise typer.Exit(agent_main(node=node, nats=nats, state_dir=state_dir, key=key, tls_ca=tls_ca,
+                                socket_path=socket, fake_gpus=fake_gpus,
                                 faults_file=faults_file, cpus=cpus, memory=memory, heartbeat=heartbeat,
                                 health_interval=health_interval, health_program=health_program,
                                 kill_wait=kill_wait, use_cgroups=not no_cgroups, echo=typer.echo))
+
+
+@app.command()
+def authd(
+    host: Optional[str] = typer.Option(None, help="this host's name, as its key names it (default: the host name)"),
+    nats: Optional[str] = typer.Option(None, help="NATS servers URL[,URL...] (default: $ROTA_NATS_URL or a running rota up)"),
+    key: Optional[str] = typer.Option(None, help="this host's key file (rota keygen --host), or the cluster key"),
+    tls_ca: Optional[str] = typer.Option(None, help="CA certificate of the NATS servers, when they speak TLS"),
+    socket: Optional[str] = typer.Option(None, "--socket", help="where to listen (default: the state directory's run/rota.sock)"),
+    state_dir: Optional[str] = typer.Option(None, help="state directory (default $ROTA_STATE_DIR)"),
+) -> None:
+    """Run only this host's local signer (munged's place), for a login host without an agent."""
+    from rota.agents.main import authd as authd_main
+
+    raise typer.Exit(authd_main(host=host, nats=nats, key=key, tls_ca=tls_ca, socket_path=socket,
+                                state_dir=state_dir, echo=typer.echo))
+
+
+@app.command()
+def keygen(
+    path: Optional[str] = typer.Argument(None, help="where to write the key (default: the state directory's cluster.key)"),
+    force: bool = typer.Option(False, "--force", help="replace an existing key (every host then needs the new one)"),
+    size: int = typer.Option(128, "--bytes", help="key length in bytes (32 to 1024)"),
+    host: Optional[str] = typer.Option(None, help="write HOST's own key (derived from the cluster key) instead"),
+    out: Optional[str] = typer.Option(None, help="with --host: where to write that host's key"),
+    nats_auth: Optional[str] = typer.Option(None, help="write nats-server's authorization block (rota's roles) to FILE"),
+    config: Optional[str] = typer.Option(None, help="with --nats-auth: the cluster configuration naming the nodes"),
+    login: list[str] = typer.Option([], "--login-host", help="with --nats-auth: a host with a signer but no node"),
+) -> None:
+    """Make the cluster key (like mungekey), a host's key, or the NATS servers' authorization block."""
+    from rota.wire import keys
+
+    from rota.wire.paths import cluster_key_path, state_dir as default_state
+
+    key_path = path or cluster_key_path(default_state())
+    try:
+        if host is None and nats_auth is None:
+            os.makedirs(os.path.dirname(os.path.abspath(key_path)), exist_ok=True)
+            if os.path.lexists(key_path) and not force:
+                _fail(f"{key_path} exists; keep it, or replace it with --force (every host then needs the new one)")
+            keys.generate(key_path, size, force=force)
+            typer.echo(f"rota keygen: wrote a {size}-byte cluster key to {key_path} (mode 0600); copy it only to "
+                       "controller hosts, and give other hosts their own key: rota keygen --host NAME --out FILE")
+            return
+        ring = keys.load_keyring(key_path)
+        if ring.cluster_key is None:
+            _fail(f"{key_path} is a host key: --host and --nats-auth need the cluster key")
+        if host is not None:
+            target = out or f"{host}.key"
+            keys.write_host_key(target, ring.cluster_key, host)
+            typer.echo(f"rota keygen: wrote {host}'s key to {target} (mode 0600); install it on {host} and start "
+                       f"`rota agent --node {host} --key FILE` (or `rota authd --key FILE`)")
+        if nats_auth is not None:
+            from rota.wire.natsauth import authorization_block
+
+            hosts = list(login)
+            if config:
+                from rota.controller.up import load_config
+
+                hosts += [n.name for n in load_config(config, None).nodes]
+            keys.write_private(nats_auth, authorization_block(ring, hosts).encode(), exclusive=False)
+            typer.echo(f"rota keygen: wrote the authorization block for {len(hosts)} host(s) to {nats_auth} "
+                       "(mode 0600); include it in each nats-server's configuration")
+    except keys.KeyFileError as exc:
+        _fail(exc.message + (f" (fix: {exc.fix})" if exc.fix else ""))
+    except (OSError, ValueError) as exc:
+        _fail(str(exc))
 
 
 @app.command()
@@ -205,13 +281,18 @@ projections_app = typer.Typer(help="The SQLite projection of the log (sacct, sin
 app.add_typer(projections_app, name="projections")
 
 
-def _open_log(nats: Optional[str]):
-    from .client import NoCluster, cluster_url
+def _open_log(nats: Optional[str]) -> tuple[list[str], dict]:
+    """(URLs, connect options) of the log, as its administrator; a clear refusal otherwise."""
+    from rota.wire.cluster import NoCluster, NotAdmin, admin_connection
 
     try:
-        return cluster_url(nats)
+        return admin_connection(nats)
     except NoCluster as exc:
         _fail(str(exc))
+    except NotAdmin as exc:
+        _fail(f"{exc}; this command reads the whole log (every job's environment and script), "
+              "so only the cluster's administrator may run it")
+    raise AssertionError("unreachable")
 
 
 @projections_app.command("rebuild")
@@ -228,14 +309,14 @@ def projections_rebuild(
 
     from rota.wire.paths import projections_db
 
-    url = _open_log(nats)
+    urls, options = _open_log(nats)
     target = Path(db) if db else Path(projections_db())
     tmp = target.with_name(target.name + ".rebuild")
     for p in (tmp, Path(str(tmp) + "-wal"), Path(str(tmp) + "-shm")):
         p.unlink(missing_ok=True)
 
     async def go() -> tuple[int, float]:
-        lg = await JetStreamLog.connect(url.split(","))
+        lg = await JetStreamLog.connect(urls, **options)
         try:
             proj = Projector(tmp, lg)
             await proj.open()
@@ -266,10 +347,10 @@ def export(
 
     from rota.wire.paths import projections_db
 
-    url = _open_log(nats)
+    urls, options = _open_log(nats)
 
     async def go() -> dict[str, int]:
-        lg = await JetStreamLog.connect(url.split(","))
+        lg = await JetStreamLog.connect(urls, **options)
         try:
             return await export_parquet(lg, Path(projections_db()), Path(parquet))
         finally:
@@ -279,13 +360,28 @@ def export(
         typer.echo(f"{Path(parquet) / name}: {rows:,} rows")
 
 
+def _through_controller(command: str, log: Optional[str], nats: Optional[str]) -> None:
+    """A user who cannot read the log (it holds everyone's environments and scripts) gets the same
+    answer from the controller, which runs the command where the log can be read."""
+    from rota.wire.cluster import may_read_log
+
+    if log is not None or nats is not None or may_read_log():
+        return
+    from .client import remote_command
+
+    argv = sys.argv[sys.argv.index(command) + 1:] if command in sys.argv else []
+    raise typer.Exit(remote_command(command, argv, sys.stdout, sys.stderr, verb="timetravel", timeout=1800,
+                                    prog=f"rota {command}"))
+
+
 def _history(log: Optional[str], nats: Optional[str]):
-    from .client import NoCluster
+    from rota.wire.cluster import NoCluster, NotAdmin
+
     from .timetravel import load_envelopes
 
     try:
         envs = load_envelopes(log, nats)
-    except (OSError, ValueError, NoCluster) as exc:
+    except (OSError, ValueError, NoCluster, NotAdmin) as exc:
         _fail(str(exc))
     if not envs:
         _fail("the log is empty")
@@ -301,6 +397,7 @@ def why(
     as_json: bool = typer.Option(False, "--json", help="the whole explanation as JSON"),
 ) -> None:
     """Why did job N wait? Its wait as intervals, each with the reason and the evidence."""
+    _through_controller("why", log, nats)
     from rota.core.events import JobsStarted, JobSubmitted
 
     from .timetravel import explain, job_seqs, load_seek, parse_at, why_json, why_text
@@ -346,6 +443,7 @@ def replay(
     nats: Optional[str] = typer.Option(None, help="NATS servers of the cluster (default: the running rota up)"),
 ) -> None:
     """The queue and the nodes as they were at a moment of the log."""
+    _through_controller("replay", log, nats)
     from .timetravel import load_seek, parse_at, replay_views
 
     try:
@@ -372,6 +470,7 @@ def verify(
     nats: Optional[str] = typer.Option(None, help="NATS servers of the cluster (default: the running rota up)"),
 ) -> None:
     """Re-run the scheduler at every recorded cycle and check it makes exactly the recorded decisions."""
+    _through_controller("verify", log, nats)
     import time as _time
 
     from .timetravel import verify_all
@@ -401,6 +500,7 @@ def whatif(
     top: int = typer.Option(10, help="how many winners and losers to list"),
 ) -> None:
     """Replay the recorded submits and real run times under other settings and compare."""
+    _through_controller("whatif", log, nats)
     import json as _json
     from dataclasses import asdict
 

@@ -228,10 +228,11 @@ STATE_ALIASES = {"pd": "PENDING", "r": "RUNNING", "cd": "COMPLETED", "f": "FAILE
                  "ca": "CANCELLED", "nf": "NODE_FAIL", "oom": "OUT_OF_MEMORY"}
 
 
-def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = None, uid: int | None = None) -> int:
-    """sacct over the projection database ``db`` (default: the local cluster's; when there is none
-    and ``ROTA_NATS_URL`` names a cluster, that cluster's controller answers from its own), showing
-    the jobs of ``uid`` unless told otherwise (default: who runs it)."""
+def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = None, uid: int | None = None,
+        only_uid: int | None = None) -> int:
+    """sacct over the projection database ``db`` (default: the local cluster's; when this user cannot
+    read it, the controller answers from its own, as this user), showing the jobs of ``uid`` unless
+    told otherwise (default: who runs it), and never anyone's but ``only_uid``'s when that is given."""
     try:
         values, rest = parse("sacct", argv, OPTIONS)
     except OptionError as exc:
@@ -266,13 +267,13 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
         err.write(f"{exc}\n")
         return 1
     path = db or db_path()
-    if not os.path.exists(path):
-        if db is None and os.environ.get("ROTA_NATS_URL"):
+    if not os.access(path, os.R_OK):
+        if db is None:   # the projection is the administrator's: the controller answers, as this user
             from .client import remote_command
 
             return remote_command("sacct", argv, out, err)
         err.write(f"sacct: error: Problem talking to the database: no rota accounting at {path}; "
-                  "is `rota up` running (or ROTA_STATE_DIR or ROTA_NATS_URL set)?\n")
+                  "is `rota up` running (or ROTA_STATE_DIR set)?\n")
         return 1
     uid = os.geteuid() if uid is None else uid
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
@@ -299,6 +300,9 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
     elif not ns.allusers and not ids and uid != 0:
         where.append("uid = ?")
         args.append(uid)
+    if only_uid is not None:
+        where.append("uid = ?")
+        args.append(only_uid)
     states = [STATE_ALIASES.get(s.lower(), s.upper()) for arg in ns.state for s in arg.split(",") if s]
     if states:
         where.append(f"state IN ({','.join('?' * len(states))})")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import getpass
 import os
 import re
 import sys
@@ -69,16 +68,20 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
     if not targets and not filters:
         err.write("scancel: error: No job identification provided\n")
         return 1
-    uid = os.geteuid()
-    me = getpass.getuser()
     try:
         if filters:
-            jobs = request("queue", {})["jobs"]
-            user = me if ns.me else ns.user
+            reply = request("queue", {})
+            if not reply.get("ok"):
+                err.write(f"scancel: error: {'; '.join(reply.get('error') or ['unknown error'])}\n")
+                return 1
+            jobs = reply["jobs"]
+            users = set(ns.user.split(",")) if ns.user else None
             states = {s.strip().upper() for s in (ns.state or "").split(",") if s}
             states = {{"PD": "PENDING", "R": "RUNNING"}.get(s, s) for s in states}
             chosen = [j for j in jobs
-                      if (user is None or j["user"] == user) and (not states or j["state"] in states)
+                      if (not ns.me or j["uid"] == os.getuid())
+                      and (users is None or j["user"] in users or str(j["uid"]) in users)
+                      and (not states or j["state"] in states)
                       and (ns.name is None or j["name"] == ns.name)
                       and (ns.partition is None or j["partition"] == ns.partition)
                       and (not targets or j["job_id"] in {t for t, _ in targets})]
@@ -87,7 +90,7 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
         for jid, tasks in targets:
             if ns.verbose:
                 err.write(f"scancel: Terminating job {jid}\n")
-            body = {"job_id": jid, "uid": uid, "user": me, "signal": sig}
+            body = {"job_id": jid, "signal": sig}
             if tasks is not None:
                 body["tasks"] = tasks
             # Slurm: --signal only signals the job (it is not cancelled unless the signal ends it)

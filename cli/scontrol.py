@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import getpass
 import os
 import re
 import sqlite3
@@ -21,25 +20,41 @@ def _ts(t: int | None) -> str:
     return _dt.datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S") if t else "None"
 
 
-def _db() -> sqlite3.Connection:
+class _Remote(Exception):
+    """The projection is not readable here: the controller shows it (as the caller)."""
+
+
+def _db(given: str | None = None) -> sqlite3.Connection:
     from rota.wire.paths import projections_db
 
-    path = projections_db()
-    if not os.path.exists(path):
+    path = given or projections_db()
+    if not os.access(path, os.R_OK):
+        if given is None:
+            raise _Remote
         raise Fail(f"no rota cluster state at {path}; is `rota up` running (or ROTA_STATE_DIR set)?")
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     db.row_factory = sqlite3.Row
     return db
 
 
+SHOW_FROM_PROJECTION = ("node", "nodes", "partition", "partitions")
+
+
+def run_show(argv: list[str], out, err, *, db: str, uid: int | None = None) -> int:
+    """``scontrol show node|partition`` over the projection ``db`` (the controller runs it for callers
+    who cannot read the projection; nothing but these read-only views)."""
+    if len(argv) < 2 or argv[0] != "show" or argv[1].lower() not in SHOW_FROM_PROJECTION:
+        err.write("scontrol: error: only `show node` and `show partition` can be run by the controller\n")
+        return 1
+    return run(argv, out, err, db=db)
+
+
 def _mem(mib: int) -> str:
     return f"{mib // 1024}G" if mib and mib % 1024 == 0 else f"{mib}M"
 
 
-def show_node(names: list[str]) -> list[str]:
-    from .sinfo import state_long
-
-    db = _db()
+def show_node(names: list[str], db_path: str | None = None) -> list[str]:
+    db = _db(db_path)
     rows = db.execute("SELECT * FROM nodes ORDER BY idx").fetchall()
     if names:
         wanted = set(names)
@@ -76,7 +91,6 @@ def show_node(names: list[str]) -> list[str]:
         if n["reason"]:
             out.append(f"   Reason={n['reason']} [{n['reason_by'] or 'root'}@{_ts(n['reason_time'])}]")
         out.append("")
-        _ = state_long
     return out
 
 
@@ -168,10 +182,10 @@ def show_job(ids: list[str]) -> list[str]:
     return lines
 
 
-def show_partition(names: list[str]) -> list[str]:
+def show_partition(names: list[str], db_path: str | None = None) -> list[str]:
     from rota.core.timefmt import format_duration
 
-    rows = _db().execute("SELECT * FROM partitions ORDER BY idx").fetchall()
+    rows = _db(db_path).execute("SELECT * FROM partitions ORDER BY idx").fetchall()
     if names:
         rows = [r for r in rows if r["name"] in set(names)]
         if not rows:
@@ -205,17 +219,14 @@ def _request(verb: str, body: dict) -> dict:
     from .client import NoCluster, request
 
     try:
-        return request(verb, {"user": getpass.getuser(), "uid": os.geteuid(), "admin": os.geteuid() == 0, **body})
+        return request(verb, body)
     except NoCluster as exc:
         raise Fail(f"slurm_load_partitions error: {exc}") from None
 
 
 def update(args: list[str]) -> list[str]:
     kv = _kv(args)
-    admin = os.geteuid() == 0
     if "nodename" in kv:
-        if not admin:
-            raise Fail("slurm_update error: Invalid user id")
         state = kv.get("state", "").upper()
         reason = kv.get("reason", "")
         if state in ("DRAIN", "DOWN", "FAIL") and not reason:
@@ -282,7 +293,7 @@ def job_verb(verb: str, ids: list[str]) -> list[str]:
         if verb == "requeuehold":
             body["hold"] = True
         if verb == "uhold":
-            body["admin"] = False
+            body["user_hold"] = True
         reply = _request(api, body)
         if not reply.get("ok"):
             failed = True
@@ -295,7 +306,7 @@ def job_verb(verb: str, ids: list[str]) -> list[str]:
     return []
 
 
-def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
+def run(argv: list[str], out=sys.stdout, err=sys.stderr, db: str | None = None) -> int:
     args = [a for a in argv if a not in ("-o", "--oneliner", "-d", "--details")]
     if not args or args[0] in ("-h", "--help", "help"):
         out.write("Usage: scontrol show node|partition|hostnames|hostlist [NAME] | update NodeName=... State=... "
@@ -307,11 +318,11 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
             what = rest[0].lower() if rest else ""
             names = rest[1:]
             if what in ("node", "nodes"):
-                lines = show_node([n for arg in names for n in expand(arg)])
+                lines = show_node([n for arg in names for n in expand(arg)], db)
             elif what in ("job", "jobs"):
                 lines = show_job(names)
             elif what in ("partition", "partitions"):
-                lines = show_partition(names)
+                lines = show_partition(names, db)
             elif what == "hostnames":
                 lines = expand(names[0] if names else os.environ.get("SLURM_JOB_NODELIST", ""))
             elif what == "hostlist":
@@ -324,6 +335,10 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
             lines = job_verb(cmd, rest)
         else:
             raise Fail(f"invalid keyword: {args[0]}")
+    except _Remote:   # the projection is private to the cluster's administrator: the controller shows it
+        from .client import remote_command
+
+        return remote_command("scontrol", argv, out, err)
     except Fail as exc:
         err.write(f"{exc}\n")
         return exc.code

@@ -190,8 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = None, uid: int | None = None) -> int:
-    """sinfo over the projection database ``db`` (default: the local cluster's; when there is none and
-    ``ROTA_NATS_URL`` names a cluster, that cluster's controller answers from its own)."""
+    """sinfo over the projection database ``db`` (default: the local cluster's; when this user cannot
+    read it, the controller answers from its own)."""
     ns, rest = build_parser().parse_known_args(argv)
     if ns.help:
         out.write("Usage: sinfo [-N] [-l] [-R] [-o format] [-h] [-p partition] [-n nodes] [-t states]\n")
@@ -202,13 +202,13 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
     from rota.wire.paths import projections_db
 
     path = db or projections_db()
-    if not os.path.exists(path):
-        if db is None and os.environ.get("ROTA_NATS_URL"):
+    if not os.access(path, os.R_OK):
+        if db is None:   # the projection is the administrator's: the controller answers
             from .client import remote_command
 
             return remote_command("sinfo", argv, out, err)
         err.write(f"sinfo: error: no rota cluster state at {path}; is `rota up` running (or ROTA_STATE_DIR "
-                  "or ROTA_NATS_URL set)?\n")
+                  "set)?\n")
         return 1
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     db.row_factory = sqlite3.Row

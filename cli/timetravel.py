@@ -43,13 +43,12 @@ def load_envelopes(log_file: str | None, nats: str | None) -> list[ev.Envelope]:
     import asyncio
 
     from rota.controller.eventlog import JetStreamLog
+    from rota.wire.cluster import admin_connection
 
-    from .client import cluster_url
-
-    url = cluster_url(nats)
+    urls, options = admin_connection(nats)
 
     async def read() -> list[ev.Envelope]:
-        lg = await JetStreamLog.connect(url.split(","))
+        lg = await JetStreamLog.connect(urls, **options)
         try:
             out: list[ev.Envelope] = []
             async for chunk in lg.read_batches(1):
@@ -69,16 +68,15 @@ def load_seek(nats: str | None, target_seq: int | None = None, target_time: int 
 
     from rota.controller import snapshots
     from rota.controller.eventlog import JetStreamLog
+    from rota.wire.cluster import admin_connection
 
-    from .client import cluster_url
-
-    url = cluster_url(nats)
+    urls, options = admin_connection(nats)
 
     async def read():
         import gc
 
         gc.disable()   # a short-lived process that allocates what it keeps: the collector only rescans it
-        lg = await JetStreamLog.connect(url.split(","))
+        lg = await JetStreamLog.connect(urls, **options)
         try:
             store = await snapshots.open_store(lg.js)
             state = None

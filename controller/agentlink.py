@@ -1,27 +1,36 @@
-"""The controller's side of the agents: drain their inbox into the log, send them assignments,
-watch their heartbeats (silent: NOT_RESPONDING, then DOWN)."""
+"""The controller's side of the agents: drain their inbox into the log, send them orders, watch their
+heartbeats (silent: NOT_RESPONDING, then DOWN).
+
+Every report and heartbeat carries its node's credential and is believed only about that node;
+every order carries the controller's credential for the node it is meant for. An order that
+cannot be delivered is set aside with its reason (a launch that never arrives ends its job), never
+retried forever ahead of the others: each node has its own sender.
+"""
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import os
 import time
 from typing import Any
 
-from rota.agents.agent import (
-    ASSIGN_PREFIX, ASSIGN_STREAM, HEARTBEAT_PREFIX, INBOX_PREFIX, INBOX_STREAM, ensure_streams, work_queue,
-)
 from rota.core import commands
+from rota.core import credentials as creds
 from rota.core import events as ev
 from rota.core.state import RUNNING, State
+from rota.wire import subjects as sj
+from rota.wire.jsqueue import ensure_agent_consumers, ensure_streams, stored_at, work_queue
 
 from . import assign
 from .eventlog import FencedError, LogUnavailable
 
 log = logging.getLogger("rota.controller.agents")
 
+CRED_HEADER = "Rota-Cred"
 # What an agent may report, and only about its own node.
 AGENT_REPORTS = (ev.NodeRegistered, ev.JobExited, ev.HealthFault)
+SEND_ATTEMPTS = 12        # about a minute of retries (0.1 s doubling to 5 s) before an order is set aside
 
 
 def check_report(state: State, node: str, event: Any) -> Any:
@@ -43,25 +52,39 @@ def check_report(state: State, node: str, event: Any) -> Any:
     return event
 
 
+def undeliverable_launch(state: State, node: str, job_id: int, restarts: int, why: str) -> Any:
+    """A launch that never reached its node: the job ends FAILED with the reason (if it still waits for it)."""
+    job = state.jobs.get(job_id)
+    if job is None or job.state != RUNNING or job.restarts != restarts or not job.alloc or job.alloc[0].node != node:
+        raise commands.Rejected("noop", code="noop")
+    return ev.JobExited(job_id=job_id, state="FAILED", exit_code=1, node=node, reason=why[:1000])
+
+
 class AgentLink:
-    def __init__(self, controller: Any, nc: Any, *, node_timeout: float = 300.0) -> None:
+    def __init__(self, controller: Any, nc: Any, *, node_timeout: float = 300.0, keyring: Any = None) -> None:
         self.c = controller
         self.nc = nc
         self.js = nc.jetstream(timeout=10)
         self.node_timeout = node_timeout
+        self.keyring = keyring if keyring is not None else controller.keyring
+        self.replay = creds.ReplayCache()
         self.last_seen: dict[str, float] = {}
         self.agent_running: dict[str, set[int]] = {}
-        self._outbox: asyncio.Queue[tuple[str, dict]] = asyncio.Queue()
+        self._senders: dict[str, asyncio.Queue[dict]] = {}
         self._tasks: list[asyncio.Task] = []
         self._subs: list[Any] = []
         self._started = time.monotonic()
+        self._consumers: set[str] = set()
+        self.set_aside: list[tuple[str, str, str]] = []    # (node, order, why) of orders never delivered
+        self._warned: dict[str, float] = {}
 
     async def start(self) -> None:
         await ensure_streams(self.js)
+        await self.ensure_consumers()
         self.c.on_assign = self.send
         self.c.on_reload = self.resend_launches
-        self._subs.append(await self.nc.subscribe(f"{HEARTBEAT_PREFIX}.*", cb=self._on_heartbeat))
-        self._tasks = [asyncio.create_task(t) for t in (self._publisher(), self._inbox(), self._monitor())]
+        self._subs.append(await self.nc.subscribe(f"{sj.HEARTBEAT_PREFIX}.*", cb=self._on_heartbeat))
+        self._tasks = [asyncio.create_task(t) for t in (self._inbox(), self._monitor())]
         self.resend_launches()
 
     async def stop(self) -> None:
@@ -71,11 +94,22 @@ class AgentLink:
         for sub in self._subs:
             await sub.unsubscribe()
 
-    # ------------------------------------------------------------ assignments
+    async def ensure_consumers(self) -> None:
+        """A durable consumer for each configured node's orders (agents may only read their own)."""
+        nodes = sorted(n for n in self.c.state.nodes if n not in self._consumers and creds.valid_host(n))
+        if nodes:
+            await ensure_agent_consumers(self.js, nodes)
+            self._consumers.update(nodes)
+
+    # ------------------------------------------------------------ orders
 
     def send(self, messages: list[tuple[str, dict]]) -> None:
-        for item in messages:
-            self._outbox.put_nowait(item)
+        for node, msg in messages:
+            queue = self._senders.get(node)
+            if queue is None:
+                queue = self._senders[node] = asyncio.Queue()
+                self._tasks.append(asyncio.create_task(self._sender(node, queue)))
+            queue.put_nowait(msg)
 
     def resend_launches(self) -> None:
         """Launches for every running job (after a restart or a rebuild): agents ignore repeats."""
@@ -83,29 +117,71 @@ class AgentLink:
         for jid in list(st.running):
             msg = assign.launch_message(st, jid)
             if msg is not None:
-                self._outbox.put_nowait((msg["nodes"][0], msg))
+                self.send([(msg["nodes"][0], msg)])
 
-    async def _publisher(self) -> None:
-        """One sender, so a job's launch always precedes its kill."""
+    def sign(self, node: str, subject: str, body: bytes) -> str | None:
+        key = self.keyring.key_of(node) if self.keyring is not None else None
+        if key is None:
+            return None
+        return creds.issue(key, "ctl", 0, 0, node, int(time.time()), os.urandom(16).hex(), subject, body)
+
+    async def _sender(self, node: str, queue: asyncio.Queue[dict]) -> None:
+        """One node's orders, in order (a job's launch always precedes its kill)."""
+        from nats.errors import MaxPayloadError
+
+        subject = f"{sj.ASSIGN_PREFIX}.{node}"
         while True:
-            node, msg = await self._outbox.get()
-            msg_id = f"{msg['op']}-{msg['job_id']}-{msg.get('restarts', 0)}"
-            delay = 0.1
-            while True:
+            msg = await queue.get()
+            body = json.dumps(msg).encode()
+            once = msg["op"] not in ("update", "signal")   # these may be repeated on purpose
+            headers = {"Nats-Msg-Id": f"{msg['op']}-{msg['job_id']}-{msg.get('restarts', 0)}"} if once else {}
+            cred = self.sign(node, subject, body)
+            if cred is not None:
+                headers[CRED_HEADER] = cred
+            delay, why = 0.1, ""
+            for _attempt in range(SEND_ATTEMPTS):
                 try:
-                    once = msg["op"] not in ("update", "signal")   # these may be repeated on purpose
-                    await self.js.publish(f"{ASSIGN_PREFIX}.{node}", json.dumps(msg).encode(), stream=ASSIGN_STREAM,
-                                          headers={"Nats-Msg-Id": msg_id} if once else None)
+                    await self.js.publish(subject, body, stream=sj.ASSIGN_STREAM, headers=headers or None)
+                    why = ""
+                    break
+                except MaxPayloadError:
+                    why = f"the order is {len(body):,} bytes, more than NATS carries"
                     break
                 except Exception as exc:  # noqa: BLE001 - NATS unavailable: keep trying, in order
-                    log.warning("assignment for %s not sent yet: %s", node, exc)
+                    why = f"{type(exc).__name__}: {exc}"
+                    log.warning("order for %s not sent yet: %s", node, why)
                     await asyncio.sleep(delay)
                     delay = min(2 * delay, 5.0)
+            if why:
+                await self._set_aside(node, msg, why)
+
+    async def _set_aside(self, node: str, msg: dict, why: str) -> None:
+        log.error("an order (%s of job %s) for %s was set aside: %s", msg["op"], msg["job_id"], node, why)
+        self.set_aside.append((node, f"{msg['op']} {msg['job_id']}", why))
+        if msg["op"] != "launch":
+            return
+        reason = f"the launch could not be delivered to {node}: {why}"
+        try:
+            await self.c.write(lambda s: undeliverable_launch(s, node, msg["job_id"], msg.get("restarts", 0), reason),
+                               "rota")
+        except (commands.Rejected, LogUnavailable, FencedError):
+            pass
 
     # ------------------------------------------------------------ inbox
 
+    def _node_credential(self, node: str, subject: str, headers: Any, body: bytes, now: int) -> str | None:
+        """Why a node's message is not believed (None: it carries that node's valid credential)."""
+        if self.keyring is None:
+            return None   # a controller without a cluster key believes the broker's permissions alone
+        try:
+            creds.verify(lambda host: self.keyring.key_of(host) if host == node else None,
+                         (headers or {}).get(CRED_HEADER), subject, body, now, kind="node", replay=self.replay)
+        except creds.CredentialError as exc:
+            return str(exc)
+        return None
+
     async def _inbox(self) -> None:
-        async for msgs in work_queue(self.js, INBOX_STREAM, f"{INBOX_PREFIX}.>", "controller", batch=256,
+        async for msgs in work_queue(self.js, sj.INBOX_STREAM, f"{sj.INBOX_PREFIX}.>", "controller", batch=256,
                                      ack_wait=30, what="the agents' inbox"):
             results = await asyncio.gather(*(self._take(m) for m in msgs), return_exceptions=True)
             for m, r in zip(msgs, results):
@@ -118,12 +194,20 @@ class AgentLink:
     async def _take(self, msg: Any) -> bool:
         """Append one report (idempotent on the inbox message id). True when it may be acked."""
         node = msg.subject.split(".", 2)[2]
+        # a report is judged as of when the broker stored it: it may wait out a controller restart
+        problem = self._node_credential(node, msg.subject, msg.headers, msg.data, stored_at(msg, int(time.time())))
+        if problem is not None and (getattr(msg.metadata, "num_delivered", 1) or 1) > 1 \
+                and problem.startswith(creds.REPLAYED):
+            problem = None   # redelivered after a lost ack: the idempotency id keeps it from landing twice
+        if problem is not None:
+            log.error("a report on %s was set aside: %s", msg.subject, problem)
+            return True
         try:
             event = ev.EVENT_ADAPTER.validate_json(msg.data)
         except ValueError as exc:
             log.error("dropping a malformed report from %s: %s", node, str(exc).splitlines()[0])
             return True
-        idem = "inbox-" + ((msg.headers or {}).get("Nats-Msg-Id") or f"{node}-{msg.metadata.sequence.stream}")
+        idem = "inbox-" + ((msg.headers or {}).get("Nats-Msg-Id") or f"{node}-{msg.metadata.sequence.stream}")[:128]
         try:
             await self.c.write(lambda state: check_report(state, node, event), f"agent:{node}", idem)
         except commands.Rejected as r:
@@ -140,10 +224,17 @@ class AgentLink:
 
     async def _on_heartbeat(self, msg: Any) -> None:
         node = msg.subject.split(".", 2)[2]
+        problem = self._node_credential(node, msg.subject, msg.headers, msg.data, int(time.time()))
+        if problem is not None:
+            if time.monotonic() - self._warned.get(node, 0.0) > 30:
+                self._warned[node] = time.monotonic()
+                log.error("a heartbeat for %s was ignored: %s", node, problem)
+            return
         self.last_seen[node] = time.monotonic()
         try:
-            self.agent_running[node] = set(json.loads(msg.data).get("running", []))
-        except (ValueError, AttributeError):
+            running = json.loads(msg.data).get("running", [])
+            self.agent_running[node] = {j for j in running if isinstance(j, int)}
+        except (ValueError, AttributeError, TypeError):
             pass
 
     async def _monitor(self) -> None:
@@ -154,6 +245,10 @@ class AgentLink:
             await asyncio.sleep(min(1.0, self.node_timeout / 10))
             if not self.c.leader:
                 continue
+            try:
+                await self.ensure_consumers()
+            except Exception as exc:  # noqa: BLE001 - retried next time round
+                log.warning("cannot create the agents' consumers yet: %s", exc)
             now = time.monotonic()
             st = self.c.state
             for name, node in list(st.nodes.items()):
@@ -177,8 +272,8 @@ class AgentLink:
                 for jid in self.agent_running.get(name, set()):
                     job = st.jobs.get(jid)
                     if job is None or job.state != RUNNING:
-                        self._outbox.put_nowait((name, {"op": "kill", "job_id": jid, "reason": "stopped",
-                                                        "restarts": job.restarts if job else 0}))
+                        self.send([(name, {"op": "kill", "job_id": jid, "reason": "stopped",
+                                           "restarts": job.restarts if job else 0})])
                 self.agent_running.pop(name, None)
 
 

@@ -13,11 +13,13 @@ import os
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
+from rota.core import credentials
 from rota.core import events as ev
+from rota.wire import subjects as sj
 
 log = logging.getLogger("rota.eventlog")
-STREAM = "ROTA_EVENTS"
-SUBJECT_PREFIX = "rota.ev"
+STREAM = sj.EVENT_STREAM
+SUBJECT_PREFIX = sj.EVENT_PREFIX
 
 
 class FencedError(Exception):
@@ -50,6 +52,7 @@ def subject_for(event: Any) -> str:
 
 TS_HEADER = "Rota-Ts"
 ACTOR_HEADER = "Rota-Actor"
+MAC_HEADER = "Rota-Mac"
 
 
 def encode_body(event: Any) -> bytes:
@@ -65,10 +68,59 @@ def decode_event_bytes(body: bytes) -> Any:
         return ev.decode_event(json.loads(body))   # an older version: upcast, then validate
 
 
-def decode_message(seq: int, headers: dict | None, body: bytes) -> ev.Envelope:
+def record_headers(mac_key: bytes | None, seq: int, ts: int, actor: str, idem: str, body: bytes) -> dict[str, str]:
+    """The headers an event is stored with (its MAC when the writer holds the log key)."""
+    headers = {TS_HEADER: str(ts), ACTOR_HEADER: actor}
+    if idem:
+        headers["Nats-Msg-Id"] = idem
+    if mac_key is not None:
+        headers[MAC_HEADER] = credentials.log_mac(mac_key, seq, ts, actor, idem, body)
+    return headers
+
+
+class RecordCheck:
+    """What a reader holding the log key accepts: records the controller signed. Unsigned records
+    before the first signed one (a log begun by an older rota) are accepted; after it, never."""
+
+    def __init__(self, mac_key: bytes) -> None:
+        self.mac_key = mac_key
+        self.first_signed: int | None = None   # the lowest sequence known to carry the controller's MAC
+
+    def signed_at(self, seq: int) -> None:
+        if self.first_signed is None or seq < self.first_signed:
+            self.first_signed = seq
+
+    def problem(self, seq: int, ts: int, actor: str, idem: str, body: bytes, mac: str | None) -> str | None:
+        if mac is None:
+            if self.first_signed is not None and seq > self.first_signed:
+                return "it carries no MAC: it was not written by this cluster's controller"
+            return None
+        if not credentials.check_log_mac(self.mac_key, mac, seq, ts, actor, idem, body):
+            return "its MAC does not match: it was forged, altered or moved"
+        self.signed_at(seq)
+        return None
+
+
+def decode_message(seq: int, headers: dict | None, body: bytes, check: RecordCheck | None = None,
+                   set_aside: list | None = None) -> ev.Envelope:
+    """One stored record as an envelope; a record that is malformed, unknown or not the controller's
+    becomes an envelope without an event (``event`` None): it keeps its place and changes nothing."""
     h = headers or {}
-    return ev.Envelope.trusted(seq, int(h.get(TS_HEADER, 0)), h.get(ACTOR_HEADER, "system"),
-                               h.get("Nats-Msg-Id", ""), decode_event_bytes(body))
+    raw_ts = h.get(TS_HEADER, "0")
+    ts = int(raw_ts) if raw_ts.isdecimal() and len(raw_ts) < 16 else 0
+    actor, idem = h.get(ACTOR_HEADER, "system"), h.get("Nats-Msg-Id", "")
+    why = check.problem(seq, ts, actor, idem, body, h.get(MAC_HEADER)) if check is not None else None
+    event = None
+    if why is None:
+        try:
+            event = decode_event_bytes(body)
+        except Exception as exc:  # noqa: BLE001 - any malformed record: set aside, never stop a replay
+            why = f"not an event this rota knows ({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})"
+    if why is not None:
+        log.error("log record %d set aside: %s", seq, why)
+        if set_aside is not None:
+            set_aside.append((seq, why))
+    return ev.Envelope.trusted(seq, ts, actor, idem, event)
 
 
 class MemoryLog:
@@ -131,20 +183,27 @@ def connection_callbacks(who: str) -> dict:
 class JetStreamLog:
     """The event stream on NATS JetStream: file storage, never discards, duplicate window."""
 
-    def __init__(self, nc: Any, js: Any, stream: str = STREAM) -> None:
+    def __init__(self, nc: Any, js: Any, stream: str = STREAM, mac_key: bytes | None = None) -> None:
         self.nc, self.js, self.stream = nc, js, stream
         self._plain_reads = True   # deliveries on a connection of our own (see _RawPullReader)
+        self.mac_key = mac_key
+        self.check = RecordCheck(mac_key) if mac_key is not None else None
+        self.set_aside: list[tuple[int, str]] = []   # (sequence, why) of records read and not applied
 
     @classmethod
     async def connect(cls, servers: str | list[str], *, replicas: int = 1, stream: str = STREAM,
-                      duplicate_window: float = 600.0, connect_timeout: float = 5.0) -> "JetStreamLog":
-        """Connect and make sure the stream exists with rota's settings."""
+                      duplicate_window: float = 600.0, connect_timeout: float = 5.0, keyring: Any = None,
+                      **options: Any) -> "JetStreamLog":
+        """Connect (``options``: nats-py's, e.g. the role's user and password) and make sure the stream
+        exists with rota's settings. With a ``keyring`` holding the cluster key, every append carries a
+        MAC and every record read is checked: one that is not the controller's is set aside."""
         import nats
         from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
         from nats.js.errors import BadRequestError, NotFoundError
 
         nc = await nats.connect(servers, connect_timeout=connect_timeout, max_reconnect_attempts=-1,
-                                reconnect_time_wait=0.2, drain_timeout=5, **connection_callbacks("rota"))
+                                reconnect_time_wait=0.2, drain_timeout=5, **connection_callbacks("rota"),
+                                **options)
         js = nc.jetstream(timeout=10)
         config = StreamConfig(name=stream, subjects=[f"{SUBJECT_PREFIX}.>"], storage=StorageType.FILE,
                               retention=RetentionPolicy.LIMITS, discard=DiscardPolicy.OLD,
@@ -165,7 +224,7 @@ class JetStreamLog:
                 if attempt == 59:
                     raise
             await asyncio.sleep(0.25)
-        return cls(nc, js, stream)
+        return cls(nc, js, stream, keyring.purpose_key("log") if keyring is not None else None)
 
     async def last_seq(self, attempts: int = 20) -> int:
         """The stream's last sequence (retried while a cluster elects a new stream leader)."""
@@ -183,14 +242,15 @@ class JetStreamLog:
                      expected_last: int | None = None) -> Appended:
         from nats.js.errors import APIError
 
-        headers = {TS_HEADER: str(ts), ACTOR_HEADER: actor}
-        if idem:
-            headers["Nats-Msg-Id"] = idem
+        body = encode_body(event)
+        key = self.mac_key if expected_last is not None else None   # the position is known only when fenced
+        headers = record_headers(key, (expected_last or 0) + 1, ts, actor, idem, body)
         if expected_last is not None:
             headers["Nats-Expected-Last-Sequence"] = str(expected_last)
         try:
-            ack = await self.js.publish(subject_for(event), encode_body(event),
-                                        stream=self.stream, headers=headers)
+            ack = await self.js.publish(subject_for(event), body, stream=self.stream, headers=headers)
+            if key is not None and self.check is not None and not ack.duplicate and ack.seq == (expected_last or 0) + 1:
+                self.check.signed_at(ack.seq)
         except APIError as exc:
             if getattr(exc, "err_code", None) == 10071:   # wrong last sequence
                 raise FencedError(expected_last or 0) from None
@@ -209,8 +269,9 @@ class JetStreamLog:
     async def read_batches(self, from_seq: int = 1, to_seq: int | None = None,
                            batch: int = 2000) -> AsyncIterator[list[ev.Envelope]]:
         """Replay in decoded batches (no per-event generator step: the rebuild hot path)."""
+        check, aside = self.check, self.set_aside
         async for chunk in self.read_raw(from_seq, to_seq, batch):
-            yield [decode_message(seq, headers, body) for seq, headers, body in chunk]
+            yield [decode_message(seq, headers, body, check, aside) for seq, headers, body in chunk]
 
     async def read_raw(self, from_seq: int = 1, to_seq: int | None = None,
                        batch: int = 2000) -> AsyncIterator[list[tuple[int, dict | None, bytes]]]:
@@ -374,12 +435,14 @@ class _RawPullReader(_PullReader):
             asyncio.open_connection(url.hostname, url.port or 4222, limit=1 << 24), timeout=5)
         info = await asyncio.wait_for(self.reader.readline(), timeout=5)
         meta = json.loads(info[5:]) if info.startswith(b"INFO ") else {}
-        if meta.get("tls_required") or (meta.get("auth_required") and not url.username):
+        user = url.username or self.log.nc.options.get("user")
+        password = url.password or self.log.nc.options.get("password")
+        if meta.get("tls_required") or (meta.get("auth_required") and not (user and password)):
             raise _RawUnsupported("the server wants TLS or credentials")
         connect = {"verbose": False, "pedantic": False, "headers": True, "no_responders": True,
                    "lang": "python", "version": "rota-replay", "protocol": 1}
-        if url.username:
-            connect.update(user=url.username, **({"pass": url.password} if url.password else {}))
+        if user and password and isinstance(user, str) and isinstance(password, str):
+            connect.update(user=user, **{"pass": password})
         self.inbox = f"_INBOX.{os.urandom(12).hex()}"
         self.writer.write(f"CONNECT {json.dumps(connect)}\r\nSUB {self.inbox} 1\r\nPING\r\n".encode())
         while True:

@@ -35,20 +35,35 @@ def free_port() -> int:
 
 
 def write_config(path: Path, port: int, store_dir: Path, *, sync_always: bool = True,
-                 cluster: tuple[str, int, list[int]] | None = None, server_name: str = "rota") -> None:
-    """A nats-server config: loopback only, JetStream file store; ``sync_interval: always``
-    so an acknowledged event survives a machine crash."""
-    lines = [f"server_name: {server_name}", f"listen: 127.0.0.1:{port}", "max_payload: 8MB",
+                 cluster: tuple[str, int, list[int]] | None = None, server_name: str = "rota",
+                 authorization: str | None = None, tls: dict[str, str] | None = None,
+                 host: str = "127.0.0.1") -> None:
+    """A nats-server config: loopback by default, JetStream file store; ``sync_interval: always``
+    so an acknowledged event survives a machine crash. ``authorization``: the users and permissions
+    block (:mod:`rota.wire.natsauth`); ``tls``: cert_file, key_file and ca_file. Written private: it
+    holds the roles' passwords."""
+    lines = [f"server_name: {server_name}", f"listen: {host}:{port}", "max_payload: 8MB",
              "jetstream {", f'  store_dir: "{store_dir}"']
     if sync_always:
         lines.append("  sync_interval: always")
     lines.append("}")
+    if tls:
+        lines += ["tls {", f'  cert_file: "{tls["cert_file"]}"', f'  key_file: "{tls["key_file"]}"']
+        if tls.get("ca_file"):
+            lines.append(f'  ca_file: "{tls["ca_file"]}"')
+        lines += ["  timeout: 5", "}"]
+    if authorization:
+        lines.append(authorization)
     if cluster is not None:
         name, cport, routes = cluster
         lines += ["cluster {", f"  name: {name}", f"  listen: 127.0.0.1:{cport}", "  routes: ["]
         lines += [f"    nats-route://127.0.0.1:{r}" for r in routes]
         lines += ["  ]", "}"]
-    path.write_text("\n".join(lines) + "\n")
+    from rota.wire.keys import write_private
+
+    if path.exists():
+        path.unlink()
+    write_private(str(path), ("\n".join(lines) + "\n").encode())
 
 
 @dataclass
@@ -60,9 +75,12 @@ class NatsServer:
     config: Path
     log: Path
 
+    scheme: str = "nats"
+    host: str = "127.0.0.1"
+
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
     def stop(self, timeout: float = 10) -> None:
         if self.process.poll() is None:
@@ -96,14 +114,16 @@ def _die_with(parent: int):
 
 def start(state_dir: str | os.PathLike, port: int | None = None, *, sync_always: bool = True,
           cluster: tuple[str, int, list[int]] | None = None, server_name: str = "rota",
-          wait: float = 15.0) -> NatsServer:
-    """Start nats-server with its store under ``state_dir`` and wait until it accepts connections."""
+          wait: float = 15.0, authorization: str | None = None, tls: dict[str, str] | None = None,
+          host: str = "127.0.0.1") -> NatsServer:
+    """Start nats-server with its store under ``state_dir`` (private) and wait until it accepts connections."""
     base = Path(state_dir)
     base.mkdir(parents=True, exist_ok=True)
+    os.chmod(base, 0o700)
     port = port or free_port()
     conf = base / "nats-server.conf"
     write_config(conf, port, base / "jetstream", sync_always=sync_always, cluster=cluster,
-                 server_name=server_name)
+                 server_name=server_name, authorization=authorization, tls=tls, host=host)
     log = base / "nats-server.log"
     with open(log, "ab") as fh:
         proc = subprocess.Popen([find_binary(), "-c", str(conf)], stdout=fh, stderr=subprocess.STDOUT,
@@ -114,8 +134,9 @@ def start(state_dir: str | os.PathLike, port: int | None = None, *, sync_always:
         if proc.poll() is not None:
             raise NatsServerError(f"nats-server exited with {proc.returncode}; see {log}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return NatsServer(proc, port, conf, log)
+            with socket.create_connection(("127.0.0.1" if host in ("0.0.0.0", "::") else host, port), timeout=0.2):
+                return NatsServer(proc, port, conf, log, "tls" if tls else "nats",
+                                  "127.0.0.1" if host in ("0.0.0.0", "::") else host)
         except OSError:
             time.sleep(0.05)
     proc.kill()

@@ -95,7 +95,7 @@ class Squeue(Request):
 
 
 class Accounting(Request):
-    command: Literal["sacct", "sinfo"]
+    command: Literal["sacct", "sinfo", "scontrol"]
     argv: tuple[Arg, ...] = Field((), max_length=256)
 
 

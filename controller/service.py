@@ -93,6 +93,7 @@ class Controller:
         self.frontdoor = FrontDoor(self, keyring)
         self.views = Views(self)
         self._nc: Any = None
+        self._reported = 0
 
     # ------------------------------------------------------------ state
 
@@ -111,11 +112,19 @@ class Controller:
             async for chunk in self.log.read_batches(self.state.seq + 1):
                 fold(chunk, self.state)
                 for env in chunk:
-                    remember(env.idem, env.seq)
+                    if env.event is not None:
+                        remember(env.idem, env.seq)
         finally:
             if was_enabled:
                 gc.enable()
         gc.freeze()   # what was loaded lives as long as the process: keep it out of later collections
+        self.report_set_aside()
+
+    def report_set_aside(self) -> None:
+        """Name, by sequence, the records the reducer could not apply (once each)."""
+        for seq, why in self.state.set_aside[self._reported:]:
+            log.error("log record %d set aside by the reducer: %s", seq, why)
+        self._reported = len(self.state.set_aside)
 
     async def start(self) -> None:
         """Become the writer: configure the cluster if needed, log our version, serve."""
@@ -255,13 +264,16 @@ class Controller:
             async for chunk in self.log.read_batches(state.seq + 1):
                 fold(chunk, state)
                 for env in chunk:
-                    self._remember(env.idem, env.seq)
-                    if since is not None and env.seq > since:
+                    if env.event is not None:
+                        self._remember(env.idem, env.seq)
+                    if since is not None and env.seq > since and env.event is not None:
                         landed[env.idem] = env.seq
         except Exception as exc:  # noqa: BLE001 - still unavailable: the caller reports it
             log.warning("rebuilding from the log failed: %s", exc)
             return None
         self.state = state
+        self._reported = 0
+        self.report_set_aside()
         self._stale = False
         self._dirty.set()
         return landed
@@ -365,7 +377,7 @@ class Controller:
                 return False
             data, seq = dump_snapshot(self.state), self.state.seq
         history = seq - self._last_history_seq >= self.history_every
-        await snapshots.put(store, data, seq, history)
+        await snapshots.put(store, data, seq, history, getattr(self.log, "mac_key", None))
         if history:
             self._last_history_seq = seq
         self._last_snapshot_seq = seq
@@ -373,7 +385,13 @@ class Controller:
 
     async def _read_snapshot(self) -> State | None:
         store = await self._store()
-        return None if store is None else await snapshots.latest(store)
+        if store is None:
+            return None
+        snap = await snapshots.latest(store, getattr(self.log, "mac_key", None))
+        check = getattr(self.log, "check", None)
+        if snap is not None and check is not None:
+            check.signed_at(snap.seq)   # the controller signed it: the log is signed from there on
+        return snap
 
     # ------------------------------------------------------------ serving over NATS
 

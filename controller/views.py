@@ -217,8 +217,10 @@ class Views:
                                     code="no_projection")
         if command == "sacct":
             from rota.cli.sacct import run
-        else:
+        elif command == "sinfo":
             from rota.cli.sinfo import run
+        else:
+            from rota.cli.scontrol import run_show as run
         out, err = io.StringIO(), io.StringIO()
         only = caller.uid if private_jobs(self.c.state, caller) else None
         kwargs = {"only_uid": only} if command == "sacct" else {}

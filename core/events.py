@@ -267,6 +267,7 @@ class JobExited(Model):
     max_rss: int = 0              # KiB
     elapsed: int = 0              # seconds
     node: str = ""
+    reason: str = ""              # why it could not run, when it never started (a file it cannot open)
 
 
 class GpuInfo(Model):

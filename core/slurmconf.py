@@ -37,13 +37,16 @@ GLOBAL_KEYS = {
     "clustername", "grestypes", "schedulertype", "schedulerparameters", "prioritytype",
     "priorityweightage", "priorityweightfairshare", "priorityweightjobsize", "priorityweightpartition",
     "priorityweightqos", "prioritymaxage", "priorityfavorsmall", "enforcepartlimits", "maxarraysize",
-    "minjobage",
+    "minjobage", "slurmuser", "authinfo", "privatedata", "adminusers", "operatorusers",
 }
+# rota's own keys for how its processes run here (not part of the cluster's configuration in the log)
+SHELL_KEYS = {"rotanatslisten": "listen", "rotatlscertfile": "cert_file", "rotatlskeyfile": "key_file",
+              "rotatlscafile": "ca_file"}
 # Slurm keys rota accepts and does not act on (so real slurm.conf files pass the check).
 IGNORED_KEYS = {
     "slurmctldhost", "controlmachine", "authtype", "credtype", "mpidefault", "proctracktype",
     "returntoservice", "slurmctldpidfile", "slurmctldport", "slurmdpidfile", "slurmdport",
-    "slurmdspooldir", "slurmuser", "statesavelocation", "switchtype", "taskplugin", "inactivelimit",
+    "slurmdspooldir", "statesavelocation", "switchtype", "taskplugin", "inactivelimit",
     "killwait", "slurmctldtimeout", "slurmdtimeout", "waittime", "selecttype", "selecttypeparameters",
     "accountingstoragetype", "accountingstorageenforce", "accountingstoragehost", "jobcomptype",
     "jobacctgathertype", "jobacctgatherfrequency", "slurmctlddebug", "slurmctldlogfile", "slurmddebug",
@@ -189,8 +192,8 @@ def check_config(text: str, file: str = "slurm.conf", gres_text: str | None = No
             for key, low, value in pairs:
                 if low in GLOBAL_KEYS:
                     global_vals[low] = (lineno, value)
-                elif low not in IGNORED_KEYS and low not in ("nodename", "partitionname"):
-                    ctx.err(lineno, f"unknown key {key!r}", _suggest(key, GLOBAL_KEYS | IGNORED_KEYS))
+                elif low not in IGNORED_KEYS and low not in SHELL_KEYS and low not in ("nodename", "partitionname"):
+                    ctx.err(lineno, f"unknown key {key!r}", _suggest(key, GLOBAL_KEYS | IGNORED_KEYS | set(SHELL_KEYS)))
     gres_types = None
     if "grestypes" in global_vals:
         gres_types = {g.strip() for g in global_vals["grestypes"][1].split(",") if g.strip()}
@@ -198,6 +201,7 @@ def check_config(text: str, file: str = "slurm.conf", gres_text: str | None = No
     nodes = _parse_nodes(ctx, node_lines, gres_types, declared)
     parts = _parse_partitions(ctx, part_lines, nodes, declared)
     sched, prio, cluster_name = _parse_globals(ctx, global_vals)
+    auth = _parse_auth(ctx, global_vals)
     if gres_text is not None:
         nodes = _apply_gres_conf(ctx, gres_text, gres_file, nodes)
     if not node_lines:
@@ -208,7 +212,7 @@ def check_config(text: str, file: str = "slurm.conf", gres_text: str | None = No
         return None, _ordered(ctx.diags)
     try:
         cfg = ev.ClusterConfig(cluster_name=cluster_name, nodes=tuple(nodes.values()),
-                               partitions=tuple(parts), scheduler=sched, priority=prio,
+                               partitions=tuple(parts), scheduler=sched, priority=prio, auth=auth,
                                gres_types=tuple(sorted(gres_types)) if gres_types else ("gpu",))
     except ValueError as exc:   # pydantic validation: should not happen after the checks above
         ctx.err(1, f"invalid configuration: {exc}")
@@ -408,6 +412,60 @@ def _parse_globals(ctx: _Ctx, vals: dict[str, tuple[int, str]]):
                 sched[name] = n
     cluster = vals.get("clustername", (0, "rota"))[1]
     return ev.SchedulerParams(**sched), ev.PriorityWeights(**prio), cluster
+
+
+def _names(value: str) -> tuple[str, ...]:
+    return tuple(sorted({n.strip() for n in value.split(",") if n.strip()}))
+
+
+def _parse_auth(ctx: _Ctx, vals: dict[str, tuple[int, str]]) -> ev.AuthConfig:
+    """SlurmUser, AuthInfo=ttl=N, PrivateData, and rota's AdminUsers/OperatorUsers (AdminLevel by name)."""
+    auth: dict = {}
+    if "slurmuser" in vals:
+        auth["slurm_user"] = vals["slurmuser"][1].strip() or "root"
+    for key, field_name in (("adminusers", "admins"), ("operatorusers", "operators")):
+        if key in vals:
+            auth[field_name] = _names(vals[key][1])
+    if "authinfo" in vals:
+        lineno, value = vals["authinfo"]
+        for item in value.split(","):
+            k, eq, v = item.partition("=")
+            if k.strip().lower() == "ttl" and eq:
+                n = _int(ctx, lineno, "AuthInfo ttl", v.strip(), 1)
+                if n is not None and n > 3600:
+                    ctx.err(lineno, f"AuthInfo=ttl={n}: a credential lives at most 3600 s", "use ttl=300")
+                elif n is not None:
+                    auth["cred_ttl"] = n
+    if "privatedata" in vals:
+        lineno, value = vals["privatedata"]
+        kinds = _names(value.lower())
+        unknown = [k for k in kinds if k not in ("jobs", "accounts", "events", "nodes", "partitions",
+                                                 "reservations", "usage", "users")]
+        if unknown:
+            ctx.err(lineno, f"PrivateData={value}: {unknown[0]!r} is not a kind of data", "for example PrivateData=jobs")
+        auth["private_data"] = kinds
+    return ev.AuthConfig(**auth)
+
+
+def shell_settings(text: str) -> dict:
+    """rota's own keys (TLS for the NATS servers, their listen address), read from slurm.conf text."""
+    out: dict = {}
+    tls: dict[str, str] = {}
+    for _lineno, line in _lines(text):
+        try:
+            tokens = shlex.split(line, posix=True)
+        except ValueError:
+            continue
+        for tok in tokens:
+            key, eq, value = tok.partition("=")
+            name = SHELL_KEYS.get(key.lower()) if eq else None
+            if name == "listen":
+                out["listen"] = value
+            elif name is not None:
+                tls[name] = value
+    if tls:
+        out["tls"] = tls
+    return out
 
 
 def _apply_gres_conf(ctx: _Ctx, text: str, file: str, nodes: dict[str, ev.NodeConfig]) -> dict[str, ev.NodeConfig]:

@@ -41,7 +41,7 @@ def nats_urls(explicit: str | None = None) -> str:
 
 
 def admin_connection(explicit: str | None = None) -> tuple[list[str], dict]:
-    """(URLs, nats-py connect options) to reach the log with the controller's role."""
+    """(URLs, :meth:`JetStreamLog.connect` options) to reach the log with the controller's role."""
     from .keys import KeyFileError, load_keyring
     from .natsauth import connect_options
 
@@ -63,7 +63,10 @@ def admin_connection(explicit: str | None = None) -> tuple[list[str], dict]:
             tls_ca = cluster_info(state).get("tls_ca")
         except NoCluster:
             tls_ca = None
-    return urls.split(","), connect_options(keyring, None, tls_ca)
+    options = connect_options(keyring, None, tls_ca)
+    if keyring is not None:
+        options["keyring"] = keyring   # JetStreamLog checks every record's MAC with it
+    return urls.split(","), options
 
 
 def may_read_log() -> bool:

@@ -1,0 +1,106 @@
+"""The two work-queue streams between the controller and the agents, and reading them.
+
+``ROTA_INBOX`` (``rota.inbox.<node>``): agents' reports, drained by the controller. ``ROTA_ASSIGN``
+(``rota.assign.<node>``): the controller's orders, each node's read through a durable consumer the
+controller creates for it (``agent-<node>``), so an agent needs no right to create consumers and
+can never read another node's orders.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator
+
+from . import subjects as sj
+
+log = logging.getLogger("rota.wire")
+
+
+async def _retrying(what: str, action: Any, attempts: int = 40) -> Any:
+    for attempt in range(attempts):
+        try:
+            return await action()
+        except Exception:  # noqa: BLE001 - a cluster still forming, a leader being elected
+            if attempt == attempts - 1:
+                raise
+            await asyncio.sleep(0.25)
+    raise AssertionError(what)
+
+
+async def ensure_streams(js: Any, replicas: int = 1) -> None:
+    """The inbox and assignment streams: file storage, work-queue retention (deleted once acted on)."""
+    from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+
+    for name, prefix in ((sj.INBOX_STREAM, sj.INBOX_PREFIX), (sj.ASSIGN_STREAM, sj.ASSIGN_PREFIX)):
+        cfg = StreamConfig(name=name, subjects=[f"{prefix}.>"], storage=StorageType.FILE,
+                           retention=RetentionPolicy.WORK_QUEUE, num_replicas=replicas, duplicate_window=600.0)
+
+        async def make(name: str = name, cfg: StreamConfig = cfg) -> None:
+            try:
+                await js.stream_info(name)
+            except Exception:  # noqa: BLE001 - not found: create
+                await js.add_stream(cfg)
+
+        await _retrying(f"stream {name}", make)
+
+
+def queue_config(durable: str, subject: str, ack_wait: float) -> Any:
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    return ConsumerConfig(durable_name=durable, name=durable, filter_subject=subject, ack_policy=AckPolicy.EXPLICIT,
+                          deliver_policy=DeliverPolicy.ALL, ack_wait=ack_wait, max_ack_pending=1024)
+
+
+async def ensure_agent_consumers(js: Any, nodes: list[str], ack_wait: float = 60.0) -> None:
+    """One durable consumer per node on the assignment stream, filtered to that node's subject."""
+    for node in nodes:
+        cfg = queue_config(sj.agent_consumer(node), f"{sj.ASSIGN_PREFIX}.{node}", ack_wait)
+
+        async def make(cfg: Any = cfg) -> None:
+            try:
+                await js.consumer_info(sj.ASSIGN_STREAM, cfg.durable_name)
+            except Exception:  # noqa: BLE001 - not found: create
+                await js.add_consumer(sj.ASSIGN_STREAM, cfg)
+
+        await _retrying(f"consumer {cfg.durable_name}", make)
+
+
+async def work_queue(js: Any, stream: str, subject: str, durable: str, *, batch: int, ack_wait: float,
+                     what: str, create: bool = True) -> AsyncIterator[list[Any]]:
+    """Batches of messages from a durable pull consumer on a work-queue stream, forever; the caller
+    acks each message once it has acted on it (unacked ones come back after ``ack_wait``).
+    ``create=False``: bind to a consumer someone else made (waiting until it exists)."""
+    cfg = queue_config(durable, subject, ack_wait)
+    warned = False
+    while True:
+        try:
+            if create:
+                sub = await js.pull_subscribe(subject, durable=durable, stream=stream, config=cfg)
+            else:
+                await js.consumer_info(stream, durable)
+                sub = await js.pull_subscribe_bind(durable=durable, stream=stream)
+            break
+        except Exception as exc:  # noqa: BLE001 - the stream, the consumer or a cluster leader is not there yet
+            if not warned:
+                log.warning("cannot read %s yet: %s (waiting for the controller)", what, exc or type(exc).__name__)
+                warned = True
+            await asyncio.sleep(0.5)
+    while True:
+        try:
+            msgs = await sub.fetch(batch, timeout=1.0)
+        except asyncio.TimeoutError:
+            continue
+        except Exception as exc:  # noqa: BLE001 - reconnecting
+            if "timeout" not in str(exc).lower():
+                log.warning("reading %s: %s", what, exc)
+            await asyncio.sleep(0.2)
+            continue
+        yield msgs
+
+
+def stored_at(msg: Any, default: int) -> int:
+    """When JetStream took a stored message (seconds since the epoch, the server's clock)."""
+    try:
+        return int(msg.metadata.timestamp.timestamp())
+    except Exception:  # noqa: BLE001 - not a JetStream delivery
+        return default
