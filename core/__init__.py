@@ -32,6 +32,6 @@ __all__ = [
     "PriorityWeights", "QosConfig", "JobSpec", "NodeAlloc", "Start", "GpuInfo",
     "ClusterConfigured", "ControllerStarted", "JobSubmitted", "JobCancelled", "JobHeld",
     "JobReleased", "JobUpdated", "JobRequeued", "JobsStarted", "JobExited", "NodeRegistered",
-    "NodeDrained", "NodeResumed", "NodeDown", "NodeNotResponding", "HealthFault",
+    "NodeDrained", "NodeResumed", "NodeDown", "NodeNotResponding", "HealthFault", "RequestDenied", "AuthConfig",
     "__version__",
 ]

@@ -16,7 +16,9 @@ from rota.controller.agentlink import AgentLink
 from rota.controller.eventlog import JetStreamLog
 from rota.controller.service import Controller
 from rota.core import events as ev
+from rota.core.auth import Caller
 from rota.core.slurmconf import parse_config
+from rota.wire import keys
 
 BIN = Path(sys.executable).parent
 CONF = """GresTypes=gpu
@@ -28,12 +30,20 @@ CGROUPS = os.geteuid() == 0 and Path("/sys/fs/cgroup/memory/memory.limit_in_byte
 
 
 class Cluster:
-    def __init__(self, tmp: Path, url: str, controller: Controller) -> None:
-        self.tmp, self.url, self.c = tmp, url, controller
+    def __init__(self, tmp: Path, url: str, controller: Controller, keyring) -> None:
+        self.tmp, self.url, self.c, self.keyring = tmp, url, controller, keyring
         self.agents: dict[str, subprocess.Popen] = {}
+
+    def host_key(self, node: str) -> Path:
+        """The node's own key file (derived from the cluster key), as an admin installs it on the node."""
+        path = self.tmp / f"{node}.key"
+        if not path.exists():
+            keys.write_host_key(str(path), self.keyring.cluster_key, node)
+        return path
 
     def start_agent(self, node: str, gpus: str = "a100:2", *extra: str) -> subprocess.Popen:
         cmd = [str(BIN / "rota"), "agent", "--node", node, "--nats", self.url, "--state-dir", str(self.tmp / "state"),
+               "--key", str(self.host_key(node)),
                "--fake-gpus", gpus, "--cpus", "4", "--memory", "2000", "--heartbeat", "0.3",
                "--health-interval", "0.3", "--kill-wait", "1", *extra]
         log = open(self.tmp / f"agent-{node}.log", "a")
@@ -59,13 +69,12 @@ class Cluster:
     async def registered(self, *nodes: str) -> None:
         await self.until(lambda s: all(s.nodes[n].registered for n in nodes), what=f"{nodes} registered")
 
-    async def submit(self, script: str, **spec) -> int:
-        spec.setdefault("user", "root")
+    async def submit(self, script: str, *, uid: int = 0, gid: int = 0, user: str = "root", **spec) -> int:
         spec.setdefault("time_limit", 600)
         spec.setdefault("workdir", str(self.tmp))
         spec.setdefault("output", str(self.tmp / "out-%j.txt"))
-        r = await self.c.handle("submit", {"spec": ev.JobSpec(script="#!/bin/sh\n" + script, **spec)
-                                           .model_dump(mode="json")})
+        body = ev.JobSpec(script="#!/bin/sh\n" + script, **spec).model_dump(mode="json", exclude={"user", "uid", "gid"})
+        r = await self.c.handle("submit", {"spec": body}, caller=Caller(uid, gid, user))
         assert r["ok"], r
         return r["job_id"]
 
@@ -79,15 +88,18 @@ class Cluster:
 
 @pytest.fixture
 async def cluster(tmp_path):
+    (tmp_path / "state").mkdir()
+    keys.generate(str(tmp_path / "state" / "cluster.key"))
+    keyring = keys.load_keyring(str(tmp_path / "state" / "cluster.key"))
     srv = natsserver.start(tmp_path / "nats")
-    lg = await JetStreamLog.connect(srv.url)
+    lg = await JetStreamLog.connect(srv.url, keyring=keyring)
     config = parse_config(CONF, "slurm.conf").model_copy(update={"agents": True})
-    c = Controller(lg, config=config, debounce=0.01, cycle_interval=0.5)
+    c = Controller(lg, config=config, debounce=0.01, cycle_interval=0.5, keyring=keyring)
     await c.start()
     await c.serve(lg.nc)
-    link = AgentLink(c, lg.nc, node_timeout=3.0)
+    link = AgentLink(c, lg.nc, node_timeout=3.0, keyring=keyring)
     await link.start()
-    cl = Cluster(tmp_path, srv.url, c)
+    cl = Cluster(tmp_path, srv.url, c, keyring)
     yield cl
     for p in cl.agents.values():
         if p.poll() is None:
@@ -172,7 +184,7 @@ async def test_cancel_kills_the_whole_process_tree(cluster):
     while any(_alive(p) for p in procs) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert not any(_alive(p) for p in procs), "a cancelled job's process survived"
-    assert cluster.c.state.jobs[jid].state == "CANCELLED"
+    await cluster.until(lambda s: s.jobs[jid].state == "CANCELLED", what="the cancel reported")
 
 
 async def test_xid_drains_the_node_running_job_completes_and_resume_redrains(cluster):
@@ -255,16 +267,26 @@ async def test_the_job_runs_as_the_submitting_user(cluster, tmp_path_factory):
     try:
         cmd_state = shared / "state"
         proc = subprocess.Popen([str(BIN / "rota"), "agent", "--node", "n3", "--nats", cluster.url,
-                                 "--state-dir", str(cmd_state), "--fake-gpus", "a100:2", "--cpus", "4",
+                                 "--state-dir", str(cmd_state), "--key", str(cluster.host_key("n3")),
+                                 "--fake-gpus", "a100:2", "--cpus", "4",
                                  "--memory", "2000", "--heartbeat", "0.3"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         cluster.agents["n3"] = proc
         await cluster.registered("n3")
+        home = shared / "nobody"
+        home.mkdir()
+        os.chown(home, nobody.pw_uid, nobody.pw_gid)
         jid = await cluster.submit("id -u; id -g", uid=nobody.pw_uid, gid=nobody.pw_gid, user="nobody",
-                                   workdir=str(shared), output=str(shared / "out-%j.txt"))
+                                   workdir=str(home), output=str(home / "out-%j.txt"))
         job = await cluster.ended(jid)
         assert job.state == "COMPLETED"
-        assert (shared / f"out-{jid}.txt").read_text().split() == [str(nobody.pw_uid), str(nobody.pw_gid)]
+        assert (home / f"out-{jid}.txt").read_text().split() == [str(nobody.pw_uid), str(nobody.pw_gid)]
+        assert (home / f"out-{jid}.txt").stat().st_uid == nobody.pw_uid   # the job's own process made it
+        # where the user may not write, the job does not run, and says why
+        jid = await cluster.submit("id", uid=nobody.pw_uid, gid=nobody.pw_gid, user="nobody",
+                                   workdir=str(home), output=str(shared / "not-yours.txt"))
+        job = await cluster.ended(jid)
+        assert job.state == "FAILED" and not (shared / "not-yours.txt").exists()
     finally:
         import shutil
 

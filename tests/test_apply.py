@@ -2,6 +2,7 @@
 import pytest
 
 from rota.core import commands
+from rota.core.auth import Caller
 from rota.core import events as ev
 from rota.core.apply import fold
 from rota.core.commands import Rejected
@@ -94,12 +95,13 @@ def test_agent_reregistering_without_a_job_reports_it_lost(h):
 
 
 def test_cancel_pending_and_running(h):
-    pend = h.submit(hold=True)
-    run = h.submit()
+    pend = h.submit(hold=True, uid=1001)
+    run = h.submit(uid=1001)
     h.cycle()
-    h.put(commands.cancel(h.state, pend, by_uid=1001))
+    alice = Caller(1001, 1001, "alice")
+    h.put(commands.cancel(h.state, pend, alice))
     assert h.state.jobs[pend].state == "CANCELLED" and h.state.jobs[pend].cancel_by == 1001
-    h.put(commands.cancel(h.state, run, by_uid=1001))
+    h.put(commands.cancel(h.state, run, alice))
     assert h.state.jobs[run].state == "RUNNING" and h.state.jobs[run].cancel_by == 1001
     h.finish(run, state="CANCELLED", signal=15)
     assert h.state.jobs[run].state == "CANCELLED"

@@ -31,6 +31,8 @@ EXAMPLES = [
     ev.NodeDown(node="gpu01", reason="dead", by="root"),
     ev.NodeNotResponding(node="gpu01"),
     ev.HealthFault(node="gpu01", reason="gpu 2: xid 79 (fell off the bus)", gpu_index=2, code="xid:79"),
+    ev.RequestDenied(verb="cancel", uid=65534, user="nobody", host="gpu01", target="job 7",
+                     reason="Access/permission denied"),
 ]
 
 

@@ -130,8 +130,9 @@ def test_sacct_errors_are_one_clear_line(db, monkeypatch, tmp_path):
     code, _, err = run_sacct("sacct -S yesterday-ish")
     assert code == 1 and err.startswith("sacct: error: Invalid time specification")
     monkeypatch.setenv("ROTA_PROJECTIONS", str(tmp_path / "missing.sqlite"))
-    code, _, err = run_sacct("sacct -j 1")
-    assert code == 1 and "is `rota up` running" in err and "Traceback" not in err
+    monkeypatch.setenv("ROTA_SOCKET", str(tmp_path / "no.sock"))
+    code, _, err = run_sacct("sacct -j 1")   # no projection here, and no rota to ask
+    assert code == 1 and "no rota runs on this host" in err and "rota up" in err and "Traceback" not in err
 
 
 def sinfo_history() -> Harness:

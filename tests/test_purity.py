@@ -48,5 +48,6 @@ def test_public_api_is_honest():
         assert hasattr(rota.core, name), name
     public = {n for n in dir(rota.core) if not n.startswith("_")}
     modules = {"apply", "events", "schedule", "state", "profile", "priority", "request", "deps",
-               "arrays", "hostlist", "timefmt", "commands", "sim", "traces", "testing", "slurmconf", "states", "timetravel"}
+               "arrays", "hostlist", "timefmt", "commands", "sim", "traces", "testing", "slurmconf", "states", "timetravel",
+               "auth", "credentials", "limits"}
     assert public - modules - {"annotations"} <= set(rota.core.__all__)

@@ -40,11 +40,11 @@ def test_enforce_part_limits_no_accepts_and_all_rejects():
 
 def test_drain_without_reason_is_refused(h):
     with pytest.raises(commands.Rejected, match="You must specify a reason"):
-        commands.drain(h.state, "gpu01", "  ", "root")
+        commands.drain(h.state, "gpu01", "  ")
     with pytest.raises(commands.Rejected, match="Invalid node name"):
-        commands.drain(h.state, "nosuch", "r", "root")
+        commands.drain(h.state, "nosuch", "r")
 
 
 def test_unknown_job(h):
     with pytest.raises(commands.Rejected, match="Invalid job id specified"):
-        commands.cancel(h.state, 42, by_uid=0)
+        commands.cancel(h.state, 42)
