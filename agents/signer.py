@@ -104,7 +104,7 @@ class Signer:
 
     async def forward(self, verb: str, rid: str, payload: bytes, uid: int, gid: int) -> bytes:
         """Sign and send one request; retried (a fresh credential, the same request id) on timeouts."""
-        from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+        from nats.errors import MaxPayloadError, NoRespondersError, TimeoutError as NatsTimeout
 
         subject = api_subject(verb)
         timeout = SLOW_VERBS.get(verb, 10.0)
@@ -114,6 +114,9 @@ class Signer:
                 msg = await self.nc.request(subject, payload, timeout=timeout, headers=headers)
             except NoRespondersError:
                 raise localsock.SignerError("no rota controller answers; is `rota up` running?") from None
+            except MaxPayloadError:
+                raise localsock.SignerError(f"the request is {len(payload):,} bytes, more than the cluster's messages "
+                                            "carry (a script is at most 4 MiB, its environment 1 MiB)") from None
             except (NatsTimeout, asyncio.TimeoutError):
                 continue
             if (msg.headers or {}).get(RID_HEADER) != rid:

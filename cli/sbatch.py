@@ -10,6 +10,8 @@ import sys
 
 from .options import NO, OPTIONAL, REQUIRED, Option, OptionError, parse
 
+from rota.core.limits import MAX_MEM_MIB, MAX_SCRIPT, MAX_TIME
+
 UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 
 
@@ -25,7 +27,7 @@ def parse_mem(value: str) -> int:
     unit = "M"
     if v and v[-1] in UNITS:
         unit, v = v[-1], v[:-1]
-    if not v.isdecimal():
+    if not v.isdecimal() or len(v) > 20 or int(int(v) * UNITS[unit]) > MAX_MEM_MIB:
         raise SbatchError("Invalid --mem specification", 255)
     return int(int(v) * UNITS[unit])
 
@@ -85,7 +87,7 @@ USAGE = ("Usage: sbatch [-N nnodes] [-n ntasks] [-c ncpus] [--mem=MB|--mem-per-c
 def directives(script: str) -> list[str]:
     """#SBATCH options, read until the first line that is not a comment or blank."""
     out: list[str] = []
-    for line in script.splitlines()[1:]:
+    for number, line in enumerate(script.splitlines()[1:], start=2):
         s = line.strip()
         if not s:
             continue
@@ -94,8 +96,21 @@ def directives(script: str) -> list[str]:
         if line.startswith("#SBATCH"):
             import shlex
 
-            out += shlex.split(line[len("#SBATCH"):], comments=True)
+            try:
+                out += shlex.split(line[len("#SBATCH"):], comments=True)
+            except ValueError as exc:   # an unbalanced quote
+                raise SbatchError(f"sbatch: error: line {number} of the batch script: {line.strip()[:200]!r}: "
+                                  f"{exc} (close the quote or remove it)", 255) from None
     return out
+
+
+def _text(data: bytes, what: str) -> str:
+    """A script as text; one clear line when it is not UTF-8 (rota keeps scripts as text)."""
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        raise SbatchError(f"sbatch: error: {what} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                          f"{exc.start}); save it as UTF-8") from None
 
 
 def read_options(argv: list[str], script_options: list[str] = ()) -> tuple[dict, list[str]]:
@@ -129,14 +144,16 @@ def build_spec(argv: list[str], now: float | None = None) -> tuple[dict, bool]:
         if not operands:
             if sys.stdin.isatty():
                 raise SbatchError("sbatch: error: Batch script is empty!")
-            script, name = sys.stdin.read(), "sbatch"
+            script, name = _text(sys.stdin.buffer.read(MAX_SCRIPT + 1), "the batch script on standard input"), "sbatch"
         else:
             try:
-                with open(operands[0]) as fh:
-                    script = fh.read()
+                with open(operands[0], "rb") as fh:
+                    data = fh.read(MAX_SCRIPT + 1)
             except OSError:
                 raise SbatchError(f"sbatch: error: Unable to open file {operands[0]}") from None
-            name = os.path.basename(operands[0])
+            if len(data) > MAX_SCRIPT:
+                _too_large()
+            script, name = _text(data, f"the batch script {operands[0]}"), os.path.basename(operands[0])
         if not script.strip():
             raise SbatchError("sbatch: error: Batch script is empty!")
         if not script.startswith("#!"):
@@ -147,10 +164,17 @@ def build_spec(argv: list[str], now: float | None = None) -> tuple[dict, bool]:
             raise SbatchError("sbatch: error: Batch script contains DOS line breaks (\\r\\n)\n"
                               "sbatch: error: instead of expected UNIX line breaks (\\n).")
         merged, _ = read_options(argv, directives(script))
+    if len(script) > MAX_SCRIPT or len(script.encode("utf-8", "surrogateescape")) > MAX_SCRIPT:
+        _too_large()
     spec = _spec(merged, script, name, now)
     if merged.get("test_only"):
         spec["_test_only"] = True
     return spec, bool(merged.get("parsable"))
+
+
+def _too_large() -> None:
+    raise SbatchError(f"sbatch: error: Batch job submission failed: Batch script is too large (the limit is "
+                      f"{MAX_SCRIPT:,} bytes, Slurm's max_script_size)")
 
 
 def _unsupported(o: dict) -> list[str]:
@@ -231,6 +255,8 @@ def _spec(o: dict, script: str, default_name: str, now: float | None = None) -> 
             spec["time_limit"] = parse_time_limit(o["time"])
         except TimeSpecError:
             raise SbatchError("sbatch: error: Invalid --time specification", 255) from None
+        if not 0 <= spec["time_limit"] <= MAX_TIME:
+            raise SbatchError("sbatch: error: Invalid --time specification", 255)
     if o.get("begin"):
         from .timespec import MomentError, parse_moment
 

@@ -59,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"squeue: error: {exc}", file=sys.stderr)
         return 1
     if not reply.get("ok"):
-        print(reply.get("error") or "squeue: error: unknown error", file=sys.stderr)
+        lines = reply.get("error") or ["unknown error"]
+        for line in lines:   # squeue's own errors carry their prefix; the controller's do not
+            print(line if line.startswith(("squeue:", "slurm_")) else f"squeue: error: {line}", file=sys.stderr)
         return 1
     if o.get("long") and not o.get("format") and not o.get("Format") and not o.get("noheader"):
         import time

@@ -5,7 +5,10 @@ past Slurm's largest, a name with terminal escape codes or a 50 MB script never 
 """
 from __future__ import annotations
 
-from .events import JobSpec
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:   # a light module: the commands read its limits without loading pydantic
+    from .events import JobSpec
 
 NO_VAL32 = 0xFFFFFFFE                      # Slurm's NO_VAL: the largest 32-bit count is one less
 MAX_COUNT = NO_VAL32 - 1                   # nodes, tasks (uint32)

@@ -28,6 +28,7 @@ FORMAT_NAMES = {"jobid": "A", "jobarrayid": "i", "arrayjobid": "F", "arraytaskid
                 "reasonlist": "R", "reason": "r", "starttime": "S", "submittime": "V", "schednodes": "Y",
                 "account": "a", "priority": "Q", "qos": "q"}
 SPEC = re.compile(r"%(\.)?(\d+)?([a-zA-Z])")
+MAX_WIDTH = 4096           # a field wider than any terminal; wider would only cost the controller memory
 
 
 class FormatError(ValueError):
@@ -108,6 +109,8 @@ def compile_format(fmt: str) -> tuple[str, list[str]]:
             raise FormatError(f"Invalid job format specification: {code}")
         template.append(fmt[pos:m.start()].replace("{", "{{").replace("}", "}}"))
         size = m.group(2)
+        if size is not None and (len(size) > 5 or int(size) > MAX_WIDTH):
+            raise FormatError(f"Invalid field width: {m.group(0)} (at most {MAX_WIDTH})")
         if size is None:
             template.append("{}")
         else:
@@ -141,7 +144,7 @@ def format_from_names(text: str) -> str:
             raise FormatError(f"Invalid job format specification: {name}")
         right = width.startswith(".")
         w = width.lstrip(".") or "20"
-        if not w.isdecimal():
+        if not w.isdecimal() or len(w) > 5 or int(w) > MAX_WIDTH:
             raise FormatError(f"Invalid field width: {item}")
         out.append(f"%{'.' if right else ''}{w}{code}")
     return "".join(out)   # -O fields are not separated: their widths space them
@@ -159,7 +162,7 @@ def answer(jobs: list[dict], request: dict, now: int) -> dict:
     """squeue's output for ``request`` (what the command line asked) over the queue view ``jobs``.
 
     ``{"ok": True, "text": ..., "now_dependent": bool}`` (whether the text changes with the second:
-    running jobs' times are shown), or ``{"ok": False, "error": line}`` with Slurm's wording.
+    running jobs' times are shown), or ``{"ok": False, "error": [line], "code": ...}`` with Slurm's wording.
     """
     wanted_ids = request.get("jobs")
     if wanted_ids:
@@ -167,11 +170,11 @@ def answer(jobs: list[dict], request: dict, now: int) -> dict:
         for item in wanted_ids.split(","):
             base = item.split("_")[0]
             if not base.isdecimal():
-                return {"ok": False, "error": f"squeue: error: Invalid job id: {item}"}
+                return {"ok": False, "error": [f"squeue: error: Invalid job id: {item}"], "code": "invalid"}
             ids.add(int(base))
         jobs = [j for j in jobs if j["job_id"] in ids or j["array_job_id"] in ids]
         if not jobs and len(ids) == 1:
-            return {"ok": False, "error": "slurm_load_jobs error: Invalid job id specified"}
+            return {"ok": False, "error": ["slurm_load_jobs error: Invalid job id specified"], "code": "no_job"}
     if request.get("users"):
         users = set(request["users"].split(","))
         jobs = [j for j in jobs if j["user"] in users or str(j.get("uid")) in users]
@@ -195,6 +198,6 @@ def answer(jobs: list[dict], request: dict, now: int) -> dict:
                                             else DEFAULT_FORMAT)
         rows = render(fmt, jobs, now, header=not request.get("noheader"))
     except FormatError as exc:
-        return {"ok": False, "error": f"squeue: error: {exc}"}
+        return {"ok": False, "error": [f"squeue: error: {exc}"], "code": "invalid"}
     return {"ok": True, "text": "".join(row + "\n" for row in rows),
             "now_dependent": any(j["state"] == "RUNNING" for j in jobs) and bool(NOW_DEPENDENT & set(fmt))}

@@ -20,11 +20,13 @@ PRELOAD = ("inspect", "argparse", "locale", "gettext", "shutil", "textwrap", "tr
 
 
 def signed_headers(keyring: Any, host: str, subject: str, rid: str, payload: bytes, uid: int = 0,
-                   gid: int = 0) -> dict[str, str]:
-    """The headers a request carries when ``host``'s signer forwards it for ``uid``/``gid``."""
+                   gid: int = 0, now: float | None = None) -> dict[str, str]:
+    """The headers a request carries when ``host``'s signer forwards it for ``uid``/``gid`` (at ``now``)."""
+    import time
+
     from rota.agents.signer import CRED_HEADER, RID_HEADER, Signer
 
-    signer = Signer("/nonexistent", host, keyring, None)
+    signer = Signer("/nonexistent", host, keyring, None, clock=time.time if now is None else (lambda: now))
     return {CRED_HEADER: signer.sign(subject, rid, payload, uid, gid), RID_HEADER: rid}
 
 

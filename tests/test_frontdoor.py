@@ -56,7 +56,7 @@ def spec(**kw):
 async def ask(c, verb, body, *, uid=65534, gid=65534, host="gpu01", rid="r1", headers=None, data=None):
     data = json.dumps(body).encode() if data is None else data
     subject = f"rota.api.{verb}"
-    h = signed_headers(KEYRING, host, subject, rid, data, uid, gid) if headers is None else headers
+    h = signed_headers(KEYRING, host, subject, rid, data, uid, gid, now=T) if headers is None else headers
     await c.frontdoor.on_message(Msg(subject, data, h))
 
 
@@ -77,11 +77,11 @@ async def test_identity_comes_from_the_credential_never_from_the_body():
 async def test_bad_credentials_get_munges_words():
     c, replies = await controller()
     body = json.dumps({"spec": spec()}).encode()
-    good = signed_headers(KEYRING, "gpu01", "rota.api.submit", "r1", body, 0, 0)
+    good = signed_headers(KEYRING, "gpu01", "rota.api.submit", "r1", body, 0, 0, now=T)
     cases = {
         "no credential": {"Rota-Rid": "r1"},
         "tampered": {**good, "Rota-Cred": good["Rota-Cred"].replace(":0:0:", ":1:1:")},
-        "another key": signed_headers(Keyring(cluster_key=b"x" * 64), "gpu01", "rota.api.submit", "r1", body),
+        "another key": signed_headers(Keyring(cluster_key=b"x" * 64), "gpu01", "rota.api.submit", "r1", body, now=T),
     }
     words = {}
     for name, headers in cases.items():
@@ -95,10 +95,10 @@ async def test_bad_credentials_get_munges_words():
     await ask(c, "submit", None, data=body, headers=good)          # the same credential again
     assert replies[-1][1]["error"] == ["Protocol authentication error: Replayed credential"]
     c.clock.t = T + 301
-    await ask(c, "ping", {}, headers=signed_headers(KEYRING, "gpu01", "rota.api.ping", "r9", b"{}"))
+    await ask(c, "ping", {}, rid="r9", headers=signed_headers(KEYRING, "gpu01", "rota.api.ping", "r9", b"{}", now=T))
     assert replies[-1][1]["error"] == ["Protocol authentication error: Expired credential"]
     c.clock.t = T - 400
-    await ask(c, "ping", {}, rid="r8", headers=signed_headers(KEYRING, "gpu01", "rota.api.ping", "r8", b"{}"))
+    await ask(c, "ping", {}, rid="r8", headers=signed_headers(KEYRING, "gpu01", "rota.api.ping", "r8", b"{}", now=T))
     assert replies[-1][1]["error"] == ["Protocol authentication error: Rewound credential (check for out of sync "
                                        "clocks)"]
     assert len(c.state.jobs) == 1 and c.frontdoor.refused == 6
