@@ -149,7 +149,7 @@ def build_spec(argv: list[str], now: float | None = None) -> tuple[dict, bool]:
             try:
                 with open(operands[0], "rb") as fh:
                     data = fh.read(MAX_SCRIPT + 1)
-            except OSError:
+            except (OSError, ValueError):   # ValueError: a NUL in the name
                 raise SbatchError(f"sbatch: error: Unable to open file {operands[0]}") from None
             if len(data) > MAX_SCRIPT:
                 _too_large()

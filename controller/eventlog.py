@@ -101,6 +101,15 @@ class RecordCheck:
         return None
 
 
+def _first_problem(exc: Exception) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or "the record"
+        return f"{where}: {first.get('msg', 'invalid')}"
+    return (str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+
+
 def decode_message(seq: int, headers: dict | None, body: bytes, check: RecordCheck | None = None,
                    set_aside: list | None = None) -> ev.Envelope:
     """One stored record as an envelope; a record that is malformed, unknown or not the controller's
@@ -115,7 +124,7 @@ def decode_message(seq: int, headers: dict | None, body: bytes, check: RecordChe
         try:
             event = decode_event_bytes(body)
         except Exception as exc:  # noqa: BLE001 - any malformed record: set aside, never stop a replay
-            why = f"not an event this rota knows ({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})"
+            why = f"not an event this rota knows ({_first_problem(exc)})"
     if why is not None:
         log.error("log record %d set aside: %s", seq, why)
         if set_aside is not None:

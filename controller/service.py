@@ -94,6 +94,7 @@ class Controller:
         self.views = Views(self)
         self._nc: Any = None
         self._reported = 0
+        self._retried: set[int] = set()   # requests already tried again after a fence by a set-aside record
 
     # ------------------------------------------------------------ state
 
@@ -186,10 +187,11 @@ class Controller:
                 fut.set_exception(FencedError(self.state.seq))
             return
         base = self.state.seq
-        staged: list[tuple[ev.Envelope, asyncio.Future]] = []
+        staged: list[tuple[ev.Envelope, asyncio.Future, tuple]] = []
         outbox: list[tuple[str, dict]] = []
         first_of: dict[str, asyncio.Future] = {}
-        for prepare, actor, idem, fut in batch:
+        for item in batch:
+            prepare, actor, idem, fut = item
             if idem and idem in self._recent:   # a retry of something already on the log
                 fut.set_result((self._recent_envelope(idem, actor), True))
                 continue
@@ -209,21 +211,21 @@ class Controller:
             apply(self.state, env)
             if tracked:
                 outbox.extend(assign.messages(self.state, event, before))
-            staged.append((env, fut))
+            staged.append((env, fut, item))
             if idem:
                 first_of[idem] = fut
         if not staged:
             return
         acks = await asyncio.gather(*(self.log.append(env.event, actor=env.actor, idem=env.idem, ts=env.ts,
-                                                      expected_last=env.seq - 1) for env, _ in staged),
+                                                      expected_last=env.seq - 1) for env, _, _ in staged),
                                     return_exceptions=True)
         clean = all(not isinstance(a, BaseException) and not a.duplicate and a.seq == env.seq
-                    for a, (env, _) in zip(acks, staged))
+                    for a, (env, _, _) in zip(acks, staged))
         if clean:
-            for env, fut in staged:
+            for env, fut, _ in staged:
                 self._remember(env.idem, env.seq)
                 fut.set_result((env, False))
-            if any(_may_start_something(env.event) for env, _ in staged):
+            if any(_may_start_something(env.event) for env, _, _ in staged):
                 self._dirty.set()
             if outbox and self.on_assign is not None:
                 self.on_assign(outbox)
@@ -233,19 +235,25 @@ class Controller:
             self.on_reload()
 
     async def _reconcile(self, base: int, staged: list, acks: list) -> None:
-        """After a failed group commit: rebuild from the log and answer each request truthfully."""
-        ours = {env.idem for env, _ in staged}
+        """After a failed group commit: rebuild from the log and answer each request truthfully. A request
+        fenced only by a record that was set aside (not another controller's) is tried once more."""
+        ours = {env.idem for env, _, _ in staged}
         landed = await self._reload(since=base)
         if landed is None:
             self._stale = True
-            for (env, fut), ack in zip(staged, acks):
+            for (env, fut, _), ack in zip(staged, acks):
                 fut.set_exception(ack if isinstance(ack, Exception) else LogUnavailable("outcome unknown"))
             return
         if any(idem not in ours for idem in landed):
             self.leader = False
             log.error("another controller appended to the log: stepping back to follower")
-        for (env, fut), ack in zip(staged, acks):
-            if env.idem in landed:
+        again = []
+        for (env, fut, item), ack in zip(staged, acks):
+            if self.leader and isinstance(ack, FencedError) and env.idem not in landed and id(fut) not in self._retried:
+                self._retried.add(id(fut))
+                fut.add_done_callback(lambda f: self._retried.discard(id(f)))
+                again.append(item)
+            elif env.idem in landed:
                 fut.set_result((env.model_copy(update={"seq": landed[env.idem]}), False))
             elif not isinstance(ack, BaseException) and ack.duplicate:
                 self._remember(env.idem, ack.seq)
@@ -255,6 +263,7 @@ class Controller:
             else:
                 fut.set_exception(ack if isinstance(ack, LogUnavailable) else
                                   LogUnavailable("a request before it in the same batch failed"))
+        self._queue[:0] = again
 
     async def _reload(self, since: int | None = None) -> dict[str, int] | None:
         """Rebuild the state from snapshot + log; returns the idems of events after ``since``."""

@@ -280,13 +280,15 @@ def _job_requeued(state: State, env: ev.Envelope, e: ev.JobRequeued) -> None:
     _requeue(state, job, env.ts, e.hold, e.user_hold)
 
 
-def _fits(nodes: dict[str, Node], start: ev.Start) -> bool:
-    """Whether an allocation names only existing nodes and GPU indices (a decision the reducer can apply)."""
+def _misfit(nodes: dict[str, Node], start: ev.Start) -> str | None:
+    """What makes an allocation impossible to apply (a node or GPU that does not exist), if anything."""
     for a in start.alloc:
         node = nodes.get(a.node)
-        if node is None or a.cpus < 0 or a.mem < 0 or any(not 0 <= g < len(node.gpu_owner) for g in a.gpus):
-            return False
-    return True
+        if node is None:
+            return f"node {a.node!r} does not exist"
+        if a.cpus < 0 or a.mem < 0 or any(not 0 <= g < len(node.gpu_owner) for g in a.gpus):
+            return f"{a.node} has no such CPUs, memory or GPUs {list(a.gpus)}"
+    return None
 
 
 def _jobs_started(state: State, env: ev.Envelope, e: ev.JobsStarted) -> None:
@@ -294,8 +296,9 @@ def _jobs_started(state: State, env: ev.Envelope, e: ev.JobsStarted) -> None:
     now = e.now
     for s in e.starts:
         jid = s.job_id
-        if not _fits(nodes, s):
-            state.set_aside.append((env.seq, f"jobs.started: job {jid}'s allocation names unknown nodes or GPUs"))
+        misfit = _misfit(nodes, s)
+        if misfit is not None:
+            state.set_aside.append((env.seq, f"jobs.started: job {jid} cannot start there: {misfit}"))
             continue
         if s.array_job_id is not None:
             master = jobs.get(s.array_job_id)

@@ -306,3 +306,57 @@ async def test_scancel_signal_reaches_the_job_without_cancelling_it(cluster):
     assert cluster.c.state.jobs[jid].state == "RUNNING"
     r = await cluster.c.handle("signal", {"job_id": 999, "signal": 10})
     assert r["ok"] is False and r["error"] == ["Invalid job id specified"]
+
+
+async def test_forged_reports_and_heartbeats_are_not_believed(cluster):
+    """Reports on a node's inbox must carry that node's credential: a report from no one, or signed by
+    another node, changes nothing; a silent agent is not kept alive by heartbeats it did not send."""
+    from rota.core import credentials
+
+    cluster.start_agent("n1")
+    cluster.start_agent("n2")
+    await cluster.registered("n1", "n2")
+    jid = await cluster.submit("sleep 30")
+    await cluster.until(lambda s: s.jobs[jid].state == "RUNNING", what="job running")
+    node = cluster.c.state.jobs[jid].alloc[0].node
+    other = "n2" if node == "n1" else "n1"
+    js = cluster.c.log.nc.jetstream()
+    subject = f"rota.inbox.{node}"
+    for event in (ev.JobExited(job_id=jid, state="COMPLETED", node=node),
+                  ev.HealthFault(node=node, reason="forged", code="xid:79")):
+        body = ev.EVENT_ADAPTER.dump_json(event)
+        wrong = credentials.issue(cluster.keyring.key_of(other), "node", 0, 0, other, int(time.time()), "ab" * 16,
+                                  subject, body)
+        for headers in ({}, {"Rota-Cred": wrong}):
+            await js.publish(subject, body, stream="ROTA_INBOX", headers={"Nats-Msg-Id": os.urandom(8).hex(), **headers})
+    await asyncio.sleep(1.5)
+    st = cluster.c.state
+    assert st.jobs[jid].state == "RUNNING" and not st.nodes[node].drain
+    # stop the other node's agent and pretend to be it
+    cluster.agents[other].send_signal(signal.SIGKILL)
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline and not cluster.c.state.nodes[other].down:
+        await cluster.c.log.nc.publish(f"rota.hb.{other}", json.dumps({"running": []}).encode())
+        await asyncio.sleep(0.2)
+    assert cluster.c.state.nodes[other].down, "unsigned heartbeats kept a dead node alive"
+    await cluster.c.handle("cancel", {"job_id": jid})
+
+
+async def test_an_order_without_the_controllers_credential_is_ignored(cluster):
+    cluster.start_agent("n1")
+    await cluster.registered("n1")
+    marker = cluster.tmp / "ran-as-root"
+    order = {"op": "launch", "job_id": 424242, "restarts": 0, "name": "evil", "user": "root", "partition": "main",
+             "nodes": ["n1"], "node_index": 0, "cpus": 1, "mem": 0, "gpus": [], "cpus_per_node": [1],
+             "tasks_per_node": [1], "ntasks": 1, "time_limit": 0, "start_time": int(time.time()),
+             "array_job_id": None, "array_task_id": None,
+             "spec": {"uid": 0, "gid": 0, "script": f"#!/bin/sh\ntouch {marker}\n", "workdir": "/tmp",
+                      "output": "/dev/null"}}
+    js = cluster.c.log.nc.jetstream()
+    await js.publish("rota.assign.n1", json.dumps(order).encode(), stream="ROTA_ASSIGN")
+    await asyncio.sleep(1.5)
+    assert not marker.exists()
+    # the same order, signed as the controller signs it, runs (the test is not vacuous)
+    jid = await cluster.submit(f"touch {marker}")
+    await cluster.ended(jid)
+    assert marker.exists()

@@ -1,0 +1,20 @@
+"""Hostile input on every surface (API verbs, the agents' inbox, sbatch, configuration files): one
+clear answer each, never a traceback. ``python -m rota.bench.fuzz_bench`` runs the same with 10,000
+inputs per surface."""
+import logging
+
+import pytest
+
+from rota.bench import fuzz_bench
+
+
+@pytest.mark.parametrize("surface", sorted(fuzz_bench.SURFACES))
+def test_fuzzed_inputs_never_end_in_a_traceback(surface, monkeypatch):
+    monkeypatch.setenv("ROTA_SOCKET", "/nonexistent/rota.sock")
+    logging.disable(logging.CRITICAL)
+    try:
+        tally = fuzz_bench.SURFACES[surface](250)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert tally.inputs >= 200
+    assert (tally.tracebacks, tally.missing_replies) == (0, 0), tally.examples
