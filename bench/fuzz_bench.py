@@ -228,12 +228,15 @@ def sbatch_surface(examples: int) -> Tally:
         args = [*argv, path] if with_script else argv
         tally.inputs += 1
         out, err = io.StringIO(), io.StringIO()
+        stdin, sys.stdin = sys.stdin, io.TextIOWrapper(io.BytesIO(script))   # no script named: it is read here
         try:
             with redirect_stdout(out), redirect_stderr(err):
                 code = sbatch.main(args)
         except BaseException as exc:  # noqa: BLE001 - counted
             tally.bad("tracebacks", f"{args!r}: {type(exc).__name__}: {exc}")
             return
+        finally:
+            sys.stdin = stdin
         if code not in (0, 1, 255) or (code != 0 and not err.getvalue().strip()):
             tally.bad("tracebacks", f"{args!r}: exit {code} without an error line")
 
