@@ -369,10 +369,10 @@ class Agent:
         why = (why or "").strip().splitlines()[0][:1000] if why and why.strip() else ""
         if why:
             log.error("job %s could not start: %s", run.job_id, why)
+        await asyncio.to_thread(_tell_the_user, run, self.node, state)   # before the log says it ended
         if run.kill_reason != "stopped":   # a job the log already ended needs no report
             await self.report(ev.JobExited(job_id=run.job_id, state=state, exit_code=exit_code, signal=sig,
                                            max_rss=run.peak_kib, elapsed=elapsed, node=self.node, reason=why))
-        await asyncio.to_thread(_tell_the_user, run, self.node, state)
         (self.ledger / f"{run.job_id}.json").unlink(missing_ok=True)
         if run.a.get("status_file"):
             import shutil

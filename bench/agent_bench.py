@@ -18,10 +18,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
-from .common import Figure, print_table, write_json
+from .common import ApiClient, Figure, print_table, write_json
 
 SLURM_RATE = 30.4
 CONF = """GresTypes=gpu
@@ -39,10 +38,9 @@ def _wait_for(path: Path, timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
-async def _run_jobs(url: str, n: int, workdir: str) -> float:
-    import nats
-
-    nc = await nats.connect(url)
+async def _run_jobs(url: str, n: int, workdir: str, state: Path) -> float:
+    api = ApiClient(str(state))
+    nc = await api.connect(url)
     done = asyncio.Event()
     states: dict[str, int] = {}
 
@@ -56,13 +54,12 @@ async def _run_jobs(url: str, n: int, workdir: str) -> float:
             done.set()
 
     await nc.subscribe("rota.ev.job.exited", cb=on_exit)
-    spec = {"user": "bench", "name": "trivial", "time_limit": 600, "script": "#!/bin/sh\ntrue\n",
+    spec = {"name": "trivial", "time_limit": 600, "script": "#!/bin/sh\ntrue\n",
             "workdir": workdir, "output": "/dev/null"}
 
     async def client(count: int) -> None:
         for _ in range(count):
-            body = json.dumps({"spec": spec, "rid": uuid.uuid4().hex}).encode()
-            reply = json.loads((await nc.request("rota.api.submit", body, timeout=30)).data)
+            reply = await api.request(nc, "submit", {"spec": spec})
             assert reply["ok"], reply
 
     t0 = time.perf_counter()
@@ -93,7 +90,7 @@ def bench(jobs: int, runs: int) -> list[Figure]:
                          "--fake-gpus", "a100:4", "--cpus", "16", "--memory", "16000"],
                         env=env, stdout=open(Path(tmp) / f"agent-n{i}.log", "w"), stderr=subprocess.STDOUT))
                 time.sleep(2)   # the agents register
-                rates.append(asyncio.run(_run_jobs(url, jobs, tmp)))
+                rates.append(asyncio.run(_run_jobs(url, jobs, tmp, state)))
             finally:
                 for p in reversed(procs):
                     p.terminate()

@@ -54,3 +54,38 @@ def write_json(figures: list[Figure], path: str | None) -> None:
     if path:
         with open(path, "w") as fh:
             json.dump([asdict(f) for f in figures], fh, indent=1)
+
+
+class ApiClient:
+    """A benchmark's way to the controller, as a node's signer sends requests: the controller's NATS
+    role (read from the cluster key in ``state``), each request signed for ``uid`` on host ``host``."""
+
+    def __init__(self, state: str, host: str = "bench", uid: int = 0, gid: int = 0) -> None:
+        from rota.agents.signer import Signer
+        from rota.wire.keys import load_keyring
+        from rota.wire.natsauth import connect_options
+        from rota.wire.paths import cluster_key_path
+
+        keyring = load_keyring(cluster_key_path(state))
+        self.options = connect_options(keyring, None)
+        self.signer = Signer("/nonexistent", host, keyring, None)
+        self.uid, self.gid = uid, gid
+
+    async def connect(self, url: str):
+        import nats
+
+        return await nats.connect(url, **self.options)
+
+    def headers(self, verb: str, rid: str, payload: bytes) -> dict[str, str]:
+        from rota.agents.signer import CRED_HEADER, RID_HEADER
+
+        subject = f"rota.api.{verb}"
+        return {CRED_HEADER: self.signer.sign(subject, rid, payload, self.uid, self.gid), RID_HEADER: rid}
+
+    async def request(self, nc, verb: str, body: dict, timeout: float = 30.0) -> dict:
+        import uuid
+
+        rid = uuid.uuid4().hex
+        payload = json.dumps(body).encode()
+        msg = await nc.request(f"rota.api.{verb}", payload, timeout=timeout, headers=self.headers(verb, rid, payload))
+        return json.loads(msg.data)
