@@ -25,6 +25,7 @@ from rota.core import credentials
 from rota.core import events as ev
 from rota.wire import natsauth
 from rota.wire import subjects as sj
+from rota.wire.subjects import CRED_HEADER
 from rota.wire.jsqueue import stored_at, work_queue
 
 from . import cgroups as cg
@@ -33,7 +34,6 @@ from .gpu import Gpus, open_gpus
 
 log = logging.getLogger("rota.agent")
 
-CRED_HEADER = "Rota-Cred"
 
 
 @dataclass

@@ -19,11 +19,10 @@ from typing import Any
 
 from rota.core import credentials
 from rota.wire import localsock
-from rota.wire.subjects import api_subject
+from rota.wire.subjects import CRED_HEADER, RID_HEADER, api_subject, reply_prefix
 
 log = logging.getLogger("rota.signer")
 
-CRED_HEADER, RID_HEADER = "Rota-Cred", "Rota-Rid"
 SLOW_VERBS = {"timetravel": 900.0, "accounting": 120.0}   # answers that take more than a moment
 READ_TIMEOUT = 10.0
 MAX_INFLIGHT_PER_UID = 64
@@ -119,7 +118,7 @@ class Signer:
                                             "carry (a script is at most 4 MiB, its environment 1 MiB)") from None
             except (NatsTimeout, asyncio.TimeoutError):
                 continue
-            if (msg.headers or {}).get(RID_HEADER) != rid:
+            if not msg.data.startswith(reply_prefix(rid)):
                 log.error("signer: dropped a reply that does not answer request %s", rid)
                 continue
             return msg.data

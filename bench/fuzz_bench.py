@@ -144,7 +144,7 @@ def api_surface(examples: int) -> Tally:
     signer = Signer("/nonexistent", "gpu01", keyring, None, clock=lambda: T)
     replies: list = []
 
-    async def reply(subject, data, headers):
+    async def reply(subject, data):
         replies.append(data)
 
     c.nc_reply = reply
@@ -169,7 +169,7 @@ def api_surface(examples: int) -> Tally:
             tally.bad("missing_replies", f"{verb} {body[:80]!r}")
             return
         answer = json.loads(replies[0])
-        if answer.get("code") == "internal":
+        if answer.get("rid") != rid or answer.get("code") == "internal":
             tally.bad("tracebacks", f"{verb} {body[:80]!r}: {answer}")
 
     one()

@@ -20,6 +20,7 @@ from rota.core import credentials as creds
 from rota.core import events as ev
 from rota.core.state import RUNNING, State
 from rota.wire import subjects as sj
+from rota.wire.subjects import CRED_HEADER
 from rota.wire.jsqueue import ensure_agent_consumers, ensure_streams, stored_at, work_queue
 
 from . import assign
@@ -27,7 +28,6 @@ from .eventlog import FencedError, LogUnavailable
 
 log = logging.getLogger("rota.controller.agents")
 
-CRED_HEADER = "Rota-Cred"
 # What an agent may report, and only about its own node.
 AGENT_REPORTS = (ev.NodeRegistered, ev.JobExited, ev.HealthFault)
 SEND_ATTEMPTS = 12        # about a minute of retries (0.1 s doubling to 5 s) before an order is set aside

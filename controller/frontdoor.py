@@ -8,7 +8,8 @@ signer. Here, in this order and nowhere else:
 3. the body is validated by the verb's request model (:mod:`rota.controller.requests`);
 4. the verb's handler runs; the core commands check the caller's rights against what it touches,
    and a refusal is appended to the log as ``request.denied``;
-5. exactly one reply goes back, carrying the request id it answers.
+5. exactly one reply goes back, carrying the request id it answers (its first key, ``rid``, so the
+   signer can check it without decoding the rest).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from rota.core import commands
 from rota.core import credentials as creds
 from rota.core import events as ev
 from rota.core.auth import Caller, caller as make_caller
+from rota.wire.subjects import CRED_HEADER, RID_HEADER
 
 from . import requests as rq
 from .eventlog import FencedError, LogUnavailable
@@ -32,7 +34,6 @@ from .views import Raw
 
 log = logging.getLogger("rota.controller.api")
 
-CRED_HEADER, RID_HEADER = "Rota-Cred", "Rota-Rid"
 Handler = Callable[[Any, Caller, Any, str], Awaitable[dict | Raw]]
 
 
@@ -98,8 +99,10 @@ class FrontDoor:
         rid = headers.get(RID_HEADER, "")
         verb_name = msg.subject.rsplit(".", 1)[-1]
         try:
-            if not rid or len(rid) > 64:
-                raise commands.Rejected("bad request: no request id", code="bad_request")
+            if not rid or len(rid) > 64 or not _RID_CHARS.issuperset(rid):
+                rid = ""
+                raise commands.Rejected("bad request: no request id (letters, digits, '_' and '-')",
+                                        code="bad_request")
             caller = self.authenticate(msg.subject, rid, headers.get(CRED_HEADER), msg.data or b"")
             result = await self.dispatch(verb_name, msg.data or b"{}", caller, rid)
         except creds.CredentialError as exc:
@@ -115,7 +118,7 @@ class FrontDoor:
             log.exception("request %s on %s failed", rid[:64], msg.subject)
             result = {"ok": False, "error": [f"internal error: {type(exc).__name__}"], "code": "internal"}
         try:
-            await self.c.nc_reply(msg.reply, encode(result), {RID_HEADER: rid})
+            await self.c.nc_reply(msg.reply, encode(result, rid))
         except Exception as exc:  # noqa: BLE001 - the caller is gone or the connection closed
             log.warning("could not answer request %s: %s", rid[:64], exc)
 
@@ -162,10 +165,17 @@ class FrontDoor:
             log.warning("refused %s by %s (%s) not recorded: %s", verb_name, caller.actor(), target, exc)
 
 
-def encode(result: dict | Raw) -> bytes:
+_RID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+
+def encode(result: dict | Raw, rid: str = "") -> bytes:
+    """A reply as JSON bytes, its request id first (``{"rid":"...",...}``); pre-encoded values spliced in."""
     if isinstance(result, Raw):
-        return result.data
-    return orjson.dumps(result, default=lambda v: orjson.Fragment(v.data) if isinstance(v, Raw) else str(v))
+        data = result.data
+        return b'{"rid":"%s",%s' % (rid.encode(), data[1:]) if data.startswith(b"{") and data != b"{}" else data
+    return orjson.dumps({"rid": rid, **result},
+                        default=lambda v: orjson.Fragment(v.data) if isinstance(v, Raw) else str(v))
+
 
 
 # ---------------------------------------------------------------- the verbs
@@ -173,9 +183,9 @@ def encode(result: dict | Raw) -> bytes:
 
 def _spec(request: rq.Submit, caller: Caller) -> ev.JobSpec:
     """The job as submitted, with who submitted it taken from the credential (never from the body)."""
-    fields = request.spec.model_dump()
-    return ev.JobSpec.model_validate({**fields, "user": caller.user, "uid": caller.uid, "gid": caller.gid,
-                                      "submit_host": caller.host or fields.get("submit_host", "")})
+    spec = request.spec
+    return spec.model_copy(update={"user": caller.user, "uid": caller.uid, "gid": caller.gid,
+                                   "submit_host": caller.host or spec.submit_host})
 
 
 @verb("submit", rq.Submit, writes=True)

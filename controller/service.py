@@ -307,8 +307,8 @@ class Controller:
         result = await self.frontdoor.dispatch(verb, orjson.dumps(body), caller, rid)
         return orjson.loads(encode_reply(result)) if isinstance(result, Raw) else result
 
-    async def nc_reply(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
-        await self._nc.publish(subject, data, headers=headers)
+    async def nc_reply(self, subject: str, data: bytes) -> None:
+        await self._nc.publish(subject, data)
 
     def send_signal(self, job: Any, signal: int) -> None:
         """Deliver a signal to a running job's processes on its batch host (the log does not change)."""

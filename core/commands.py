@@ -94,14 +94,19 @@ def _check_partition(state: State, spec: ev.JobSpec, part: ev.PartitionConfig, e
         raise Rejected("Required partition not available (inactive or drain)", code="partition")
     if spec.account and "ALL" not in part.allow_accounts and spec.account not in part.allow_accounts:
         raise Rejected("Invalid account or account/partition combination specified", code="account")
-    nodes = [state.nodes[n] for n in part.nodes if n in state.nodes]
-    shape = state.part_shapes.get(part.name) or partition_shape(nodes)
+    shape = state.part_shapes.get(part.name)
+    nodes: list = []
+    if shape is None or spec.nodelist or spec.exclude:   # named nodes: look at each of them
+        nodes = [state.nodes[n] for n in part.nodes if n in state.nodes]
+        shape = shape or partition_shape(nodes)
+    else:                                                # otherwise each kind of node will do
+        nodes = list(shape.kinds)
     req = node_request(spec, shape)
     if enforce != "NO":
         limit = spec.time_limit
         if part.max_time and limit is not None and (limit == 0 or limit > part.max_time):
             raise Rejected("Requested time limit is invalid (missing or exceeds some limit)", code="time")
-        if req.nnodes > len(nodes) or (part.max_nodes and req.nnodes > part.max_nodes):
+        if req.nnodes > shape.count or (part.max_nodes and req.nnodes > part.max_nodes):
             raise Rejected("Node count specification invalid", code="nodes")
     if spec.constraint and not any(constraint_matches(spec.constraint, n.features) for n in nodes):
         raise Rejected("Invalid feature specification", code="constraint")

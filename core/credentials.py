@@ -33,6 +33,7 @@ INVALID = "Invalid credential"
 BAD_FORMAT = "Invalid credential format"
 
 _HOST_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+_HEX = frozenset("0123456789abcdef")
 
 
 class CredentialError(Exception):
@@ -64,7 +65,7 @@ class Credential:
 
 def valid_host(name: str) -> bool:
     """Host (and node) names usable in credentials and NATS subjects: letters, digits, ``_``, ``-``."""
-    return 0 < len(name) <= 64 and all(c in _HOST_OK for c in name)
+    return 0 < len(name) <= 64 and _HOST_OK.issuperset(name)
 
 
 def host_key(cluster_key: bytes, host: str) -> bytes:
@@ -110,7 +111,7 @@ def parse(text: str | bytes | None) -> Credential:
     for n in (uid, gid, issued, ttl):
         if not n.isdecimal() or len(n) > 12:
             raise CredentialError(BAD_FORMAT)
-    if not all(c in "0123456789abcdef" for c in nonce + mac):
+    if not _HEX.issuperset(nonce) or not _HEX.issuperset(mac):
         raise CredentialError(BAD_FORMAT)
     return Credential(kind, int(uid), int(gid), host, int(issued), int(ttl), nonce, mac)
 

@@ -5,9 +5,8 @@ past Slurm's largest, a name with terminal escape codes or a 50 MB script never 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:   # a light module: the commands read its limits without loading pydantic
+TYPE_CHECKING = False   # (typing.TYPE_CHECKING without importing typing: the commands import this module)
+if TYPE_CHECKING:       # a light module: the commands read its limits without loading pydantic
     from .events import JobSpec
 
 NO_VAL32 = 0xFFFFFFFE                      # Slurm's NO_VAL: the largest 32-bit count is one less
@@ -50,6 +49,8 @@ _PATHS = ("workdir", "output", "error", "input")
 
 def control_free(text: str) -> bool:
     """No C0/C1 control characters and no DEL (they would reach terminals raw), and valid Unicode."""
+    if text.isprintable():   # the common case, decided in C (printable text has none of them)
+        return True
     return not any(c < " " or "\x7f" <= c <= "\x9f" or "\ud800" <= c <= "\udfff" for c in text)
 
 
@@ -62,8 +63,33 @@ def encodable(text: str) -> bool:
     return True
 
 
+def _plainly_fine(spec: JobSpec) -> bool:
+    """The common case, checked with a few C-level operations: every number in range, every name and
+    path printable, a small script and environment. When this is not plainly so, the full check names
+    what is wrong."""
+    d = spec.__dict__
+    for field, lo, hi in _RANGES:
+        value = d[field]
+        if value is not None and not lo <= value <= hi:
+            return False
+    texts = [d[f] for f in _TEXT + _PATHS if d[f] is not None]
+    texts += spec.partitions + spec.nodelist + spec.exclude
+    if not "".join(texts).isprintable() or any(len(t) > MAX_NAME for t in texts[:len(_TEXT)]):
+        return False
+    env, script = spec.env, spec.script
+    if len(script) > MAX_SCRIPT // 4 or len(env) > MAX_ENV_VARS // 4 or spec.argv or len(spec.submit_line) > 4096:
+        return False
+    names, values = "=".join(env), "".join(env.values())
+    return (len(names) + len(values) <= MAX_ENV // 4 and names.count("=") == max(0, len(env) - 1)
+            and all(env) and "\0" not in script + spec.submit_line + names + values
+            and encodable(script + spec.submit_line + names + values)
+            and all(len(t) <= MAX_PATH for t in texts))
+
+
 def spec_problems(spec: JobSpec) -> list[str]:
     """What is out of range in ``spec``, each as one line naming the option and the allowed range."""
+    if _plainly_fine(spec):
+        return []
     out: list[str] = []
     for field, lo, hi in _RANGES:
         value = getattr(spec, field)
@@ -92,7 +118,9 @@ def spec_problems(spec: JobSpec) -> list[str]:
     if len(spec.env) > MAX_ENV_VARS or env_bytes > MAX_ENV:
         out.append(f"Environment is too large ({len(spec.env)} variables, {env_bytes:,} bytes; the limit is "
                    f"{MAX_ENV_VARS} variables and {MAX_ENV:,} bytes)")
-    if any(not k or "=" in k or "\0" in k or "\0" in v or not encodable(k + v) for k, v in spec.env.items()):
+    names, values = "\0".join(spec.env), "".join(spec.env.values())
+    if "\0" in values or "=" in names or not encodable(names + values) or \
+            (spec.env and (not all(spec.env) or "\0\0" in names)):
         out.append("Invalid environment: variable names must be non-empty without '=' or NUL, values without NUL")
     if len(spec.argv) > MAX_ARGV or any("\0" in a or len(a) > MAX_PATH * 32 or not encodable(a) for a in spec.argv):
         out.append(f"Invalid script arguments: at most {MAX_ARGV}, without NUL characters")

@@ -43,6 +43,16 @@ def default_mem_per_cpu(nodes: list["Node"]) -> int:
     return min(ratios) if ratios else 0
 
 
+class NodeKind(NamedTuple):
+    """One kind of node in a partition (what a submit is checked against: not each node of a big cluster,
+    each distinct kind of node in it)."""
+
+    cpus: int
+    memory: int
+    gpu_types: tuple[str, ...]
+    features: tuple[str, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class PartitionShape:
     """What a partition's nodes look like, for turning options into per-node requests."""
@@ -50,11 +60,15 @@ class PartitionShape:
     max_cpus: int
     max_gpus: int
     def_mem_per_cpu: int
+    count: int = 0                          # its nodes
+    kinds: tuple[NodeKind, ...] = ()        # its distinct kinds of node, in the order first seen
 
 
 def partition_shape(nodes: list["Node"]) -> PartitionShape:
+    kinds = dict.fromkeys(NodeKind(n.cpus, n.memory, tuple(n.gpu_types), n.features) for n in nodes)
     return PartitionShape(max((n.cpus for n in nodes), default=1) or 1,
-                          max((n.gpu_count for n in nodes), default=0), default_mem_per_cpu(nodes))
+                          max((n.gpu_count for n in nodes), default=0), default_mem_per_cpu(nodes),
+                          len(nodes), tuple(kinds))
 
 
 def node_request(spec: JobSpec, shape: PartitionShape) -> NodeRequest:

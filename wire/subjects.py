@@ -13,5 +13,15 @@ def agent_consumer(node: str) -> str:
     return f"agent-{node}"
 
 
+CRED_HEADER = "Rota-Cred"      # a request's credential (rota.core.credentials)
+RID_HEADER = "Rota-Rid"        # its request id: retries carry the same one
+
+
 def api_subject(verb: str) -> str:
     return f"{API}.{verb}"
+
+
+def reply_prefix(rid: str) -> bytes:
+    """How the reply to request ``rid`` begins: its request id is the JSON object's first key (what a
+    signer checks before handing a reply back, without decoding the rest)."""
+    return b'{"rid":"%s",' % rid.encode()
