@@ -165,9 +165,14 @@ class Projector:
                 gc.enable()
         return n
 
-    async def follow(self, stop: asyncio.Event, wakeup: asyncio.Event | None = None, poll: float = 1.0) -> None:
-        """Keep projecting new events until ``stop`` is set (woken early by ``wakeup``)."""
+    async def follow(self, stop: asyncio.Event, wakeup: asyncio.Event | None = None, poll: float = 1.0,
+                     min_interval: float = 0.05) -> None:
+        """Keep projecting new events until ``stop`` is set (woken early by ``wakeup``), at most one
+        catch-up per ``min_interval``: a quiet log is projected at once, a busy one in batches (each
+        catch-up costs a consumer and a connection, whatever it reads)."""
+        loop = asyncio.get_running_loop()
         while not stop.is_set():
+            started = loop.time()
             try:
                 await self.catch_up()
             except Exception as exc:  # noqa: BLE001 - the log is briefly unavailable: retry
@@ -179,6 +184,9 @@ class Projector:
                 pass
             if wakeup is not None:
                 wakeup.clear()
+            rest = min_interval - (loop.time() - started)
+            if rest > 0 and not stop.is_set():
+                await asyncio.sleep(rest)
 
     def _fold(self, chunk: list[ev.Envelope]) -> tuple:
         """Apply a batch to the projector's state; what :meth:`_write` stores for it, taken now (the
