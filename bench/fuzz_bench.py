@@ -281,6 +281,26 @@ SURFACES = {"API verbs": api_surface, "agents' inbox": inbox_surface, "sbatch co
             sbatch_surface, "configuration files": config_surface}
 
 
+def run(examples: int) -> list:
+    """Each surface's tracebacks and missing replies as benchmark figures (target: none)."""
+    import logging
+
+    from .common import Figure
+
+    logging.disable(logging.CRITICAL)
+    figures = []
+    try:
+        for name, fn in SURFACES.items():
+            tally = fn(examples)
+            bad = tally.tracebacks + tally.missing_replies
+            figures.append(Figure(f"fuzzed {name}: tracebacks or missing replies in {tally.inputs:,} inputs", bad,
+                                  "", "0", bad == 0, f"python -m rota.bench.fuzz_bench --examples {examples}",
+                                  "; ".join(tally.examples)))
+    finally:
+        logging.disable(logging.NOTSET)
+    return figures
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--examples", type=int, default=10_000, help="generated inputs per surface")

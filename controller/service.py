@@ -25,7 +25,7 @@ from . import assign, snapshots
 from .eventlog import FencedError, LogUnavailable
 from .frontdoor import FrontDoor
 from .recent import Recent
-from .views import Raw, Views, encode_reply
+from .views import Views, encode_reply
 
 log = logging.getLogger("rota.controller")
 API = "rota.api"
@@ -305,7 +305,7 @@ class Controller:
         body = dict(body)
         rid = rid or str(body.pop("rid", ""))
         result = await self.frontdoor.dispatch(verb, orjson.dumps(body), caller, rid)
-        return orjson.loads(encode_reply(result)) if isinstance(result, Raw) else result
+        return orjson.loads(encode_reply(result))   # what a caller over NATS reads
 
     async def nc_reply(self, subject: str, data: bytes) -> None:
         await self._nc.publish(subject, data)

@@ -360,3 +360,20 @@ async def test_an_order_without_the_controllers_credential_is_ignored(cluster):
     jid = await cluster.submit(f"touch {marker}")
     await cluster.ended(jid)
     assert marker.exists()
+
+
+async def test_an_order_that_cannot_be_delivered_is_set_aside_and_others_still_go(cluster):
+    """An order too big for NATS is set aside with its reason (a launch: its job ends FAILED), and the
+    node's next orders are not stuck behind it."""
+    cluster.start_agent("n1")
+    await cluster.registered("n1")
+    jid = await cluster.submit("sleep 30")
+    await cluster.until(lambda s: s.jobs[jid].state == "RUNNING", what="running")
+    link = cluster.c.on_assign.__self__
+    order = {"op": "launch", "job_id": jid, "restarts": 0, "pad": "x" * (9 << 20)}
+    link.send([("n1", order)])
+    job = await cluster.ended(jid)
+    assert job.state == "FAILED"
+    assert link.set_aside and link.set_aside[-1][0] == "n1" and "more than NATS carries" in link.set_aside[-1][2]
+    later = await cluster.submit("echo after")
+    assert (await cluster.ended(later)).state == "COMPLETED"

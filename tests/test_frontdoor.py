@@ -191,3 +191,19 @@ async def test_hostile_values_are_refused_with_a_clear_line(verb, body):
     answer = replies[-1][1]
     assert answer["ok"] is False and answer["code"] in ("invalid", "bad_request", "permission"), answer
     assert len(c.state.jobs) == 1
+
+
+async def test_private_data_shows_users_only_their_own_jobs():
+    cfg = make_cluster(nodes=2, gpus=4)
+    cfg = cfg.model_copy(update={"auth": ev.AuthConfig(private_data=("jobs",), operators=("olga",))})
+    c = Controller(MemoryLog(), config=cfg, clock=Clock(), keyring=KEYRING)
+    await c.start()
+    mine = (await c.handle("submit", {"spec": spec(name="mine", hold=True)}, ALICE))["job_id"]
+    root = (await c.handle("submit", {"spec": spec(name="roots", hold=True)}))["job_id"]
+    rows = (await c.handle("squeue", {"format": "%i %j", "noheader": True}, ALICE))["text"]
+    assert rows == f"{mine} mine\n"
+    assert (await c.handle("job", {"job_id": root}, ALICE))["error"] == ["Invalid job id specified"]
+    assert [j["job_id"] for j in (await c.handle("queue", {}, ALICE))["jobs"]] == [mine]
+    olga = Caller(1003, 1003, "olga", 1)
+    assert (await c.handle("squeue", {"format": "%i", "noheader": True}, olga))["text"].split() == \
+        [str(mine), str(root)]

@@ -354,3 +354,17 @@ def test_sbatch_test_only_says_when_and_where_without_submitting(up):
     assert run(up, "sbatch", "--parsable", "--wrap", "true", "-o", "/dev/null").stdout == "1\n"   # nothing was used
     r = run(up, "sbatch", "--test-only", "--gres=gpu:9", "--wrap", "true")
     assert r.returncode == 1 and "Requested node configuration is not available" in r.stderr
+
+
+def test_rota_up_refuses_a_key_others_can_read_and_says_how_to_fix_it(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    key = state / "cluster.key"
+    key.write_bytes(os.urandom(64))
+    key.chmod(0o644)
+    r = subprocess.run([str(BIN / "rota"), "up", "--no-agent"], env=dict(os.environ, ROTA_STATE_DIR=str(state)),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f'Keyfile is insecure: "{key}" should not be readable or writable by group or others (perms=0644)' \
+        in r.stdout
+    assert f"fix it with: chmod 600 {key}" in r.stdout and "Traceback" not in r.stdout + r.stderr
