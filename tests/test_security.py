@@ -333,3 +333,23 @@ def test_tls_between_hosts(tmp_path):
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def test_a_user_who_cannot_read_the_log_gets_time_travel_from_the_controller(up):
+    from rota.cli.main import app
+
+    def rota(argv):
+        return app(argv, standalone_mode=False) or 0
+
+    first = up.run("sbatch", "--parsable", "-o", "/dev/null", "--gres=gpu:4", "--wrap", "sleep 2").stdout.strip()
+    code, out, err = up.nobody(sbatch.main, "--parsable", "-o", "/dev/null", "--gres=gpu:4", "--wrap", "true")
+    mine = out.strip()
+    up.wait(lambda: up.job_state(mine) == "COMPLETED", what="the job")
+    code, out, err = up.nobody(rota, "why", mine)
+    assert code == 0 and f"job {first}" in out and "[Resources]" in out, (code, out, err)
+    code, out, err = up.nobody(rota, "why", mine, "--log", "/etc/shadow")   # a file is read as the user, here
+    assert code != 0 and "root:" not in out + err
+    code, out, err = up.nobody(rota, "verify")
+    assert code == 0 and out.startswith("OK: all"), (out, err)
+    code, out, err = up.nobody(rota, "export", "--parquet", str(up.home / "pq"))
+    assert code != 0 and "only the cluster's administrator" in out + err

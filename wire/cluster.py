@@ -50,6 +50,9 @@ def admin_connection(explicit: str | None = None) -> tuple[list[str], dict]:
     key_path = cluster_key_path(state)
     keyring = None
     if os.path.exists(key_path) or not explicit:
+        if os.path.exists(key_path) and not os.access(key_path, os.R_OK):
+            raise NotAdmin(f"reading the log needs the cluster key {key_path}, which only the cluster's "
+                           "administrator can read")
         try:
             keyring = load_keyring(key_path)
         except PermissionError:
