@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import logging
 import time
 from typing import Any, Callable

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from rota.cli import sbatch, scancel, scontrol, squeue
+from rota.cli import sbatch, scancel, scontrol
 from rota.controller.eventlog import JetStreamLog
 from rota.wire import keys, natsauth
 
