@@ -53,23 +53,42 @@ async def run_signer(path: str, host: str, keyring: Any, url: str, tls_ca: str |
     return signer
 
 
-def main(*, node: str, nats: str | None, state_dir: str | None, key: str | None = None, tls_ca: str | None = None,
-         socket_path: str | None = None, echo=print, **options: Any) -> int:
+def _setup(prog: str, host: str, nats: str | None, key: str | None, state_dir: str | None,
+           echo) -> tuple[str, Path, Any] | None:
+    """The NATS URLs, the state directory and this host's keyring; None (said why) when one is missing."""
     from rota.wire.cluster import NoCluster, nats_urls
-    from rota.wire.paths import default_state_dir, socket_in
+    from rota.wire.paths import default_state_dir
 
-    from .agent import Agent
-
-    logging.basicConfig(level=logging.WARNING, format=f"rota agent {node}: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format=f"{prog} {host}: %(message)s")
     try:
         url = nats_urls(nats)
     except NoCluster as exc:
-        echo(f"rota agent: {exc}")
-        return 1
+        echo(f"{prog}: {exc}")
+        return None
     state = Path(state_dir) if state_dir else default_state_dir()
-    keyring = _keyring(key, state, node, echo)
-    if keyring is None:
+    keyring = _keyring(key, state, host, echo)
+    return None if keyring is None else (url, state, keyring)
+
+
+def _stop_event() -> asyncio.Event:
+    """Set on Ctrl-C or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+def main(*, node: str, nats: str | None, state_dir: str | None, key: str | None = None, tls_ca: str | None = None,
+         socket_path: str | None = None, echo=print, **options: Any) -> int:
+    from rota.wire.paths import socket_in
+
+    from .agent import Agent
+
+    setup = _setup("rota agent", node, nats, key, state_dir, echo)
+    if setup is None:
         return 1
+    url, state, keyring = setup
     try:
         agent = Agent(node, url, state, keyring=keyring, tls_ca=tls_ca, **options)
     except ValueError as exc:
@@ -80,10 +99,7 @@ def main(*, node: str, nats: str | None, state_dir: str | None, key: str | None 
     path = socket_path or socket_in(str(state))
 
     async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        stop = _stop_event()
         await agent.start()
         signer = None
         if signer_is_running(path):
@@ -108,29 +124,19 @@ def main(*, node: str, nats: str | None, state_dir: str | None, key: str | None 
 def authd(*, host: str | None, nats: str | None, key: str | None, tls_ca: str | None, socket_path: str | None,
           state_dir: str | None, echo=print) -> int:
     """``rota authd``: only the local signer (munged's place), for a login host without an agent."""
-    from rota.wire.cluster import NoCluster, nats_urls
-    from rota.wire.paths import default_state_dir, socket_in
+    from rota.wire.paths import socket_in
 
     from .agent import hostname
 
     name = host or hostname()
-    logging.basicConfig(level=logging.WARNING, format=f"rota authd {name}: %(message)s")
-    try:
-        url = nats_urls(nats)
-    except NoCluster as exc:
-        echo(f"rota authd: {exc}")
+    setup = _setup("rota authd", name, nats, key, state_dir, echo)
+    if setup is None:
         return 1
-    state = Path(state_dir) if state_dir else default_state_dir()
-    keyring = _keyring(key, state, name, echo)
-    if keyring is None:
-        return 1
+    url, state, keyring = setup
     path = socket_path or socket_in(str(state))
 
     async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        stop = _stop_event()
         signer = await run_signer(path, name, keyring, url, tls_ca, echo)
         await stop.wait()
         await signer.stop()

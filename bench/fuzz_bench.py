@@ -108,6 +108,12 @@ REPORTS = st.one_of(
 # ---------------------------------------------------------------- the surfaces
 
 
+def _fuzzing(examples: int):
+    """hypothesis, generating ``examples`` inputs (no shrinking, no database: every input is counted)."""
+    return settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
+                    suppress_health_check=list(HealthCheck))
+
+
 class _Msg:
     def __init__(self, subject, data, headers, reply="_INBOX.fuzz"):
         self.subject, self.data, self.headers, self.reply = subject, data, headers, reply
@@ -150,8 +156,7 @@ def api_surface(examples: int) -> Tally:
     c.nc_reply = reply
     counter = [0]
 
-    @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @_fuzzing(examples)
     @given(verb=st.sampled_from(sorted(VERBS) + ["nope", "x" * 40]), body=BODIES, uid=st.sampled_from([0, 65534]))
     def one(verb, body, uid):
         counter[0] += 1
@@ -190,8 +195,7 @@ def inbox_surface(examples: int) -> Tally:
 
     link = AgentLink(c, _Nc(), keyring=keyring)
 
-    @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @_fuzzing(examples)
     @given(body=REPORTS, node=st.sampled_from(["gpu01", "gpu02", "nope", "a.b"]), signed=st.booleans(),
            nonce=st.binary(min_size=16, max_size=16))
     def one(body, node, signed, nonce):
@@ -218,8 +222,7 @@ def sbatch_surface(examples: int) -> Tally:
     tmp = tempfile.mkdtemp(prefix="rota-fuzz-")
     os.environ["ROTA_SOCKET"] = os.path.join(tmp, "no.sock")   # nothing to submit to: the client's own checks
 
-    @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @_fuzzing(examples)
     @given(argv=ARGV, script=SCRIPTS, with_script=st.booleans())
     def one(argv, script, with_script):
         path = os.path.join(tmp, "job.sh")
@@ -252,8 +255,7 @@ def config_surface(examples: int) -> Tally:
     tally = Tally()
     tmp = tempfile.mkdtemp(prefix="rota-fuzz-")
 
-    @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @_fuzzing(examples)
     @given(text=st.one_of(CONFIGS, MANGLED), raw=st.binary(max_size=60), gres=st.one_of(st.none(), CONFIGS))
     def one(text, raw, gres):
         tally.inputs += 1

@@ -17,3 +17,25 @@ from hypothesis import Phase, settings
 settings.register_profile("noshrink", phases=[Phase.explicit, Phase.reuse, Phase.generate])
 if os.environ.get("HYPOTHESIS_PROFILE"):
     settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])
+
+
+@pytest.fixture
+async def jetstream(tmp_path):
+    """A real nats-server on a free loopback port with a temporary store: ``await connect(keyring=...)``
+    gives a JetStreamLog on it (closed, and the server stopped, after the test)."""
+    from rota.controller import natsserver
+    from rota.controller.eventlog import JetStreamLog
+
+    srv = natsserver.start(tmp_path / "nats")
+    logs = []
+
+    async def connect(keyring=None):
+        lg = await JetStreamLog.connect(srv.url, keyring=keyring)
+        logs.append(lg)
+        return lg
+
+    connect.url = srv.url
+    yield connect
+    for lg in logs:
+        await lg.close()
+    srv.stop()

@@ -1,7 +1,6 @@
 """The controller against a real nats-server: submit -> cycle -> start on the log; restart; fencing."""
 import pytest
 
-from rota.controller import natsserver
 from rota.controller.eventlog import FencedError, JetStreamLog, LogUnavailable, MemoryLog
 from rota.controller.service import Controller
 from rota.core import events as ev
@@ -20,19 +19,8 @@ class Clock:
 
 
 @pytest.fixture
-async def js(tmp_path):
-    srv = natsserver.start(tmp_path / "nats")
-    logs = []
-
-    async def connect():
-        lg = await JetStreamLog.connect(srv.url)
-        logs.append(lg)
-        return lg
-
-    yield connect
-    for lg in logs:
-        await lg.close()
-    srv.stop()
+def js(jetstream):
+    return jetstream
 
 
 def spec(**kw):

@@ -5,9 +5,8 @@ import json
 
 import pytest
 
-from rota.controller import natsserver
 from rota.controller.eventlog import (
-    ACTOR_HEADER, STREAM, TS_HEADER, JetStreamLog, encode_body, record_headers, subject_for,
+    ACTOR_HEADER, STREAM, TS_HEADER, encode_body, record_headers, subject_for,
 )
 from rota.controller.service import Controller
 from rota.core import events as ev
@@ -27,19 +26,11 @@ class Clock:
 
 
 @pytest.fixture
-async def server(tmp_path):
-    srv = natsserver.start(tmp_path / "nats")
-    logs = []
-
+def server(jetstream):
+    """Logs on one server, holding the cluster key unless told otherwise (``keyring=None``: a stranger)."""
     async def connect(keyring=KEYRING):
-        lg = await JetStreamLog.connect(srv.url, keyring=keyring)
-        logs.append(lg)
-        return lg
-
-    yield connect
-    for lg in logs:
-        await lg.close()
-    srv.stop()
+        return await jetstream(keyring)
+    return connect
 
 
 def body(**kw):
