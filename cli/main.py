@@ -14,7 +14,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 @app.command()
 def up(
-    state_dir: Optional[str] = typer.Option(None, help="where the log and state live (default $ROTA_STATE_DIR or ~/.local/share/rota)"),
+    state_dir: Optional[str] = typer.Option(None, help="where the log and state live (default $ROTA_STATE_DIR, else /var/lib/rota for root, ~/.local/share/rota for others)"),
     config: Optional[str] = typer.Option(None, help="slurm.conf-syntax cluster config (default: this machine as one node)"),
     nats: Optional[str] = typer.Option(None, help="use these NATS servers (URL[,URL...]) instead of an embedded one"),
     nats_port: Optional[int] = typer.Option(None, help="port of the embedded nats-server (default: a free one)"),
