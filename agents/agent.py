@@ -155,7 +155,10 @@ class Agent:
                                  subject, body)
 
     async def report(self, event: Any) -> None:
-        """Put an observation into the inbox; retried (same message id) until JetStream has it."""
+        """Put an observation into the inbox; retried (same message id) until JetStream has it. One that
+        can never be delivered (larger than NATS carries) is set aside with its reason, never retried."""
+        from nats.errors import MaxPayloadError
+
         body = ev.EVENT_ADAPTER.dump_json(event)
         subject = f"{sj.INBOX_PREFIX}.{self.node}"
         headers = {"Nats-Msg-Id": f"{self.node}-{uuid.uuid4().hex}", CRED_HEADER: self.sign(subject, body)}
@@ -163,6 +166,9 @@ class Agent:
         while True:
             try:
                 await self.js.publish(subject, body, stream=sj.INBOX_STREAM, headers=headers)
+                return
+            except MaxPayloadError:
+                log.error("a %s report of %s bytes was set aside: larger than NATS carries", event.type, len(body))
                 return
             except Exception as exc:  # noqa: BLE001 - NATS down or slow: keep it, retry
                 log.warning("report not yet accepted (%s); retrying", exc)
@@ -189,7 +195,7 @@ class Agent:
             if self.health_program:
                 problem = await _run_health_program(self.health_program)
                 if problem:
-                    reasons.append(("healthcheck", problem, None))
+                    reasons.append(("healthcheck", problem[:1000], None))
             for code, reason, index in reasons:
                 await self.report(ev.HealthFault(node=self.node, reason=reason, gpu_index=index, code=code))
             await asyncio.sleep(self.health_interval)
