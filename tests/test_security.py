@@ -131,15 +131,26 @@ def test_a_job_cannot_write_or_read_what_its_user_may_not(up):
     secret.mkdir(mode=0o700)
     (secret / "file").write_text("root's\n")
     code, out, _ = up.nobody(sbatch.main, "--parsable", "-o", str(secret / "file"), "--wrap", "echo pwned")
-    jid = out.strip()
-    code2, out2, _ = up.nobody(sbatch.main, "--parsable", "-o", str(up.home / "in-%j.txt"), "--input",
-                               str(secret / "file"), "--wrap", "cat") if False else (0, "", "")
-    up.wait(lambda: up.job_state(jid) == "FAILED", what="the job to fail")
+    writes = out.strip()
+
+    def hand_made(argv):   # sbatch has no --input: the request a user could make by hand
+        from rota.cli.client import request
+
+        reply = request("submit", {"spec": {"script": "#!/bin/sh\ncat\n", "input": str(secret / "file"),
+                                            "output": str(up.home / "stolen.txt"), "workdir": str(up.home)}})
+        print(reply.get("job_id", reply))
+        return 0
+
+    code, out, err = up.nobody(hand_made)
+    reads = out.strip()
+    assert code == 0 and reads.isdigit(), (out, err)
+    up.wait(lambda: up.job_state(writes) == "FAILED" and up.job_state(reads) == "FAILED", what="both to fail")
     assert (secret / "file").read_text() == "root's\n" and (secret / "file").stat().st_uid == 0
     assert not any(f.stat().st_uid == NOBODY.pw_uid for f in secret.iterdir())
-    exited = [e.event for e in up.events() if e.event is not None and e.event.type == "job.exited"]
-    assert exited[-1].reason == f"cannot open the output file {secret / 'file'}"
-    del code, code2, out2
+    assert (up.home / "stolen.txt").read_text() == ""          # made (empty) before the input was refused
+    exited = {e.event.job_id: e.event.reason for e in up.events() if e.event is not None and e.event.type == "job.exited"}
+    assert exited[int(writes)] == f"cannot open the output file {secret / 'file'}"
+    assert exited[int(reads)] == f"cannot read the input file {secret / 'file'}"
 
 
 def test_another_users_jobs_and_the_nodes_are_out_of_reach(up):
