@@ -225,8 +225,9 @@ def validate(
 
 
 def _default_traces() -> str:
+    """The Lublin traces kept with the tests (beside this checkout's cli/ folder)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    return os.path.join(here, "..", "..", "shared", "traces")
+    return os.path.join(here, "..", "tests", "fixtures", "traces")
 
 
 def _progress(total: int, quiet: bool):

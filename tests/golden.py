@@ -1,11 +1,11 @@
-"""Reading the captured real-Slurm outputs in ../shared/slurm-golden and comparing layouts."""
+"""Reading the captured real-Slurm outputs in tests/fixtures/slurm-golden and comparing layouts."""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "slurm-golden"
+GOLDEN = Path(__file__).resolve().parent / "fixtures" / "slurm-golden"
 
 
 @dataclass

@@ -12,9 +12,8 @@ from rota.core.apply import fold
 from rota.core.testing import Harness, make_cluster
 from rota.projections.projector import Projector
 
-from golden import GOLDEN, assert_same_table, blocks
+from golden import assert_same_table, blocks
 
-pytestmark = pytest.mark.skipif(not GOLDEN.exists(), reason="../shared/slurm-golden not present")
 
 
 def golden_history() -> Harness:

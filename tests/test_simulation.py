@@ -9,7 +9,7 @@ import pytest
 from rota.core.sim import Simulator
 from rota.core.traces import TraceFormatError, read_philly, read_swf, swf_cluster
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+TRACES = Path(__file__).resolve().parent / "fixtures" / "traces"
 SWF = """; MaxProcs: 4
 ; a tiny machine: job 2 waits for job 1, job 3 backfills beside it
 1 0 -1 100 4 -1 -1 4 100 -1 1 1 1 -1 1 -1 -1 -1
@@ -102,11 +102,6 @@ def test_cli_simulate_rejects_bad_input(tmp_path):
     assert pol.returncode == 1 and "unknown policy 'sjf'" in pol.stderr
 
 
-needs_traces = pytest.mark.skipif(not (TRACES / "lublin_256.swf.gz").exists(),
-                                  reason="shared/traces is not beside this checkout")
-
-
-@needs_traces
 def test_published_backfill_figure_is_reproduced_within_2_percent():
     from rota.cli.simulate import load_trace, protocol_run
 
@@ -116,7 +111,6 @@ def test_published_backfill_figure_is_reproduced_within_2_percent():
 
 
 @pytest.mark.slow
-@needs_traces
 def test_published_fcfs_figure_is_reproduced():
     from rota.cli.simulate import load_trace, protocol_run
 
@@ -125,9 +119,8 @@ def test_published_fcfs_figure_is_reproduced():
     assert m["avg_wait"] == pytest.approx(258203, rel=0.001)
 
 
-@needs_traces
-@pytest.mark.parametrize("name", sorted(p.name for p in TRACES.glob("*.gz")) if TRACES.exists() else [])
-def test_simulate_runs_on_every_shared_trace(name):
+@pytest.mark.parametrize("name", sorted(p.name for p in TRACES.glob("*.gz")))
+def test_simulate_runs_on_every_trace(name):
     out = subprocess.run([sys.executable, "-m", "rota.cli.main", "simulate", str(TRACES / name),
                           "--limit", "400", "--json"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

@@ -307,10 +307,8 @@ def test_scontrol_show_job_has_slurms_layout(up):
     import sys as _sys
 
     _sys.path.insert(0, str(Path(__file__).parent))
-    from golden import GOLDEN, blocks
+    from golden import blocks
 
-    if not GOLDEN.exists():
-        pytest.skip("../shared/slurm-golden not present")
     jid = run(up, "sbatch", "--parsable", "-o", "/dev/null", "-J", "fails", "--wrap", "exit 3").stdout.strip()
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and "JobState=FAILED" not in run(up, "scontrol", "show", "job", jid).stdout:
