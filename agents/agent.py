@@ -83,7 +83,8 @@ class Agent:
         self.memory = memory or _mem_total_mib()
         self.gpus: Gpus | None
         self.gpus, self.gpu_note = open_gpus(fake_gpus, faults_file or str(self.dir / "fake-nvml.json"), node)
-        self.cgroups, self.cgroup_note = cg.detect(node) if use_cgroups else (None, "cgroups disabled")
+        scope = f"{node}-{credentials.derived_key(self.key, 'cgroup scope')[:4].hex()}"   # this cluster's node
+        self.cgroups, self.cgroup_note = cg.detect(scope) if use_cgroups else (None, "cgroups disabled")
         self.runs: dict[int, Run] = {}
         self.seen: set[tuple[int, int]] = set()   # (job id, restarts) launched here
         self.nc: Any = None

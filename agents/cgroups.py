@@ -14,7 +14,9 @@ ROOT = Path("/sys/fs/cgroup")
 
 
 class Cgroups:
-    """Where job cgroups are made: ``version`` 2 or 1, under ``rota/<node>``."""
+    """Where job cgroups are made: ``version`` 2 or 1, under ``rota/<scope>``. The scope names this
+    node of this cluster (its name and a tag derived from its key), so a second cluster, or a test run,
+    with a node of the same name on the same host never touches this one's jobs."""
 
     def __init__(self, version: int, node: str, root: Path = ROOT) -> None:
         self.version, self.node, self.root = version, node, root
@@ -33,7 +35,8 @@ class Cgroups:
 
 
 def detect(node: str, root: Path = ROOT) -> tuple[Cgroups | None, str]:
-    """The usable cgroup hierarchy, or None with the reason (said at agent start)."""
+    """The usable cgroup hierarchy under ``rota/<node>`` (``node``: the node's scope), or None with the
+    reason (said at agent start)."""
     if os.geteuid() != 0:
         return None, "not running as root: memory enforced by polling RSS, no CPU binding"
     if (root / "cgroup.controllers").exists():

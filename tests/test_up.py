@@ -80,7 +80,10 @@ def test_rota_up_sbatch_squeue(up):
     r = run(up, "squeue")
     lines = r.stdout.splitlines()
     assert lines[0] == "             JOBID PARTITION     NAME     USER ST       TIME  NODES NODELIST(REASON)"
-    assert lines[1].split()[:5] == ["2", "short", "held", lines[1].split()[3], "PD"]
+    import pwd
+
+    me = pwd.getpwuid(os.getuid()).pw_name[:8]
+    assert lines[1].split()[:5] == ["2", "short", "held", me, "PD"]
     assert lines[1].endswith("(JobHeldUser)")
     assert lines[2].split()[4] == "R" and lines[2].endswith("gpu01")
     r = run(up, "squeue", "-h", "-j", "1", "-o", "%i %T")
@@ -366,3 +369,40 @@ def test_rota_up_refuses_a_key_others_can_read_and_says_how_to_fix_it(tmp_path):
     assert f'Keyfile is insecure: "{key}" should not be readable or writable by group or others (perms=0644)' \
         in r.stdout
     assert f"fix it with: chmod 600 {key}" in r.stdout and "Traceback" not in r.stdout + r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="job cgroups need root")
+def test_two_clusters_with_the_same_node_name_on_one_host_leave_each_other_alone(tmp_path):
+    """A second rota (another cluster, a test run) on the same host, with a node of the same name,
+    runs its own job 1 beside the first cluster's job 1, and never touches it."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(CONF)
+    procs, envs = [], []
+    try:
+        for name in ("a", "b"):
+            env = dict(os.environ, ROTA_STATE_DIR=str(tmp_path / name))
+            with open(tmp_path / f"{name}.log", "w") as fh:
+                procs.append(subprocess.Popen([str(BIN / "rota"), "up", "--config", str(conf), "--fake-gpus",
+                                               "a100:8"], env=env, stdout=fh, stderr=subprocess.STDOUT))
+            envs.append(env)
+            wait_for(tmp_path / name / "cluster.json")
+        first = run(envs[0], "sbatch", "--parsable", "-o", "/dev/null", "--wrap", "sleep 60").stdout.strip()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and run(envs[0], "squeue", "-h", "-o", "%T").stdout.strip() != "RUNNING":
+            time.sleep(0.2)
+        second = run(envs[1], "sbatch", "--parsable", "-o", "/dev/null", "--wrap", "true").stdout.strip()
+        assert first == second == "1"
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and "COMPLETED" not in run(envs[1], "sacct", "-X", "-n", "-j", "1").stdout:
+            time.sleep(0.2)
+        time.sleep(1)
+        assert run(envs[0], "squeue", "-h", "-o", "%i %T").stdout == "1 RUNNING\n"
+        run(envs[0], "scancel", "1")
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
