@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up demo test test-slow bench install clean
+.PHONY: up demo test test-slow lint bench install clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "rota needs Python 3.11 or newer")'
@@ -32,6 +32,13 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# ruff, and mypy over the folders as the package they install as (rota.<folder>, linked under build/)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check $$(git ls-files '*.py' 2>/dev/null || find . -name '*.py' -not -path './.venv/*')
+	mkdir -p build/typecheck/rota && touch build/typecheck/rota/__init__.py
+	for d in core agents cli controller projections wire bench; do ln -sfn ../../../$$d build/typecheck/rota/$$d; done
+	$(VENV)/bin/mypy
 
 bench: $(STAMP)
 	$(PY) -m rota.bench.run_all

@@ -362,6 +362,7 @@ class Agent:
             run.peak_kib = max(run.peak_kib, run.cgroup.peak_kib())
             await asyncio.to_thread(run.cgroup.remove)
         elapsed = max(0, int(time.time() - run.a["start_time"]))
+        state: ev.JobEndState
         if run.kill_reason in ("cancelled", "stopped"):
             state = "CANCELLED"
         elif run.kill_reason == "timeout":

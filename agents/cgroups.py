@@ -145,7 +145,7 @@ class JobCgroup:
 
     def remove(self) -> None:
         """Kill anything left and remove the cgroup (retried while the kernel reaps the processes)."""
-        for d in {self.mem, self.cpuset} - {None}:
+        for d in {d for d in (self.mem, self.cpuset) if d is not None}:
             for _ in range(50):
                 if not d.is_dir():
                     break

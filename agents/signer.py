@@ -92,7 +92,7 @@ class Signer:
             writer.write(_error(f"bad request to the local rota signer: {exc or type(exc).__name__}"))
         except localsock.SignerError as exc:
             writer.write(_error(str(exc)))
-        except Exception as exc:  # noqa: BLE001 - one reply per request, whatever happened
+        except Exception as exc:  # one reply per request, whatever happened
             log.exception("signer: request from uid %s failed", uid)
             writer.write(_error(f"the local rota signer failed: {type(exc).__name__}"))
         try:

@@ -140,6 +140,7 @@ def run(finished: int, pending: int, runs: int) -> list[Figure]:
                 r = subprocess.run([str(BIN / "rota"), "projections", "rebuild", "--db", str(Path(tmp) / f"re{i}.sqlite")],
                                    env=env, capture_output=True, text=True, check=True)
                 m = re.search(r"\(([\d,]+) events/s\)", r.stdout)
+                assert m is not None, r.stdout
                 rates.append(int(m.group(1).replace(",", "")))
             catch_up = statistics.median(rates)
             figures.append(Figure(f"projection catch-up from zero, {total:,} events", catch_up, "events/s",

@@ -81,8 +81,8 @@ def loaded_state(pending: int, seed: int = 1, busy: float = 0.85, nodes: int = 1
         ts = T0 - 86400 + hour * 3600
         for jid in list(b.state.running):
             job = b.state.jobs[jid]
-            if job.start_time + job.time_limit <= ts:
-                b.put(ts, ev.JobExited(job_id=jid, state="COMPLETED", elapsed=job.time_limit))
+            if job.start_time + (job.time_limit or 0) <= ts:
+                b.put(ts, ev.JobExited(job_id=jid, state="COMPLETED", elapsed=job.time_limit or 0))
         for _attempt in range(6):
             used = sum(len(n.gpu_owner) - n.gpu_owner.count(0) for n in b.state.nodes.values())
             while used < target:
@@ -110,7 +110,7 @@ def event_stream(n_events: int, seed: int = 2, nodes: int = 1000) -> list[ev.Env
     rng = random.Random(seed)
     config = cluster(nodes)
     out = [ev.Envelope(seq=1, ts=T0, event=ev.ClusterConfigured(config=config))]
-    free = [[list(range(8)), 64] for _ in range(nodes)]
+    free: list[list[list[int]]] = [[list(range(8))] for _ in range(nodes)]   # each node's free GPUs
     queue: list[tuple[int, int]] = []
     running: list[tuple[int, int, tuple[int, ...], int]] = []
     jid, seq, ts, cycle = 1, 1, T0, 0
@@ -128,7 +128,7 @@ def event_stream(n_events: int, seed: int = 2, nodes: int = 1000) -> list[ev.Env
                                                             cpus_per_task=gpus * 8, time_limit=3600)))
             queue.append((jid, gpus))
             jid += 1
-        starts = []
+        starts: list[ev.Start] = []
         while queue and len(starts) < 4:
             j, g = queue[0]
             node = rng.randrange(nodes)
@@ -170,7 +170,7 @@ def run(runs: int, pendings: list[int], n_events: int) -> list[Figure]:
               f"{gpus_busy(state):.0%} GPUs busy ({build:.1f}s)", flush=True)
         for policy in ("fifo", "easy", "conservative"):
             gc.collect()
-            med, _ = median_time(lambda: schedule(state, T0 + 600, policy), runs)
+            med, _ = median_time(lambda state=state, policy=policy: schedule(state, T0 + 600, policy), runs)
             d = schedule(state, T0 + 600, policy)
             target = ""
             met = None

@@ -122,7 +122,7 @@ class _Msg:
             timestamp = None
             num_delivered = 1
 
-            class sequence:  # noqa: N801 - the shape nats-py gives
+            class sequence:  # the shape nats-py gives
                 stream = 1
         self.metadata = _Meta()
 

@@ -58,7 +58,7 @@ def run(runs: int, traces: str, quick: bool = False) -> list[Figure]:
         state = loaded_state(pending)
         for policy in ("easy", "conservative"):
             gc.collect()
-            med, _ = median_time(lambda: schedule(state, T0 + 600, policy), scale_runs)
+            med, _ = median_time(lambda state=state, policy=policy: schedule(state, T0 + 600, policy), scale_runs)
             figures.append(Figure(f"scaling: {policy} cycle, 1,000 nodes, {pending:,} pending", med, "s", "", None,
                                   "python -m rota.bench.sim_bench (scaling)"))
     for nodes in ([100, 1000] if quick else [100, 1000, 5000]):
@@ -67,7 +67,7 @@ def run(runs: int, traces: str, quick: bool = False) -> list[Figure]:
         note = f"{len(state.running)} running, {gpus_busy(state):.0%} GPUs busy, built in {time.perf_counter() - t:.0f} s"
         for policy in ("easy", "conservative"):
             gc.collect()
-            med, _ = median_time(lambda: schedule(state, T0 + 600, policy), scale_runs)
+            med, _ = median_time(lambda state=state, policy=policy: schedule(state, T0 + 600, policy), scale_runs)
             figures.append(Figure(f"scaling: {policy} cycle, {nodes:,} nodes, 10,000 pending", med, "s", "", None,
                                   "python -m rota.bench.sim_bench (scaling)", note))
     return figures

@@ -164,7 +164,8 @@ def cluster_figures(log: list[ev.Envelope], snaps: dict[int, bytes], big: int, m
                 figures.append(Figure(label, statistics.median(times), "s", f"<= {target:g} s",
                                       statistics.median(times) <= target,
                                       f"python -m rota.bench.timetravel_bench --jobs {jobs}",
-                                      f"interpreter start and imports included, after one untimed run; log loaded into NATS in {loaded:.0f} s"))
+                                      "interpreter start and imports included, after one untimed run; "
+                                      f"log loaded into NATS in {loaded:.0f} s"))
         finally:
             srv.stop()
     return figures

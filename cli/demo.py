@@ -47,8 +47,8 @@ def run_demo(echo=print) -> Harness:
     h.advance(3600)
     for jid in list(h.state.running):
         job = h.state.jobs[jid]
-        if job.start_time + job.time_limit <= h.now:
-            h.finish(jid, elapsed=job.time_limit)
+        if job.start_time + (job.time_limit or 0) <= h.now:
+            h.finish(jid, elapsed=job.time_limit or 0)
     d = h.cycle()
     echo("\nt+1:00  gpu04 drained by admin (fan failure); finished jobs left:")
     for line in _queue_table(h, d):

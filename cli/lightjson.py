@@ -6,6 +6,11 @@ scanner and encoder underneath (``_json``) load in a fraction of that. Where ``_
 """
 from __future__ import annotations
 
+TYPE_CHECKING = False    # (typing's, without importing typing: a hot command imports this module)
+if TYPE_CHECKING:
+    from typing import Any
+
+_json: Any
 try:
     import _json
 except ImportError:  # pragma: no cover - CPython always has it

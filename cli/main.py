@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 
@@ -14,7 +14,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 @app.command()
 def up(
-    state_dir: Optional[str] = typer.Option(None, help="where the log and state live (default $ROTA_STATE_DIR, else /var/lib/rota for root, ~/.local/share/rota for others)"),
+    state_dir: Optional[str] = typer.Option(None, help="where the log and state live (default "
+        "$ROTA_STATE_DIR, else /var/lib/rota for root, ~/.local/share/rota for others)"),
     config: Optional[str] = typer.Option(None, help="slurm.conf-syntax cluster config (default: this machine as one node)"),
     nats: Optional[str] = typer.Option(None, help="use these NATS servers (URL[,URL...]) instead of an embedded one"),
     nats_port: Optional[int] = typer.Option(None, help="port of the embedded nats-server (default: a free one)"),
@@ -23,7 +24,8 @@ def up(
     no_agent: bool = typer.Option(False, "--no-agent", help="run no local agent (agents run elsewhere)"),
     node_timeout: float = typer.Option(300.0, help="seconds of agent silence before a node is DOWN (SlurmdTimeout)"),
     kill_wait: float = typer.Option(30.0, help="seconds between SIGTERM and SIGKILL at a time limit or cancel (KillWait)"),
-    listen: Optional[str] = typer.Option(None, help="address the embedded nats-server listens on (default 127.0.0.1; RotaNatsListen=)"),
+    listen: Optional[str] = typer.Option(None, help="address the embedded nats-server listens on (default "
+        "127.0.0.1; RotaNatsListen=)"),
     tls_cert: Optional[str] = typer.Option(None, help="TLS certificate of the embedded nats-server (RotaTLSCertFile=)"),
     tls_key: Optional[str] = typer.Option(None, help="its private key (RotaTLSKeyFile=)"),
     tls_ca: Optional[str] = typer.Option(None, help="the CA that signed it, for rota's own clients (RotaTLSCAFile=)"),
@@ -51,9 +53,11 @@ def agent(
     health_program: Optional[str] = typer.Option(None, help="admin health check: a non-zero exit drains the node"),
     kill_wait: float = typer.Option(30.0, help="seconds between SIGTERM and SIGKILL (KillWait)"),
     no_cgroups: bool = typer.Option(False, "--no-cgroups", help="do not confine jobs in cgroups (poll RSS instead)"),
-    key: Optional[str] = typer.Option(None, help="this node's key file, or the cluster key (default: the state directory's cluster.key)"),
+    key: Optional[str] = typer.Option(None, help="this node's key file, or the cluster key (default: the "
+        "state directory's cluster.key)"),
     tls_ca: Optional[str] = typer.Option(None, help="CA certificate of the NATS servers, when they speak TLS"),
-    socket: Optional[str] = typer.Option(None, "--socket", help="where the local signer listens (default: the state directory's run/rota.sock)"),
+    socket: Optional[str] = typer.Option(None, "--socket", help="where the local signer listens (default: the "
+        "state directory's run/rota.sock)"),
 ) -> None:
     """Run a node agent (slurmd) and this host's local signer in the foreground until Ctrl-C."""
     from rota.agents.main import main as agent_main
@@ -242,7 +246,7 @@ def _progress(total: int, quiet: bool):
     return (lambda done, _t: prog.update(task, completed=done)), prog.stop
 
 
-def _fail(message: str, code: int = 1) -> None:
+def _fail(message: str, code: int = 1) -> NoReturn:
     typer.echo(f"rota: error: {message}", err=True)
     raise typer.Exit(code)
 

@@ -8,6 +8,10 @@ import in commands that tools run thousands of times, so this is a small table-d
 """
 from __future__ import annotations
 
+TYPE_CHECKING = False    # (typing's, without importing typing: a hot command imports this module)
+if TYPE_CHECKING:
+    from typing import Any
+
 NO, REQUIRED, OPTIONAL = 0, 1, 2
 
 
@@ -29,7 +33,7 @@ class Option:
 
 
 def parse(prog: str, argv: list[str], table: list[Option], *, stop_at_operand: bool = False
-          ) -> tuple[dict[str, object], list[str]]:
+          ) -> tuple[dict[str, Any], list[str]]:
     """Read ``argv`` against ``table``: ({dest: value}, operands).
 
     Flags give ``True``; appending options give a list of values. ``stop_at_operand`` is getopt's
@@ -42,12 +46,12 @@ def parse(prog: str, argv: list[str], table: list[Option], *, stop_at_operand: b
             longs[name] = opt
         if opt.short:
             shorts[opt.short] = opt
-    values: dict[str, object] = {}
+    values: dict[str, Any] = {}
     operands: list[str] = []
 
     def store(opt: Option, value: object) -> None:
         if opt.append:
-            values.setdefault(opt.dest, []).append(value)   # type: ignore[union-attr]
+            values.setdefault(opt.dest, []).append(value)
         else:
             values[opt.dest] = value
 
@@ -76,15 +80,16 @@ def parse(prog: str, argv: list[str], table: list[Option], *, stop_at_operand: b
         if arg.startswith("--"):
             body = arg[2:]
             name, eq, value = body.partition("=")
-            opt = longs.get(name)
-            if opt is None:
+            found = longs.get(name)
+            if found is None:
                 matches = [n for n in longs if n.startswith(name)]
                 if not matches:
                     raise OptionError(f"{prog}: unrecognized option '{arg}'")
                 if len({id(longs[n]) for n in matches}) > 1:
                     raise OptionError(f"{prog}: option '{arg}' is ambiguous; possibilities:"
                                       + "".join(f" '--{n}'" for n in matches))
-                name, opt = matches[0], longs[matches[0]]
+                name, found = matches[0], longs[matches[0]]
+            opt = found
             if opt.arg == NO and eq:
                 raise OptionError(f"{prog}: option '--{name}' doesn't allow an argument")
             i = take(opt, value if eq else None, i, f"{prog}: option '--{name}' requires an argument")
@@ -94,9 +99,10 @@ def parse(prog: str, argv: list[str], table: list[Option], *, stop_at_operand: b
             while j < len(arg):
                 letter = arg[j]
                 j += 1
-                opt = shorts.get(letter)
-                if opt is None:
+                short = shorts.get(letter)
+                if short is None:
                     raise OptionError(f"{prog}: invalid option -- '{letter}'")
+                opt = short
                 if opt.arg == NO:
                     store(opt, True)
                     continue

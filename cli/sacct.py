@@ -8,7 +8,7 @@ import time
 try:   # the C module under ``sqlite3``: sqlite3.dbapi2 also imports datetime for adapters sacct never uses
     import _sqlite3 as sqlite3
 except ImportError:  # pragma: no cover
-    import sqlite3
+    import sqlite3  # type: ignore[no-redef]
 
 from rota.core.timefmt import format_duration
 
@@ -276,8 +276,8 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
                   "is `rota up` running (or ROTA_STATE_DIR set)?\n")
         return 1
     uid = os.geteuid() if uid is None else uid
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    db.row_factory = sqlite3.Row
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    conn.row_factory = sqlite3.Row
     where, args = [], []
     if ids:
         clauses = []
@@ -324,9 +324,9 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
     sql = ("SELECT * FROM jobs" + (" WHERE " + " AND ".join(where) if where else "")
            + " ORDER BY COALESCE(array_job_id, job_id), COALESCE(array_task_id, -1), job_id")
     try:
-        jobs = db.execute(sql, args).fetchall()
+        jobs = conn.execute(sql, args).fetchall()
         steps = {} if ns.allocations else {
-            s["job_id"]: s for s in db.execute(
+            s["job_id"]: s for s in conn.execute(
                 f"SELECT * FROM steps WHERE job_id IN ({','.join(str(r['job_id']) for r in jobs) or 'NULL'})")}
     except sqlite3.Error as exc:
         err.write(f"sacct: error: Problem talking to the database: {exc}\n")

@@ -113,7 +113,7 @@ def _text(data: bytes, what: str) -> str:
                           f"{exc.start}); save it as UTF-8") from None
 
 
-def read_options(argv: list[str], script_options: list[str] = ()) -> tuple[dict, list[str]]:
+def read_options(argv: list[str], script_options: list[str] | None = None) -> tuple[dict, list[str]]:
     """Options of the script's #SBATCH lines, then the command line's (which win)."""
     try:
         if script_options:

@@ -90,7 +90,7 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
         for jid, tasks in targets:
             if ns.verbose:
                 err.write(f"scancel: Terminating job {jid}\n")
-            body = {"job_id": jid, "signal": sig}
+            body: dict[str, object] = {"job_id": jid, "signal": sig}
             if tasks is not None:
                 body["tasks"] = tasks
             # Slurm: --signal only signals the job (it is not cancelled unless the signal ends it)

@@ -144,7 +144,7 @@ def render(spec, groups: list[tuple[sqlite3.Row | None, list[sqlite3.Row]]], hea
     values = [[field(s[0], part, nodes, node_oriented) if kind == "spec" else s for kind, s in spec]
               for part, nodes in groups]
     # %#X: width of the longest value (and header)
-    widths = []
+    widths: list[int | None] = []
     for i, (kind, s) in enumerate(spec):
         if kind != "spec":
             widths.append(None)
@@ -210,10 +210,10 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
         err.write(f"sinfo: error: no rota cluster state at {path}; is `rota up` running (or ROTA_STATE_DIR "
                   "set)?\n")
         return 1
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    db.row_factory = sqlite3.Row
-    nodes = db.execute("SELECT * FROM nodes ORDER BY idx").fetchall()
-    parts = db.execute("SELECT * FROM partitions ORDER BY idx").fetchall()
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    conn.row_factory = sqlite3.Row
+    nodes = conn.execute("SELECT * FROM nodes ORDER BY idx").fetchall()
+    parts = conn.execute("SELECT * FROM partitions ORDER BY idx").fetchall()
     if ns.partition:
         wanted = set(ns.partition.split(","))
         parts = [p for p in parts if p["name"] in wanted]

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"squeue: error: --{name} is not supported by rota", file=sys.stderr)
         return 1
     if operands:   # squeue takes no operands; Slurm's squeue reads a lone one as a job list
-        o["jobs"] = ",".join(([o["jobs"]] if isinstance(o.get("jobs"), str) else []) + operands)
+        o["jobs"] = ",".join(([str(o["jobs"])] if isinstance(o.get("jobs"), str) else []) + list(operands))
     if o.get("jobs") is True:
         o.pop("jobs")
     request = {k: v for k, v in o.items() if k in ("jobs", "users", "partitions", "states", "format", "Format",

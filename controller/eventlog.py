@@ -241,7 +241,7 @@ class JetStreamLog:
             try:
                 info = await self.js.stream_info(self.stream)
                 return info.state.last_seq
-            except Exception as exc:   # timeouts while servers come and go
+            except Exception as exc:  # noqa: BLE001 - timeouts while servers come and go
                 if attempt == attempts - 1:
                     raise LogUnavailable(f"stream info: {type(exc).__name__}: {exc}") from None
                 await asyncio.sleep(0.25)
@@ -264,7 +264,7 @@ class JetStreamLog:
             if getattr(exc, "err_code", None) == 10071:   # wrong last sequence
                 raise FencedError(expected_last or 0) from None
             raise LogUnavailable(str(exc)) from None
-        except Exception as exc:   # timeouts, no responders, reconnects: the outcome is unknown
+        except Exception as exc:  # noqa: BLE001 - timeouts, no responders, reconnects: the outcome is unknown
             raise LogUnavailable(f"{type(exc).__name__}: {exc}") from None
         return Appended(ack.seq, bool(ack.duplicate))
 

@@ -59,7 +59,7 @@ class FrontDoor:
         self.c = controller
         self.keyring = keyring
         self.replay = creds.ReplayCache()
-        self._results: Recent[dict] = Recent(100_000)   # (uid, request id) -> the answer a retry gets
+        self._results: Recent[tuple[int, str], dict] = Recent(100_000)   # (uid, request id) -> the answer a retry gets
         self._names: dict[int, str | None] = {}
         self.refused = 0
 
@@ -114,7 +114,7 @@ class FrontDoor:
                       "code": "auth"}
         except commands.Rejected as r:
             result = {"ok": False, "error": list(r.lines), "code": r.code}
-        except Exception as exc:  # noqa: BLE001 - one reply per request, whatever happened
+        except Exception as exc:  # one reply per request, whatever happened
             log.exception("request %s on %s failed", rid[:64], msg.subject)
             result = {"ok": False, "error": [f"internal error: {type(exc).__name__}"], "code": "internal"}
         try:

@@ -1,32 +1,33 @@
 """A bounded "recently seen" map: two generations of dicts, O(1) per operation."""
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+from typing import Generic, Hashable, TypeVar
 
+K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
-class Recent(Generic[V]):
+class Recent(Generic[K, V]):
     """Remembers at least the last ``size`` keys (at most ``2 * size``); older ones are forgotten."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._new: dict[str, V] = {}
-        self._old: dict[str, V] = {}
+        self._new: dict[K, V] = {}
+        self._old: dict[K, V] = {}
 
-    def __contains__(self, key: str) -> bool:
+    def __contains__(self, key: object) -> bool:
         return key in self._new or key in self._old
 
-    def get(self, key: str) -> V | None:
+    def get(self, key: K) -> V | None:
         v = self._new.get(key)
         return v if v is not None else self._old.get(key)
 
-    def __setitem__(self, key: str, value: V) -> None:
+    def __setitem__(self, key: K, value: V) -> None:
         self._new[key] = value
         if len(self._new) >= self.size:
             self._old, self._new = self._new, {}
 
-    def __getitem__(self, key: str) -> V:
+    def __getitem__(self, key: K) -> V:
         v = self.get(key)
         if v is None:
             raise KeyError(key)

@@ -8,6 +8,7 @@ log and it steps back.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import time
@@ -42,15 +43,15 @@ def _may_start_something(event: Any) -> bool:
     return not isinstance(event, (ev.JobHeld, ev.RequestDenied))
 
 
-def _answer_like(first: asyncio.Future, fut: asyncio.Future) -> None:
+def _answer_like(first: asyncio.Future, follower: asyncio.Future) -> None:
     """Answer a retry the way its first try was answered (as a duplicate of it)."""
-    if fut.done():
+    if follower.done():
         return
     if first.cancelled() or first.exception() is not None:
-        fut.set_exception(first.exception() or LogUnavailable("cancelled"))
+        follower.set_exception(first.exception() or LogUnavailable("cancelled"))
     else:
         env, _duplicate = first.result()
-        fut.set_result((env, True))
+        follower.set_result((env, True))
 
 
 class _NothingToDo(Exception):
@@ -82,7 +83,7 @@ class Controller:
         self._writer: asyncio.Task | None = None
         self.max_batch = 256
         self._stale = False                  # the state may hold events the log does not: reload first
-        self._recent: Recent[int] = Recent(200_000)   # idempotency id -> sequence, for retries after a restart
+        self._recent: Recent[str, int] = Recent(200_000)   # idempotency id -> sequence, for retries after a restart
         self.on_assign: Callable[[list[tuple[str, dict]]], None] | None = None   # agent messages to send
         self.on_reload: Callable[[], None] | None = None                         # state rebuilt from the log
         self.last_decision: tuple[int, Any] | None = None   # (state sequence, Decision) for queue views
@@ -165,7 +166,7 @@ class Controller:
             async with self._lock:
                 try:
                     await self._commit(batch)
-                except BaseException as exc:  # noqa: BLE001 - never leave a caller waiting
+                except BaseException as exc:  # never leave a caller waiting
                     for *_rest, fut in batch:
                         if not fut.done():
                             fut.set_exception(exc if isinstance(exc, Exception) else LogUnavailable(str(exc)))
@@ -195,7 +196,7 @@ class Controller:
                 fut.set_result((self._recent_envelope(idem, actor), True))
                 continue
             if idem in first_of:                # a retry that arrived with its first try: one event, one answer
-                first_of[idem].add_done_callback(lambda first, fut=fut: _answer_like(first, fut))
+                first_of[idem].add_done_callback(functools.partial(_answer_like, follower=fut))
                 continue
             try:
                 event = prepare(self.state)
@@ -240,7 +241,7 @@ class Controller:
         landed = await self._reload(since=base)
         if landed is None:
             self._stale = True
-            for (env, fut, _), ack in zip(staged, acks):
+            for (_env, fut, _), ack in zip(staged, acks):
                 fut.set_exception(ack if isinstance(ack, Exception) else LogUnavailable("outcome unknown"))
             return
         if any(idem not in ours for idem in landed):

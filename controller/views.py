@@ -215,12 +215,9 @@ class Views:
         if db is None:
             raise commands.Rejected("this controller keeps no projection (run sacct/sinfo where rota up runs)",
                                     code="no_projection")
-        if command == "sacct":
-            from rota.cli.sacct import run
-        elif command == "sinfo":
-            from rota.cli.sinfo import run
-        else:
-            from rota.cli.scontrol import run_show as run
+        from rota.cli import sacct, scontrol, sinfo
+
+        run: Any = {"sacct": sacct.run, "sinfo": sinfo.run, "scontrol": scontrol.run_show}[command]
         out, err = io.StringIO(), io.StringIO()
         only = caller.uid if private_jobs(self.c.state, caller) else None
         kwargs = {"only_uid": only} if command == "sacct" else {}

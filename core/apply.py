@@ -6,7 +6,7 @@ that already ended, an unknown node) changes nothing: terminal job states are ne
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from . import events as ev
 from .arrays import parse_array
@@ -323,9 +323,10 @@ def _jobs_started(state: State, env: ev.Envelope, e: ev.JobsStarted) -> None:
             if jid >= state.next_job_id:
                 state.next_job_id = jid + 1
         else:
-            job = jobs.get(jid)
-            if job is None or job.state != PENDING:
+            found = jobs.get(jid)
+            if found is None or found.state != PENDING:
                 continue
+            job = found
         job.state = RUNNING
         job.partition = s.partition
         job.time_limit = s.time_limit
@@ -444,7 +445,7 @@ def _health_fault(state: State, env: ev.Envelope, e: ev.HealthFault) -> None:
         _set_reason(node, e.reason, SYSTEM, env.ts)
 
 
-_HANDLERS: dict[type, Callable[[State, ev.Envelope, object], None]] = {
+_HANDLERS: dict[type, Callable[[State, ev.Envelope, Any], None]] = {
     ev.ClusterConfigured: _cluster_configured,
     ev.ControllerStarted: _controller_started,
     ev.JobSubmitted: _job_submitted,
@@ -461,4 +462,4 @@ _HANDLERS: dict[type, Callable[[State, ev.Envelope, object], None]] = {
     ev.NodeDown: _node_down,
     ev.NodeNotResponding: _node_not_responding,
     ev.HealthFault: _health_fault,
-}  # type: ignore[dict-item]
+}

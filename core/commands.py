@@ -74,14 +74,14 @@ def submit(state: State, spec: ev.JobSpec, job_id: int, caller: Caller = ROOT) -
     if spec.gpu_type is not None and spec.gpu_type == "":
         raise Rejected("Invalid generic resource (gres) specification", code="gres")
     enforce = cfg.scheduler.enforce_part_limits
-    problems: list[Rejected] = []
+    refusals: list[Rejected] = []
     for n in names:
         try:
             _check_partition(state, spec, parts_by_name[n], enforce)
         except Rejected as r:
-            problems.append(r)
-    if problems and (enforce == "ALL" or len(problems) == len(names)):
-        raise problems[0]
+            refusals.append(r)
+    if refusals and (enforce == "ALL" or len(refusals) == len(names)):
+        raise refusals[0]
     return ev.JobSubmitted(job_id=job_id, spec=spec)
 
 

@@ -10,7 +10,9 @@ class HostlistError(ValueError):
 
 
 def _split_top_level(expr: str) -> list[str]:
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in expr:
         if ch == "[":
             depth += 1

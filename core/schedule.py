@@ -114,14 +114,14 @@ class _Cycle:
             if not node.usable:
                 continue
             multi = len(set(node.gpu_types)) > 1
-            releases = []
+            releases: list[tuple[int, int, int, int, dict[str, int] | None]] = []
             for jid in node.jobs:
                 job = jobs[jid]
                 if job.state != RUNNING or not job.time_limit:
                     continue   # unlimited jobs never give their resources back
                 for a in job.alloc:
                     if a.node == node.name:
-                        by_type = None
+                        by_type: dict[str, int] | None = None
                         if multi:
                             by_type = {}
                             for gi in a.gpus:
@@ -129,7 +129,7 @@ class _Cycle:
                                 by_type[t] = by_type.get(t, 0) + 1
                         releases.append((job.start_time + job.time_limit, a.cpus, a.mem, len(a.gpus), by_type))
                         break
-            free_by_type = None
+            free_by_type: dict[str, int] | None = None
             if multi:
                 free_by_type = {}
                 for t, owner in zip(node.gpu_types, node.gpu_owner):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from . import events as ev
 from .apply import apply
@@ -114,7 +114,7 @@ class Simulator:
         outcomes: dict[int, JobOutcome] = {}
         runtimes: dict[int, int] = {}
         trace_of: dict[int, TraceJob] = {}
-        pending_events: list[tuple[int, int, int, str, object]] = []  # (t, class, order, kind, payload)
+        pending_events: list[tuple[int, int, int, str, Any]] = []  # (t, class, order, kind, payload)
         order = 0
         for tj in trace:
             heapq.heappush(pending_events, (tj.submit, 1, order, "submit", tj))
@@ -132,14 +132,14 @@ class Simulator:
             while pending_events and pending_events[0][0] == now:
                 _t, _cls, _o, kind, payload = heapq.heappop(pending_events)
                 if kind == "submit":
-                    tj = payload  # type: ignore[assignment]
+                    tj = payload
                     jid = state.next_job_id
                     self._append(now, ev.JobSubmitted(job_id=jid, spec=tj.spec), tj.spec.user)
                     outcomes[jid] = JobOutcome(jid, tj.trace_id, now, runtime=tj.runtime)
                     runtimes[jid] = tj.runtime
                     trace_of[jid] = tj
                 else:
-                    jid, end_state, elapsed = payload  # type: ignore[misc]
+                    jid, end_state, elapsed = payload
                     job = state.jobs[jid]
                     busy_cpus -= sum(a.cpus for a in job.alloc)
                     busy_gpus -= sum(len(a.gpus) for a in job.alloc)

@@ -65,5 +65,5 @@ class Harness:
             self.put(event, actor="controller")
         return d
 
-    def finish(self, job_id: int, state: str = "COMPLETED", exit_code: int = 0, **kw: Any) -> None:
+    def finish(self, job_id: int, state: ev.JobEndState = "COMPLETED", exit_code: int = 0, **kw: Any) -> None:
         self.put(ev.JobExited(job_id=job_id, state=state, exit_code=exit_code, **kw), actor="agent")

@@ -209,7 +209,7 @@ def _merge(rep: WhyReport, sample: CycleSample | None) -> None:
 
 
 def _note_action(rep: WhyReport, env: ev.Envelope, e: Any, job_id: int, nodes: set[str]) -> None:
-    kind = None
+    kind: str | None = None
     if isinstance(e, (ev.JobHeld, ev.JobReleased, ev.JobUpdated)) and e.job_id == job_id:
         kind = e.type
     elif isinstance(e, (ev.NodeDrained, ev.NodeDown, ev.NodeResumed, ev.HealthFault)) and e.node in nodes:
@@ -327,7 +327,7 @@ def recorded_inputs(envelopes: Iterable[ev.Envelope]) -> Recorded:
             skipped["never ran"] += 1
             continue
         jobs.append(TraceJob(t, spec, runtime[jid], trace_id=jid))
-    return Recorded(config, jobs, {k: tuple(v) for k, v in outcomes.items()}, skipped)
+    return Recorded(config, jobs, {k: (v[0], v[1], v[2]) for k, v in outcomes.items()}, skipped)
 
 
 def apply_settings(config: ev.ClusterConfig, settings: dict[str, str]) -> ev.ClusterConfig:
@@ -380,7 +380,8 @@ def whatif(envelopes: Iterable[ev.Envelope], settings: dict[str, str]) -> WhatIf
 
     b, a = by_trace(base), by_trace(after)
     user_of = {j.trace_id: j.spec.user for j in rec.jobs}
-    per_job, users = [], {}
+    per_job: list[dict] = []
+    users: dict[str, list[int]] = {}
     for tid in sorted(b):
         if tid not in a:
             continue

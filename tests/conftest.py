@@ -1,4 +1,7 @@
+import os
+
 import pytest
+from hypothesis import Phase, settings
 
 from rota.core.testing import Harness, make_cluster
 
@@ -10,10 +13,6 @@ def h() -> Harness:
 
 # `HYPOTHESIS_PROFILE=noshrink pytest ...` reports the first failing example without shrinking
 # (useful when checking that a deliberately broken scheduler is caught quickly).
-import os
-
-from hypothesis import Phase, settings
-
 settings.register_profile("noshrink", phases=[Phase.explicit, Phase.reuse, Phase.generate])
 if os.environ.get("HYPOTHESIS_PROFILE"):
     settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])

@@ -206,7 +206,7 @@ def test_snapshot_keeps_purge_history_and_purges_like_the_live_state():
     h = Harness(make_cluster(min_job_age=60))
     jobs = [h.submit(name=f"j{i}") for i in range(6)]
     h.cycle()
-    for i, jid in enumerate(jobs):
+    for jid in jobs:
         h.advance(20)
         h.finish(jid)
     k = len(h.log)

@@ -37,7 +37,11 @@ EXAMPLES = [
 
 
 def test_every_event_type_has_an_example():
+    import typing
+
     assert {type(e) for e in EXAMPLES} == set(ev.EVENT_TYPES)
+    union = typing.get_args(typing.get_args(ev.Event)[0])
+    assert set(union) == set(ev.EVENT_TYPES) and len(union) == len(ev.EVENT_TYPES)   # the two lists agree
 
 
 @pytest.mark.parametrize("event", EXAMPLES, ids=lambda e: e.type)

@@ -132,8 +132,8 @@ def test_kill_9_during_a_submit_burst_loses_nothing_and_starts_nothing_twice(tmp
                     try:   # as a node's signer sends it: a fresh credential each try, the same request id
                         msg = await nc.request("rota.api.submit", body, timeout=2,
                                                headers=signed_headers(keyring, "gpu01", "rota.api.submit", rid, body))
-                    except Exception:
-                        continue          # retry with the same request id until acknowledged
+                    except Exception:  # noqa: BLE001 - a controller killed mid-request: retry
+                        continue          # with the same request id until acknowledged
                     reply = json.loads(msg.data)
                     if reply.get("ok"):
                         acked[rid] = reply["job_id"]
@@ -158,7 +158,7 @@ def test_kill_9_during_a_submit_burst_loses_nothing_and_starts_nothing_twice(tmp
                 second.wait(timeout=40)
             except subprocess.TimeoutExpired:
                 second.kill()
-                raise AssertionError("rota up did not stop:\n" + (tmp_path / "up.log").read_text()[-3000:])
+                raise AssertionError("rota up did not stop:\n" + (tmp_path / "up.log").read_text()[-3000:]) from None
 
     asyncio.run(burst())
 

@@ -20,7 +20,7 @@ async def _retrying(what: str, action: Any, attempts: int = 40) -> Any:
     for attempt in range(attempts):
         try:
             return await action()
-        except Exception:  # noqa: BLE001 - a cluster still forming, a leader being elected
+        except Exception:  # a cluster still forming, a leader being elected
             if attempt == attempts - 1:
                 raise
             await asyncio.sleep(0.25)

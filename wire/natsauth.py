@@ -60,7 +60,7 @@ def host_permissions(host: str) -> dict:
 
 def authorization_block(keyring, hosts: list[str]) -> str:
     """The ``authorization {}`` block of nats-server's configuration for these hosts."""
-    users = [{"user": CONTROLLER, "password": password(keyring, CONTROLLER)}]
+    users: list[dict] = [{"user": CONTROLLER, "password": password(keyring, CONTROLLER)}]
     for host in sorted(set(hosts)):
         if not valid_host(host):
             raise ValueError(f"{host!r} cannot be a NATS user: host names are letters, digits, '_' and '-'")
