@@ -23,7 +23,7 @@ from typing import Any
 from rota.core import __version__
 from rota.core import credentials
 from rota.core import events as ev
-from rota.wire import natsauth
+from rota.wire import natsconn
 from rota.wire import subjects as sj
 from rota.wire.subjects import CRED_HEADER
 from rota.wire.jsqueue import stored_at, work_queue
@@ -112,14 +112,10 @@ class Agent:
             os.chmod(f, 0o600)
 
     async def start(self) -> None:
-        import nats
-
-        from rota.controller.eventlog import connection_callbacks
 
         self.make_dirs()
-        self.nc = await nats.connect(self.url.split(","), max_reconnect_attempts=-1, reconnect_time_wait=0.2,
-                                     name=f"rota-agent-{self.node}", **connection_callbacks(f"agent {self.node}"),
-                                     **natsauth.connect_options(self.keyring, self.node, self.tls_ca))
+        self.nc = await natsconn.connect(self.url, f"agent {self.node}", keyring=self.keyring, host=self.node,
+                                         tls_ca=self.tls_ca)
         self.js = self.nc.jetstream(timeout=10)
         running = self._adopt()
         inventory = self.gpus.inventory() if self.gpus is not None else []

@@ -37,16 +37,11 @@ def signer_is_running(path: str) -> bool:
 
 async def run_signer(path: str, host: str, keyring: Any, url: str, tls_ca: str | None, echo) -> Any:
     """Connect as ``host``'s role and serve the local socket; returns the running signer."""
-    import nats
-
-    from rota.controller.eventlog import connection_callbacks
-    from rota.wire import natsauth
+    from rota.wire import natsconn
 
     from .signer import Signer
 
-    nc = await nats.connect(url.split(","), max_reconnect_attempts=-1, reconnect_time_wait=0.2,
-                            name=f"rota-signer-{host}", **connection_callbacks(f"signer {host}"),
-                            **natsauth.connect_options(keyring, host, tls_ca))
+    nc = await natsconn.connect(url, f"signer {host}", keyring=keyring, host=host, tls_ca=tls_ca)
     signer = Signer(path, host, keyring, nc)
     await signer.start()
     echo(f"rota: local signer for {host} on {path}")

@@ -249,7 +249,7 @@ def sbatch_surface(examples: int) -> Tally:
 
 def config_surface(examples: int) -> Tally:
     """Configuration files: a configuration or diagnostics with file:line, never a traceback."""
-    from rota.controller.up import _read_text
+    from rota.cli.up import read_text
     from rota.core.slurmconf import check_config, shell_settings
 
     tally = Tally()
@@ -268,7 +268,7 @@ def config_surface(examples: int) -> Tally:
             with open(path, "wb") as fh:
                 fh.write(text.encode("utf-8", "surrogateescape")[:40] + raw)
             try:
-                check_config(_read_text(path), path)
+                check_config(read_text(path), path)
             except ValueError as exc:
                 if "not UTF-8" not in str(exc):
                     raise

@@ -31,7 +31,7 @@ def up(
     tls_ca: Optional[str] = typer.Option(None, help="the CA that signed it, for rota's own clients (RotaTLSCAFile=)"),
 ) -> None:
     """Run the controller, a local agent (and an embedded nats-server) in the foreground until Ctrl-C."""
-    from rota.controller.up import main as up_main
+    from .up import main as up_main
 
     tls = {k: v for k, v in (("cert_file", tls_cert), ("key_file", tls_key), ("ca_file", tls_ca)) if v}
     raise typer.Exit(up_main(state_dir, config, nats, nats_port, fake_gpus, typer.echo, agent_node=agent_node,
@@ -124,7 +124,7 @@ def keygen(
 
             hosts = list(login)
             if config:
-                from rota.controller.up import load_config
+                from .up import load_config
 
                 hosts += [n.name for n in load_config(config, None).nodes]
             keys.write_private(nats_auth, authorization_block(ring, hosts).encode(), exclusive=False)

@@ -5,12 +5,8 @@ import os
 import sys
 import time
 
-try:   # the C module under ``sqlite3``: sqlite3.dbapi2 also imports datetime for adapters sacct never uses
-    import _sqlite3 as sqlite3
-except ImportError:  # pragma: no cover
-    import sqlite3  # type: ignore[no-redef]
-
 from rota.core.timefmt import format_duration
+from rota.projections import queries
 
 from .options import NO, OPTIONAL, REQUIRED, Option, OptionError, parse
 
@@ -91,7 +87,7 @@ def _tres(cpus: int, mem: int, nodes: int, gpus: int) -> str:
     return ",".join(parts)
 
 
-def _job_id(r: sqlite3.Row) -> str:
+def _job_id(r: queries.Row) -> str:
     if r["array_spec"] is not None:
         return f"{r['job_id']}_[{r['array_spec']}]"
     if r["array_task_id"] is not None:
@@ -99,7 +95,7 @@ def _job_id(r: sqlite3.Row) -> str:
     return str(r["job_id"])
 
 
-def job_values(r: sqlite3.Row, now: int) -> dict[str, str]:
+def job_values(r: queries.Row, now: int) -> dict[str, str]:
     state = r["state"]
     shown = f"CANCELLED by {r['cancel_by']}" if state == "CANCELLED" and r["cancel_by"] is not None else state
     if state == "OUT_OF_MEMORY":
@@ -135,7 +131,7 @@ def job_values(r: sqlite3.Row, now: int) -> dict[str, str]:
     }
 
 
-def step_values(job: dict[str, str], r: sqlite3.Row, s: sqlite3.Row) -> dict[str, str]:
+def step_values(job: dict[str, str], r: queries.Row, s: queries.Row) -> dict[str, str]:
     v = dict(job)
     v.update({
         "jobid": f"{job['jobid']}.batch", "jobidraw": f"{r['job_id']}.batch", "jobname": "batch", "partition": "",
@@ -276,59 +272,23 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
                   "is `rota up` running (or ROTA_STATE_DIR set)?\n")
         return 1
     uid = os.geteuid() if uid is None else uid
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    conn.row_factory = sqlite3.Row
-    where, args = [], []
-    if ids:
-        clauses = []
-        for i in ids:
-            base, _, task = i.split(".")[0].partition("_")
-            if task:
-                clauses.append("(array_job_id = ? AND array_task_id = ?)")
-                args += [int(base), int(task)]
-            else:
-                clauses.append("(job_id = ? OR array_job_id = ?)")
-                args += [int(base), int(base)]
-        where.append("(" + " OR ".join(clauses) + ")")
-    else:
-        if start is None:
-            start = parse_time("today", now)
-    users = [u for arg in ns.user for u in arg.split(",") if u]
-    if users:
-        where.append(f"(user IN ({','.join('?' * len(users))}) OR CAST(uid AS TEXT) IN ({','.join('?' * len(users))}))")
-        args += users + users
-    elif not ns.allusers and not ids and uid != 0:
-        where.append("uid = ?")
-        args.append(uid)
-    if only_uid is not None:
-        where.append("uid = ?")
-        args.append(only_uid)
-    states = [STATE_ALIASES.get(s.lower(), s.upper()) for arg in ns.state for s in arg.split(",") if s]
-    if states:
-        where.append(f"state IN ({','.join('?' * len(states))})")
-        args += states
-    names = [n for arg in ns.name for n in arg.split(",") if n]
-    if names:
-        where.append(f"name IN ({','.join('?' * len(names))})")
-        args += names
-    parts = [p for arg in ns.partition for p in arg.split(",") if p]
-    if parts:
-        where.append(f"partition IN ({','.join('?' * len(parts))})")
-        args += parts
-    if start is not None:   # jobs active at or after the start of the window
-        where.append("(end_time = 0 OR end_time >= ?)")
-        args.append(start)
-    if end is not None:
-        where.append("submit <= ?")
-        args.append(end)
-    sql = ("SELECT * FROM jobs" + (" WHERE " + " AND ".join(where) if where else "")
-           + " ORDER BY COALESCE(array_job_id, job_id), COALESCE(array_task_id, -1), job_id")
+    query = queries.JobQuery(only_uid=only_uid, start=start, end=end)
+    for i in ids:
+        base, _, task = i.split(".")[0].partition("_")
+        query.ids.append((int(base), int(task) if task else None))
+    if not ids and start is None:
+        query.start = parse_time("today", now)
+    query.users = [u for arg in ns.user for u in arg.split(",") if u]
+    if not query.users and not ns.allusers and not ids and uid != 0:
+        query.uid = uid
+    query.states = [STATE_ALIASES.get(s.lower(), s.upper()) for arg in ns.state for s in arg.split(",") if s]
+    query.names = [n for arg in ns.name for n in arg.split(",") if n]
+    query.partitions = [p for arg in ns.partition for p in arg.split(",") if p]
     try:
-        jobs = conn.execute(sql, args).fetchall()
-        steps = {} if ns.allocations else {
-            s["job_id"]: s for s in conn.execute(
-                f"SELECT * FROM steps WHERE job_id IN ({','.join(str(r['job_id']) for r in jobs) or 'NULL'})")}
-    except sqlite3.Error as exc:
+        conn = queries.connect(path)
+        jobs = queries.jobs(conn, query)
+        steps = {} if ns.allocations else queries.steps(conn, [r["job_id"] for r in jobs])
+    except queries.Error as exc:
         err.write(f"sacct: error: Problem talking to the database: {exc}\n")
         return 1
     rows = []

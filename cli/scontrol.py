@@ -4,10 +4,11 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import re
-import sqlite3
 import sys
+from typing import Any
 
 from rota.core.hostlist import compress, expand
+from rota.projections import queries
 
 
 class Fail(Exception):
@@ -24,7 +25,7 @@ class _Remote(Exception):
     """The projection is not readable here: the controller shows it (as the caller)."""
 
 
-def _db(given: str | None = None) -> sqlite3.Connection:
+def _db(given: str | None = None) -> Any:
     from rota.wire.paths import projections_db
 
     path = given or projections_db()
@@ -32,9 +33,7 @@ def _db(given: str | None = None) -> sqlite3.Connection:
         if given is None:
             raise _Remote
         raise Fail(f"no rota cluster state at {path}; is `rota up` running (or ROTA_STATE_DIR set)?")
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    db.row_factory = sqlite3.Row
-    return db
+    return queries.connect(path)
 
 
 SHOW_FROM_PROJECTION = ("node", "nodes", "partition", "partitions")
@@ -55,7 +54,7 @@ def _mem(mib: int) -> str:
 
 def show_node(names: list[str], db_path: str | None = None) -> list[str]:
     db = _db(db_path)
-    rows = db.execute("SELECT * FROM nodes ORDER BY idx").fetchall()
+    rows = queries.nodes(db)
     if names:
         wanted = set(names)
         rows = [r for r in rows if r["name"] in wanted]
@@ -185,7 +184,7 @@ def show_job(ids: list[str]) -> list[str]:
 def show_partition(names: list[str], db_path: str | None = None) -> list[str]:
     from rota.core.timefmt import format_duration
 
-    rows = _db(db_path).execute("SELECT * FROM partitions ORDER BY idx").fetchall()
+    rows = queries.partitions(_db(db_path))
     if names:
         rows = [r for r in rows if r["name"] in set(names)]
         if not rows:

@@ -5,12 +5,12 @@ import argparse
 import datetime as _dt
 import os
 import re
-import sqlite3
 import sys
 import time
 from typing import Any
 
 from rota.core.hostlist import compress, expand
+from rota.projections import queries
 from rota.core.timefmt import format_squeue_time
 
 DEFAULT = "%#P %.5a %.10l %.6D %.6t %N"
@@ -35,7 +35,7 @@ class Usage(Exception):
     pass
 
 
-def _state(n: sqlite3.Row, names: dict[str, str], drained: str, draining: str) -> str:
+def _state(n: queries.Row, names: dict[str, str], drained: str, draining: str) -> str:
     base = n["base"]
     if n["drain"]:
         s = drained if base in ("IDLE", "DOWN", "UNKNOWN") else draining
@@ -44,17 +44,17 @@ def _state(n: sqlite3.Row, names: dict[str, str], drained: str, draining: str) -
     return s + ("*" if n["not_responding"] else "")
 
 
-def state_short(n: sqlite3.Row) -> str:
+def state_short(n: queries.Row) -> str:
     """%t: idle, mix, alloc, drain, drng, down, unk (+ "*" when not responding)."""
     return _state(n, SHORT, "drain", "drng")
 
 
-def state_long(n: sqlite3.Row) -> str:
+def state_long(n: queries.Row) -> str:
     """%T: idle, mixed, allocated, drained, draining, down, unknown (+ "*")."""
     return _state(n, LONG_NAMES, "drained", "draining")
 
 
-def state_value(n: sqlite3.Row) -> int:
+def state_value(n: queries.Row) -> int:
     return BASE_VALUE.get(n["base"], 0) + (0x200 if n["drain"] else 0) + (0x800 if n["not_responding"] else 0)
 
 
@@ -66,7 +66,7 @@ def _limit(seconds: int | None) -> str:
     return "infinite" if not seconds else format_squeue_time(seconds)
 
 
-def field(code: str, part: sqlite3.Row | None, nodes: list[sqlite3.Row], node_oriented: bool) -> str:
+def field(code: str, part: queries.Row | None, nodes: list[queries.Row], node_oriented: bool) -> str:
     n = nodes[0]
     if code in ("P", "R"):
         if part is None:
@@ -140,7 +140,7 @@ def parse(fmt: str) -> list[tuple[str, Any]]:
     return out
 
 
-def render(spec, groups: list[tuple[sqlite3.Row | None, list[sqlite3.Row]]], header: bool, node_oriented: bool) -> list[str]:
+def render(spec, groups: list[tuple[queries.Row | None, list[queries.Row]]], header: bool, node_oriented: bool) -> list[str]:
     values = [[field(s[0], part, nodes, node_oriented) if kind == "spec" else s for kind, s in spec]
               for part, nodes in groups]
     # %#X: width of the longest value (and header)
@@ -210,10 +210,8 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
         err.write(f"sinfo: error: no rota cluster state at {path}; is `rota up` running (or ROTA_STATE_DIR "
                   "set)?\n")
         return 1
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    conn.row_factory = sqlite3.Row
-    nodes = conn.execute("SELECT * FROM nodes ORDER BY idx").fetchall()
-    parts = conn.execute("SELECT * FROM partitions ORDER BY idx").fetchall()
+    conn = queries.connect(path)
+    nodes, parts = queries.nodes(conn), queries.partitions(conn)
     if ns.partition:
         wanted = set(ns.partition.split(","))
         parts = [p for p in parts if p["name"] in wanted]

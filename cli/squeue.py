@@ -1,7 +1,7 @@
 """``squeue``: the queue in Slurm's layouts (default, ``-l``, ``-o``, ``-O``, ``--start``; ``-j -u -p -t --me -h``).
 
 A hot command: it reads its options, asks the controller for the rendered rows (the controller
-keeps the queue and renders it, see :mod:`rota.projections.squeue_view`) and writes them.
+keeps the queue and renders it, see :mod:`rota.controller.squeue_view`) and writes them.
 """
 from __future__ import annotations
 

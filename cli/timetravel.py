@@ -182,21 +182,12 @@ def job_seqs(job_id: int) -> tuple[int, int, bool] | None:
     """From the projection: the job's submit sequence, the last sequence that changed it and whether
     it has ended (so `why` reads the log only as far as the job's story goes); None if unknown."""
     import os
-    import sqlite3
 
+    from rota.projections.queries import job_seqs as seqs
     from rota.wire.paths import projections_db
 
     path = projections_db()
-    if not os.path.exists(path):
-        return None
-    try:
-        row = sqlite3.connect(f"file:{path}?mode=ro", uri=True).execute(
-            "SELECT submit_seq, seq, end_time FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
-    except sqlite3.Error:
-        return None
-    if not row or not row[0]:
-        return None
-    return row[0], row[1], bool(row[2])
+    return seqs(path, job_id) if os.path.exists(path) else None
 
 
 def parse_at(text: str | None) -> tuple[int | None, int | None]:

@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator
 
 from rota.core import credentials
 from rota.core import events as ev
+from rota.wire import natsconn
 from rota.wire import subjects as sj
 
 log = logging.getLogger("rota.eventlog")
@@ -169,26 +170,6 @@ class MemoryLog:
         return None
 
 
-def connection_callbacks(who: str) -> dict:
-    """nats-py callbacks that report a lost or refused connection in one line, at most every 30 s
-    (nats-py's own default logs a traceback for every reconnect attempt)."""
-    import time as _time
-
-    last = [0.0]
-
-    async def error_cb(exc: Exception) -> None:
-        now = _time.monotonic()
-        if now - last[0] >= 30:
-            last[0] = now
-            log.warning("%s: NATS connection problem: %s (retrying)", who, exc or type(exc).__name__)
-
-    async def reconnected_cb() -> None:
-        last[0] = 0.0
-        log.warning("%s: reconnected to NATS", who)
-
-    return {"error_cb": error_cb, "reconnected_cb": reconnected_cb}   # a disconnect also comes with close()
-
-
 class JetStreamLog:
     """The event stream on NATS JetStream: file storage, never discards, duplicate window."""
 
@@ -206,13 +187,10 @@ class JetStreamLog:
         """Connect (``options``: nats-py's, e.g. the role's user and password) and make sure the stream
         exists with rota's settings. With a ``keyring`` holding the cluster key, every append carries a
         MAC and every record read is checked: one that is not the controller's is set aside."""
-        import nats
         from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
         from nats.js.errors import BadRequestError, NotFoundError
 
-        nc = await nats.connect(servers, connect_timeout=connect_timeout, max_reconnect_attempts=-1,
-                                reconnect_time_wait=0.2, drain_timeout=5, **connection_callbacks("rota"),
-                                **options)
+        nc = await natsconn.connect(servers, "rota", connect_timeout=connect_timeout, drain_timeout=5, **options)
         js = nc.jetstream(timeout=10)
         config = StreamConfig(name=stream, subjects=[f"{SUBJECT_PREFIX}.>"], storage=StorageType.FILE,
                               retention=RetentionPolicy.LIMITS, discard=DiscardPolicy.OLD,

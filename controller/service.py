@@ -62,7 +62,8 @@ class Controller:
     def __init__(self, eventlog: Any, *, config: ev.ClusterConfig | None = None,
                  clock: Callable[[], float] = time.time, cycle_interval: float = 5.0,
                  debounce: float = 0.02, snapshot_every: int = 10_000, history_every: int = 10_000,
-                 name: str = "controller", keyring: Any = None) -> None:
+                 name: str = "controller", keyring: Any = None, reports: Any = None,
+                 timetravel_env: dict[str, str] | None = None) -> None:
         self.log = eventlog
         self.state = State()
         self.config = config
@@ -87,8 +88,8 @@ class Controller:
         self.on_assign: Callable[[list[tuple[str, dict]]], None] | None = None   # agent messages to send
         self.on_reload: Callable[[], None] | None = None                         # state rebuilt from the log
         self.last_decision: tuple[int, Any] | None = None   # (state sequence, Decision) for queue views
-        self.projection_db: str | None = None   # the projection rota up keeps, for remote sacct/sinfo
-        self.timetravel_env: dict[str, str] | None = None   # how to run time travel for others (rota up)
+        self.reports = reports           # sacct/sinfo/scontrol-show over rota up's projection, for other users
+        self.timetravel_env = timetravel_env   # how to run time travel for callers who cannot read the log
         self.keyring = keyring
         self.frontdoor = FrontDoor(self, keyring)
         self.views = Views(self)

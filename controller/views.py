@@ -69,12 +69,12 @@ class Views:
         return data
 
     def squeue_reply(self, request: dict, caller: Caller) -> bytes:
-        """squeue's rendered output for one command line (see :mod:`rota.projections.squeue_view`), as the
+        """squeue's rendered output for one command line (see :mod:`rota.controller.squeue_view`), as the
         encoded reply. Kept per command line while the queue view is the same (tools poll squeue far
         more often than the queue changes) and, for output with running jobs' times, the same second."""
         import orjson
 
-        from rota.projections.squeue_view import answer
+        from .squeue_view import answer
 
         clean = {k: v for k, v in sorted(request.items()) if v not in (None, False)}
         full = view = self.queue_view()
@@ -207,22 +207,15 @@ class Views:
     # ------------------------------------------------------------ commands run for a caller
 
     async def accounting(self, command: str, argv: list[str], caller: Caller) -> dict:
-        """``sacct``/``sinfo`` over this cluster's projection, for a caller who cannot read it: the same
-        code, the caller's uid for "my jobs" (and, under PrivateData=jobs, only theirs)."""
-        import io
-
-        db = self.c.projection_db
-        if db is None:
+        """``sacct``/``sinfo``/``scontrol show`` over this cluster's projection, for a caller who cannot
+        read it: the same code, the caller's uid for "my jobs" (and, under PrivateData=jobs, only theirs)."""
+        reports = self.c.reports
+        if reports is None:
             raise commands.Rejected("this controller keeps no projection (run sacct/sinfo where rota up runs)",
                                     code="no_projection")
-        from rota.cli import sacct, scontrol, sinfo
-
-        run: Any = {"sacct": sacct.run, "sinfo": sinfo.run, "scontrol": scontrol.run_show}[command]
-        out, err = io.StringIO(), io.StringIO()
         only = caller.uid if private_jobs(self.c.state, caller) else None
-        kwargs = {"only_uid": only} if command == "sacct" else {}
-        code = await asyncio.to_thread(run, argv, out, err, db=db, uid=caller.uid, **kwargs)
-        return {"ok": True, "out": out.getvalue(), "err": err.getvalue(), "code": code}
+        code, out, err = await asyncio.to_thread(reports, command, argv, caller.uid, only)
+        return {"ok": True, "out": out, "err": err, "code": code}
 
     async def timetravel(self, command: str, argv: list[str], caller: Caller) -> dict:
         """``rota why|replay|verify|whatif`` run here (where the log can be read) for a caller who cannot

@@ -183,7 +183,7 @@ async def test_sinfo_matches_slurm(tmp_path, monkeypatch):
 async def test_squeue_rows_match_slurm_reasons_and_layout():
     """The jobs of squeue_reasons.txt: every row (reason strings, widths, array display) as Slurm prints it."""
     from rota.controller.service import Controller
-    from rota.projections import squeue_view as squeue
+    from rota.controller import squeue_view as squeue
 
     names = ("gpu01", "gpu02", "gpu03", "gpu04")
     long = ev.PartitionConfig(name="long", nodes=names, max_time=7 * 86400)

@@ -16,10 +16,10 @@ from rota.core.slurmconf import ConfigError, auto_config, parse_config
 from rota.projections.projector import Projector
 from rota.wire.paths import default_state_dir
 
-from . import natsserver
-from .agentlink import AgentLink
-from .eventlog import SUBJECT_PREFIX, JetStreamLog
-from .service import Controller
+from rota.controller import natsserver
+from rota.controller.agentlink import AgentLink
+from rota.controller.eventlog import SUBJECT_PREFIX, JetStreamLog
+from rota.controller.service import Controller
 
 log = logging.getLogger("rota.up")
 
@@ -49,9 +49,9 @@ def load_config(path: str | None, fake_gpus: str | None) -> ev.ClusterConfig:
     if path is None:
         cfg = machine_config(fake_gpus)
     else:
-        text = _read_text(path)
+        text = read_text(path)
         gres = Path(path).with_name("gres.conf")
-        cfg = parse_config(text, path, _read_text(str(gres)) if gres.exists() else None, str(gres))
+        cfg = parse_config(text, path, read_text(str(gres)) if gres.exists() else None, str(gres))
     return cfg.model_copy(update={"agents": True})
 
 
@@ -91,7 +91,7 @@ async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, n
     from rota.wire import natsauth
     from rota.wire.paths import socket_in
 
-    from .views import timetravel_environment
+    from rota.controller.views import timetravel_environment
 
     os.umask(0o077)   # every file rota writes is private unless made public on purpose
     keyring = prepare_state_dir(state_dir)
@@ -110,8 +110,11 @@ async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, n
     urls = nats_url.split(",")
     eventlog = await JetStreamLog.connect(urls, replicas=3 if len(urls) >= 3 else 1, keyring=keyring,
                                           **natsauth.connect_options(keyring, None, tls_ca))
-    controller = Controller(eventlog, config=config, keyring=keyring)
-    controller.timetravel_env = timetravel_environment(str(state_dir))
+    from .reports import runner
+
+    controller = Controller(eventlog, config=config, keyring=keyring,
+                            reports=runner(str(state_dir / "projections.sqlite")),
+                            timetravel_env=timetravel_environment(str(state_dir)))
     agent: Agent | None = None
     link: AgentLink | None = None
     projector: Projector | None = None
@@ -127,7 +130,6 @@ async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, n
         link = AgentLink(controller, eventlog.nc, node_timeout=node_timeout, keyring=keyring)
         await link.start()
         projector = Projector(state_dir / "projections.sqlite", eventlog)
-        controller.projection_db = str(state_dir / "projections.sqlite")
         try:
             await projector.open()
         except Exception as exc:  # noqa: BLE001 - scheduling goes on; sacct/sinfo say they have no data
@@ -258,10 +260,10 @@ def shell_settings(config: str | None) -> dict:
 
     if config is None:
         return {}
-    return read(_read_text(config))
+    return read(read_text(config))
 
 
-def _read_text(path: str) -> str:
+def read_text(path: str) -> str:
     """A configuration file's text; a file that is not UTF-8 is named with the byte that is not."""
     data = Path(path).read_bytes()
     try:

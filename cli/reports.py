@@ -1,0 +1,28 @@
+"""sacct, sinfo and ``scontrol show node|partition`` run over a cluster's projection for a caller who
+cannot read it: what ``rota up`` gives its controller to answer such callers."""
+from __future__ import annotations
+
+import io
+from typing import Callable
+
+ReportRunner = Callable[[str, list[str], int, "int | None"], tuple[int, str, str]]
+
+
+def runner(db: str) -> ReportRunner:
+    """A report runner over the projection ``db``: (command, argv, caller's uid, the only uid whose jobs
+    the caller may see or None) -> (exit status, stdout, stderr)."""
+    def run(command: str, argv: list[str], uid: int, only_uid: int | None) -> tuple[int, str, str]:
+        from . import sacct, scontrol, sinfo
+
+        out, err = io.StringIO(), io.StringIO()
+        if command == "sacct":
+            code = sacct.run(argv, out, err, db=db, uid=uid, only_uid=only_uid)
+        elif command == "sinfo":
+            code = sinfo.run(argv, out, err, db=db, uid=uid)
+        elif command == "scontrol":
+            code = scontrol.run_show(argv, out, err, db=db, uid=uid)
+        else:
+            err.write(f"{command}: not a report the controller runs\n")
+            code = 1
+        return code, out.getvalue(), err.getvalue()
+    return run

@@ -1,0 +1,107 @@
+"""The projection's read API: what sacct, sinfo, scontrol and time travel ask of it, in one place.
+
+Light (the commands import it): the C module under ``sqlite3``, read-only connections, rows by name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+try:   # the C module under ``sqlite3``: sqlite3.dbapi2 also imports datetime for adapters never used here
+    import _sqlite3 as sqlite3
+except ImportError:  # pragma: no cover
+    import sqlite3  # type: ignore[no-redef]
+
+Error = sqlite3.Error
+Row = sqlite3.Row
+
+
+def connect(path: str):  # -> sqlite3.Connection
+    """A read-only connection to the projection at ``path`` whose rows read by column name."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+@dataclass
+class JobQuery:
+    """Which job rows sacct wants (every field optional; empty means no filter)."""
+
+    ids: list[tuple[int, int | None]] = field(default_factory=list)   # (job or array id, array task or None)
+    users: list[str] = field(default_factory=list)                      # names or uids
+    uid: int | None = None            # only this uid's jobs (sacct's default for a user)
+    only_uid: int | None = None       # never anyone else's (PrivateData=jobs)
+    states: list[str] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    partitions: list[str] = field(default_factory=list)
+    start: int | None = None          # active at or after
+    end: int | None = None            # submitted at or before
+
+
+def jobs(conn, q: JobQuery) -> list:
+    """The job rows ``q`` selects, arrays with their tasks in order."""
+    where: list[str] = []
+    args: list[object] = []
+
+    def among(column: str, values: list) -> None:
+        where.append(f"{column} IN ({','.join('?' * len(values))})")
+        args.extend(values)
+
+    if q.ids:
+        clauses = []
+        for base, task in q.ids:
+            if task is not None:
+                clauses.append("(array_job_id = ? AND array_task_id = ?)")
+                args.extend((base, task))
+            else:
+                clauses.append("(job_id = ? OR array_job_id = ?)")
+                args.extend((base, base))
+        where.append("(" + " OR ".join(clauses) + ")")
+    if q.users:
+        marks = ",".join("?" * len(q.users))
+        where.append(f"(user IN ({marks}) OR CAST(uid AS TEXT) IN ({marks}))")
+        args.extend(q.users + q.users)
+    for uid in (q.uid, q.only_uid):
+        if uid is not None:
+            where.append("uid = ?")
+            args.append(uid)
+    for column, values in (("state", q.states), ("name", q.names), ("partition", q.partitions)):
+        if values:
+            among(column, values)
+    if q.start is not None:
+        where.append("(end_time = 0 OR end_time >= ?)")
+        args.append(q.start)
+    if q.end is not None:
+        where.append("submit <= ?")
+        args.append(q.end)
+    sql = ("SELECT * FROM jobs" + (" WHERE " + " AND ".join(where) if where else "")
+           + " ORDER BY COALESCE(array_job_id, job_id), COALESCE(array_task_id, -1), job_id")
+    return conn.execute(sql, args).fetchall()
+
+
+def steps(conn, job_ids: list[int]) -> dict:
+    """The ``.batch`` step row of each of these jobs that has one."""
+    if not job_ids:
+        return {}
+    listed = ",".join(str(int(j)) for j in job_ids)   # integers, inline: no limit on how many
+    return {s["job_id"]: s for s in conn.execute(f"SELECT * FROM steps WHERE job_id IN ({listed})")}
+
+
+def nodes(conn) -> list:
+    return conn.execute("SELECT * FROM nodes ORDER BY idx").fetchall()
+
+
+def partitions(conn) -> list:
+    return conn.execute("SELECT * FROM partitions ORDER BY idx").fetchall()
+
+
+def job_seqs(path: str, job_id: int) -> tuple[int, int, bool] | None:
+    """A job's submit sequence, the last sequence that changed it and whether it has ended (how far
+    time travel must read the log for it); None when the projection does not know it."""
+    try:
+        row = connect(path).execute("SELECT submit_seq, seq, end_time FROM jobs WHERE job_id = ?",
+                                    (job_id,)).fetchone()
+    except Error:
+        return None
+    if not row or not row[0]:
+        return None
+    return row[0], row[1], bool(row[2])

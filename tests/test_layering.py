@@ -1,0 +1,50 @@
+"""The folders depend on each other in one direction only (no cycles): core at the bottom, then wire
+(what crosses processes and hosts), then the three parts (controller, agents, projections), each on its
+own, then cli on top, which puts them together; bench measures anything."""
+import ast
+from pathlib import Path
+
+import rota.core
+
+ROOT = Path(rota.core.__file__).resolve().parent.parent
+ALLOWED = {
+    "core": set(),
+    "wire": {"core"},
+    "controller": {"core", "wire"},
+    "agents": {"core", "wire"},
+    "projections": {"core", "wire"},
+    "cli": {"core", "wire", "controller", "agents", "projections"},
+    "bench": {"core", "wire", "controller", "agents", "projections", "cli"},
+}
+
+
+def imports_of(folder: str) -> dict[str, set[str]]:
+    """For each file of ``folder``, the other rota folders it imports (at any depth in the file)."""
+    out: dict[str, set[str]] = {}
+    for path in sorted((ROOT / folder).glob("*.py")):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "rota" and len(parts) > 1 and parts[1] != folder:
+                    found.add(parts[1])
+        out[f"{folder}/{path.name}"] = found
+    return out
+
+
+def test_each_folder_imports_only_the_layers_below_it():
+    bad = [f"{path} imports rota.{other}" for folder, allowed in ALLOWED.items()
+           for path, found in imports_of(folder).items() for other in sorted(found - allowed)]
+    assert not bad, "layering broken:\n" + "\n".join(bad)
+
+
+def test_the_checker_sees_imports_inside_functions(tmp_path):
+    code = "def f():\n    from rota.cli import sbatch\n"
+    node = ast.parse(code)
+    assert any(isinstance(n, ast.ImportFrom) and n.module == "rota.cli" for n in ast.walk(node))
+    assert set(ALLOWED) == {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists() and p.name != "tests"}
