@@ -114,3 +114,13 @@ def parse(prog: str, argv: list[str], table: list[Option], *, stop_at_operand: b
             operands += argv[i:]
             break
     return values, operands
+
+
+def unsupported(prog: str, values: dict[str, Any]) -> list[str]:
+    """rota's one convention for Slurm options it does not implement, marked in an option table's dest:
+    ``~name`` changes neither what runs nor what is shown, so it is ignored with a warning (returned);
+    ``!name`` would, so it is refused (OptionError, naming it). Never silently dropped."""
+    for key in sorted(values):
+        if key.startswith("!"):
+            raise OptionError(f"{prog}: error: --{key[1:]} is not supported by rota")
+    return [f"{prog}: warning: --{key[1:]} is ignored by rota" for key in sorted(values) if key.startswith("~")]

@@ -7,8 +7,9 @@ import time
 
 from rota.core.timefmt import format_duration
 from rota.projections import queries
+from rota.wire.formats import memory, timestamp
 
-from .options import NO, OPTIONAL, REQUIRED, Option, OptionError, parse
+from .options import NO, OPTIONAL, REQUIRED, Option, OptionError, parse, unsupported
 
 DEFAULT_FORMAT = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
 BRIEF_FORMAT = "JobID,State,ExitCode"
@@ -67,23 +68,11 @@ def parse_format(text: str) -> list[tuple[str, int, bool]]:
     return out
 
 
-def _ts(t: int | None) -> str:
-    if not t:
-        return "Unknown"
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
-
-
-def _mem(mib: int | None) -> str:
-    if not mib:
-        return "0"
-    return f"{mib // 1024}G" if mib % 1024 == 0 else f"{mib}M"
-
-
 def _tres(cpus: int, mem: int, nodes: int, gpus: int) -> str:
     parts = [f"billing={cpus}", f"cpu={cpus}"]
     if gpus:
         parts.append(f"gres/gpu={gpus}")
-    parts += [f"mem={_mem(mem)}", f"node={nodes}"]
+    parts += [f"mem={memory(mem)}", f"node={nodes}"]
     return ",".join(parts)
 
 
@@ -117,9 +106,9 @@ def job_values(r: queries.Row, now: int) -> dict[str, str]:
         "partition": r["partition"] or "", "account": r["account"] or "", "alloccpus": str(r["alloc_cpus"] or 0),
         "ncpus": str(cpus), "nnodes": str(r["alloc_nodes"] or r["req_nodes"] or 1), "ntasks": "",
         "state": shown, "exitcode": exit_code, "derivedexitcode": "0:0", "maxrss": "",
-        "elapsed": format_duration(elapsed or 0), "elapsedraw": str(elapsed or 0), "reqmem": _mem(r["req_mem"]),
-        "submit": _ts(r["submit"]), "eligible": _ts(r["eligible"]), "start": _ts(r["start"]),
-        "end": _ts(r["end_time"]), "nodelist": compress(nodes) if nodes else "None assigned",
+        "elapsed": format_duration(elapsed or 0), "elapsedraw": str(elapsed or 0), "reqmem": memory(r["req_mem"]),
+        "submit": timestamp(r["submit"]), "eligible": timestamp(r["eligible"]), "start": timestamp(r["start"]),
+        "end": timestamp(r["end_time"]), "nodelist": compress(nodes) if nodes else "None assigned",
         "timelimit": format_duration(r["time_limit"]) if r["time_limit"] else "Partition_limit",
         "user": r["user"] or "", "uid": str(r["uid"] or 0),
         "reqtres": _tres(r["req_cpus"] or 1, r["req_mem"] or 0, r["req_nodes"] or 1, r["req_gpus"] or 0),
@@ -138,7 +127,7 @@ def step_values(job: dict[str, str], r: queries.Row, s: queries.Row) -> dict[str
         "state": s["state"], "exitcode": f"{s['exit_code']}:{s['signal']}",
         "maxrss": f"{s['max_rss']}K" if s["max_rss"] else "0", "elapsed": format_duration(s["elapsed"] or 0),
         "reqmem": "", "timelimit": "", "user": "", "reqtres": "", "reason": "", "qos": "", "derivedexitcode": "",
-        "nnodes": "1", "ntasks": "1", "submit": _ts(s["start"]), "eligible": _ts(s["start"]),
+        "nnodes": "1", "ntasks": "1", "submit": timestamp(s["start"]), "eligible": timestamp(s["start"]),
         "alloctres": _tres(r["alloc_cpus"] or 0, r["alloc_mem"] or 0, 1, r["alloc_gpus"] or 0),
         "nodelist": (r["nodes"] or "").split(",")[0],
     })
@@ -242,9 +231,11 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
     if ns.version:
         out.write("slurm 22.05 (rota)\n")
         return 0
-    refused = sorted(k for k in values if k.startswith("!"))
-    if refused:
-        err.write(f"sacct: error: --{refused[0][1:]} is not supported by rota\n")
+    try:
+        for warning in unsupported("sacct", values):
+            err.write(warning + "\n")
+    except OptionError as exc:
+        err.write(f"{exc}\n")
         return 1
     if rest:
         err.write(f"sacct: error: Unrecognized option: {rest[0]}\n")

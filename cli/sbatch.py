@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .options import NO, OPTIONAL, REQUIRED, Option, OptionError, parse
+from .options import NO, OPTIONAL, REQUIRED, Option, OptionError, parse, unsupported
 
 from rota.core.limits import MAX_MEM_MIB, MAX_SCRIPT, MAX_TIME
 
@@ -178,15 +178,11 @@ def _too_large() -> None:
 
 
 def _unsupported(o: dict) -> list[str]:
-    """Warnings for options rota ignores; a refusal for those it cannot honour."""
-    warnings = []
-    for key in sorted(o):
-        if key.startswith("!"):
-            raise SbatchError(f"sbatch: error: --{key[1:]} is not supported by rota; remove it from the "
-                              "command line or the script's #SBATCH lines", 1)
-        if key.startswith("~"):
-            warnings.append(f"sbatch: warning: --{key[1:]} is ignored by rota")
-    return warnings
+    """Warnings for options rota ignores; a refusal for those it cannot honour (options.unsupported)."""
+    try:
+        return unsupported("sbatch", o)
+    except OptionError as exc:
+        raise SbatchError(f"{exc}; remove it from the command line or the script's #SBATCH lines", 1) from None
 
 
 def _spec(o: dict, script: str, default_name: str, now: float | None = None) -> dict:

@@ -1,28 +1,34 @@
 """``scancel``: cancel jobs by id (``123``, ``123_4``, ``123_[1-3]``) or by filter (-u, -t, -n, -p)."""
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
+
+from .options import NO, REQUIRED, Option, OptionError, parse, unsupported
 
 SIGNALS = {"HUP": 1, "INT": 2, "QUIT": 3, "KILL": 9, "USR1": 10, "USR2": 12, "TERM": 15, "CONT": 18, "STOP": 19}
 _ID = re.compile(r"(\d+)(?:_(\d+|\[[\d,\-]+\]))?")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="scancel", add_help=False)
-    p.add_argument("ids", nargs="*")
-    p.add_argument("-u", "--user")
-    p.add_argument("-t", "--state")
-    p.add_argument("-n", "--name", "--jobname")
-    p.add_argument("-p", "--partition")
-    p.add_argument("-s", "--signal")
-    p.add_argument("-v", "--verbose", action="store_true")
-    p.add_argument("-Q", "--quiet", action="store_true")
-    p.add_argument("--me", action="store_true")
-    p.add_argument("-h", "--help", action="store_true")
-    return p
+# scancel's options (Slurm 22.05), read as getopt_long reads them (see rota.cli.options)
+OPTIONS = [Option(sh or None, names, arg, dest) for sh, names, arg, dest in (
+    ("A", "account", REQUIRED, "!account"), ("b", "batch", NO, "~batch"), ("c", "cron", NO, "!cron"),
+    ("f", "full", NO, "~full"), ("H", "hurry", NO, "~hurry"), ("i", "interactive", NO, "!interactive"),
+    ("M", "clusters", REQUIRED, "!clusters"), ("n", "name jobname", REQUIRED, "name"), ("", "me", NO, "me"),
+    ("p", "partition", REQUIRED, "partition"), ("q", "qos", REQUIRED, "!qos"), ("Q", "quiet", NO, "quiet"),
+    ("R", "reservation", REQUIRED, "!reservation"), ("", "sibling", REQUIRED, "!sibling"),
+    ("s", "signal", REQUIRED, "signal"), ("t", "state", REQUIRED, "state"), ("u", "user", REQUIRED, "user"),
+    ("v", "verbose", NO, "verbose"), ("V", "version", NO, "version"), ("w", "nodelist", REQUIRED, "!nodelist"),
+    ("", "wckey", REQUIRED, "!wckey"), ("h", "help", NO, "help"), ("", "usage", NO, "help"))]
+
+
+class _Options:
+    def __init__(self, values: dict, ids: list[str]) -> None:
+        self.values, self.ids = values, ids
+
+    def __getattr__(self, name: str):
+        return self.values.get(name)
 
 
 def _signal(text: str | None) -> int:
@@ -39,13 +45,21 @@ def _signal(text: str | None) -> int:
 def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
     from .client import NoCluster, request
 
-    ns, rest = build_parser().parse_known_args(argv)
+    try:
+        values, operands = parse("scancel", argv, OPTIONS)
+        warnings = unsupported("scancel", values)
+    except OptionError as exc:
+        err.write(f"{exc}\nTry \"scancel --help\" for more information\n")
+        return 1
+    ns = _Options(values, operands)
     if ns.help:
         out.write("Usage: scancel [-u user] [-t state] [-n name] [-p partition] [-s signal] [-v] [job_id[_task]...]\n")
         return 0
-    if rest:
-        err.write(f"scancel: unrecognized option '{rest[0]}'\nTry \"scancel --help\" for more information\n")
-        return 1
+    if ns.version:
+        out.write("slurm 22.05 (rota)\n")
+        return 0
+    for warning in warnings:
+        err.write(warning + "\n")
     try:
         sig = _signal(ns.signal)
     except ValueError as exc:

@@ -1,7 +1,6 @@
 """``scontrol``: show node|partition|hostnames|hostlist, update NodeName=/JobId=, hold, release, requeue."""
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import re
 import sys
@@ -9,16 +8,21 @@ from typing import Any
 
 from rota.core.hostlist import compress, expand
 from rota.projections import queries
+from rota.wire.formats import memory, timestamp
+
+
+def _when(t: int | None) -> str:
+    return timestamp(t, "None")
+
+
+def _size(mib: int) -> str:
+    return memory(mib, "0M")
 
 
 class Fail(Exception):
     def __init__(self, message: str, code: int = 1) -> None:
         super().__init__(message)
         self.code = code
-
-
-def _ts(t: int | None) -> str:
-    return _dt.datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S") if t else "None"
 
 
 class _Remote(Exception):
@@ -48,10 +52,6 @@ def run_show(argv: list[str], out, err, *, db: str, uid: int | None = None) -> i
     return run(argv, out, err, db=db)
 
 
-def _mem(mib: int) -> str:
-    return f"{mib // 1024}G" if mib and mib % 1024 == 0 else f"{mib}M"
-
-
 def show_node(names: list[str], db_path: str | None = None) -> list[str]:
     db = _db(db_path)
     rows = queries.nodes(db)
@@ -67,7 +67,7 @@ def show_node(names: list[str], db_path: str | None = None) -> list[str]:
         cfg_tres = f"cpu={n['cpus']},mem={n['memory']}M,billing={n['cpus']}" + (f",gres/gpu={gpus}" if gpus else "")
         alloc_tres = ""
         if n["alloc_cpus"]:
-            alloc_tres = f"cpu={n['alloc_cpus']},mem={_mem(n['alloc_mem'])}" + \
+            alloc_tres = f"cpu={n['alloc_cpus']},mem={_size(n['alloc_mem'])}" + \
                 (f",gres/gpu={n['alloc_gpus']}" if n["alloc_gpus"] else "")
         out += [
             f"NodeName={n['name']} Arch=x86_64 CoresPerSocket={n['cpus']} ",
@@ -79,8 +79,8 @@ def show_node(names: list[str], db_path: str | None = None) -> list[str]:
             f"   RealMemory={n['memory']} AllocMem={n['alloc_mem']} FreeMem=N/A Sockets=1 Boards=1",
             f"   State={state} ThreadsPerCore=1 TmpDisk=0 Weight={n['weight'] or 1} Owner=N/A MCS_label=N/A",
             f"   Partitions={n['partitions']} ",
-            f"   BootTime={_ts(n['boot_time'])} SlurmdStartTime={_ts(n['boot_time'])}",
-            f"   LastBusyTime={_ts(n['last_busy'])}",
+            f"   BootTime={_when(n['boot_time'])} SlurmdStartTime={_when(n['boot_time'])}",
+            f"   LastBusyTime={_when(n['last_busy'])}",
             f"   CfgTRES={cfg_tres}",
             f"   AllocTRES={alloc_tres}",
             "   CapWatts=n/a",
@@ -88,7 +88,7 @@ def show_node(names: list[str], db_path: str | None = None) -> list[str]:
             "   ExtSensorsJoules=n/s ExtSensorsWatts=0 ExtSensorsTemp=n/s",
         ]
         if n["reason"]:
-            out.append(f"   Reason={n['reason']} [{n['reason_by'] or 'root'}@{_ts(n['reason_time'])}]")
+            out.append(f"   Reason={n['reason']} [{n['reason_by'] or 'root'}@{_when(n['reason_time'])}]")
         out.append("")
     return out
 
@@ -133,7 +133,7 @@ def show_job(ids: list[str]) -> list[str]:
     cpus = j["alloc_cpus"] or cpn * nnodes
     mem = j["alloc_mem"] or mem_node * nnodes
     gpus = j["alloc_gpus"] or gpn * nnodes
-    tres = f"cpu={cpus},mem={_mem(mem)},node={nnodes},billing={cpus}" + (f",gres/gpu={gpus}" if gpus else "")
+    tres = f"cpu={cpus},mem={_size(mem)},node={nnodes},billing={cpus}" + (f",gres/gpu={gpus}" if gpus else "")
     head = f"JobId={j['job_id']} "
     if j["array_task_id"] is not None:
         head += f"ArrayJobId={j['array_job_id']} ArrayTaskId={j['array_task_id']} "
@@ -147,10 +147,10 @@ def show_job(ids: list[str]) -> list[str]:
         f"ExitCode={exit_code}",
         f"   RunTime={format_duration(run_time)} TimeLimit={format_duration(limit) if limit else 'UNLIMITED'} "
         "TimeMin=N/A",
-        f"   SubmitTime={_ts(j['submit_time'])} EligibleTime={_ts(j['eligible_time'])}",
-        f"   AccrueTime={_ts(j['eligible_time'])}",
-        f"   StartTime={_ts(start) if start else 'Unknown'} EndTime={_ts(end) if end else 'Unknown'} Deadline=N/A",
-        f"   SuspendTime=None SecsPreSuspend=0 LastSchedEval={_ts(now)} "
+        f"   SubmitTime={_when(j['submit_time'])} EligibleTime={_when(j['eligible_time'])}",
+        f"   AccrueTime={_when(j['eligible_time'])}",
+        f"   StartTime={_when(start) if start else 'Unknown'} EndTime={_when(end) if end else 'Unknown'} Deadline=N/A",
+        f"   SuspendTime=None SecsPreSuspend=0 LastSchedEval={_when(now)} "
         f"Scheduler={'Backfill' if j['backfilled'] else 'Main'}",
         f"   Partition={j['partition']} AllocNode:Sid={spec.get('submit_host') or 'localhost'}:0",
         f"   ReqNodeList={','.join(spec.get('nodelist') or []) or '(null)'} "
@@ -164,8 +164,8 @@ def show_job(ids: list[str]) -> list[str]:
         "ReqB:S:C:T=0:0:*:*",
         f"   TRES={tres}",
         "   Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=*",
-        f"   MinCPUsNode={cpn} " + (f"MinMemoryNode={_mem(mem_node)}" if spec.get("mem_per_node")
-                                 else f"MinMemoryCPU={_mem(max(1, mem_node // max(1, cpn)))}") + " MinTmpDiskNode=0",
+        f"   MinCPUsNode={cpn} " + (f"MinMemoryNode={_size(mem_node)}" if spec.get("mem_per_node")
+                                 else f"MinMemoryCPU={_size(max(1, mem_node // max(1, cpn)))}") + " MinTmpDiskNode=0",
         f"   Features={spec.get('constraint') or '(null)'} DelayBoot=00:00:00",
         "   OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null)",
         "   Command=(null)",

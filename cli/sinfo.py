@@ -1,8 +1,6 @@
 """``sinfo``: partitions and nodes from the projection database, in Slurm's layouts."""
 from __future__ import annotations
 
-import argparse
-import datetime as _dt
 import os
 import re
 import sys
@@ -11,7 +9,10 @@ from typing import Any
 
 from rota.core.hostlist import compress, expand
 from rota.projections import queries
-from rota.core.timefmt import format_squeue_time
+
+from .options import NO, REQUIRED, Option, OptionError, unsupported
+from .options import parse as read_options
+from rota.wire.formats import time_limit, timestamp
 
 DEFAULT = "%#P %.5a %.10l %.6D %.6t %N"
 NODE_DEFAULT = "%#N %.6D %#P %6t"
@@ -58,14 +59,6 @@ def state_value(n: queries.Row) -> int:
     return BASE_VALUE.get(n["base"], 0) + (0x200 if n["drain"] else 0) + (0x800 if n["not_responding"] else 0)
 
 
-def _ts(t: int | None) -> str:
-    return _dt.datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S") if t else "Unknown"
-
-
-def _limit(seconds: int | None) -> str:
-    return "infinite" if not seconds else format_squeue_time(seconds)
-
-
 def field(code: str, part: queries.Row | None, nodes: list[queries.Row], node_oriented: bool) -> str:
     n = nodes[0]
     if code in ("P", "R"):
@@ -76,7 +69,7 @@ def field(code: str, part: queries.Row | None, nodes: list[queries.Row], node_or
         return {"UP": "up", "DOWN": "down", "DRAIN": "drain", "INACTIVE": "inact"}.get(part["state"], "up") \
             if part is not None else "n/a"
     if code == "l":
-        return _limit(part["max_time"]) if part is not None else "n/a"
+        return time_limit(part["max_time"]) if part is not None else "n/a"
     if code == "D":
         return str(len(nodes))
     if code == "t":
@@ -90,7 +83,7 @@ def field(code: str, part: queries.Row | None, nodes: list[queries.Row], node_or
     if code == "u":
         return n["reason_by"] or "Unknown"
     if code == "H":
-        return _ts(n["reason_time"]) if n["reason"] else "Unknown"
+        return timestamp(n["reason_time"]) if n["reason"] else "Unknown"
     if code == "G":
         return n["gres"] or "(null)"
     if code == "c":
@@ -174,31 +167,49 @@ def render(spec, groups: list[tuple[queries.Row | None, list[queries.Row]]], hea
     return lines
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sinfo", add_help=False)
-    p.add_argument("-N", "--Node", action="store_true")
-    p.add_argument("-l", "--long", action="store_true")
-    p.add_argument("-R", "--list-reasons", action="store_true")
-    p.add_argument("-o", "--format")
-    p.add_argument("-h", "--noheader", action="store_true")
-    p.add_argument("-p", "--partition")
-    p.add_argument("-n", "--nodes")
-    p.add_argument("-t", "--states")
-    p.add_argument("-s", "--summarize", action="store_true")
-    p.add_argument("--help", action="store_true")
-    return p
+# sinfo's options (Slurm 22.05), read as getopt_long reads them (see rota.cli.options)
+OPTIONS = [Option(sh or None, names, arg, dest) for sh, names, arg, dest in (
+    ("a", "all", NO, "all"), ("d", "dead", NO, "!dead"), ("e", "exact", NO, "~exact"),
+    ("", "federation", NO, "~federation"), ("h", "noheader", NO, "noheader"), ("", "help", NO, "help"),
+    ("", "hide", NO, "~hide"), ("i", "iterate", REQUIRED, "!iterate"), ("", "json", NO, "!json"),
+    ("l", "long", NO, "long"), ("", "local", NO, "local"), ("M", "clusters", REQUIRED, "!clusters"),
+    ("n", "nodes", REQUIRED, "nodes"), ("", "noconvert", NO, "noconvert"), ("N", "Node", NO, "Node"),
+    ("o", "format", REQUIRED, "format"), ("O", "Format", REQUIRED, "!Format"), ("p", "partition", REQUIRED, "partition"),
+    ("r", "responding", NO, "!responding"), ("R", "list-reasons", NO, "list_reasons"),
+    ("s", "summarize", NO, "!summarize"), ("S", "sort", REQUIRED, "!sort"), ("t", "states", REQUIRED, "states"),
+    ("T", "reservation", NO, "!reservation"), ("", "usage", NO, "help"), ("v", "verbose", NO, "verbose"),
+    ("V", "version", NO, "version"), ("", "yaml", NO, "!yaml"))]
+
+
+class _Options:
+    def __init__(self, values: dict) -> None:
+        self.values = values
+
+    def __getattr__(self, name: str):
+        return self.values.get(name)
 
 
 def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = None, uid: int | None = None) -> int:
     """sinfo over the projection database ``db`` (default: the local cluster's; when this user cannot
     read it, the controller answers from its own)."""
-    ns, rest = build_parser().parse_known_args(argv)
+    try:
+        values, operands = read_options("sinfo", argv, OPTIONS)
+        warnings = unsupported("sinfo", values)
+    except OptionError as exc:
+        err.write(f"{exc}\nTry \"sinfo --help\" for more information\n")
+        return 1
+    ns = _Options(values)
     if ns.help:
         out.write("Usage: sinfo [-N] [-l] [-R] [-o format] [-h] [-p partition] [-n nodes] [-t states]\n")
         return 0
-    if rest:
-        err.write(f"sinfo: unrecognized option '{rest[0]}'\nTry \"sinfo --help\" for more information\n")
+    if ns.version:
+        out.write("slurm 22.05 (rota)\n")
+        return 0
+    if operands:
+        err.write(f"sinfo: error: unexpected argument '{operands[0]}'\nTry \"sinfo --help\" for more information\n")
         return 1
+    for warning in warnings:
+        err.write(warning + "\n")
     from rota.wire.paths import projections_db
 
     path = db or projections_db()

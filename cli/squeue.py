@@ -7,23 +7,21 @@ from __future__ import annotations
 
 import sys
 
-from .options import NO, OPTIONAL, REQUIRED, Option, OptionError, parse
+from .options import NO, OPTIONAL, REQUIRED, Option, OptionError, parse, unsupported
 
 OPTIONS = [Option(s or None, names, arg, dest) for s, names, arg, dest in (
-    ("A", "account", REQUIRED, "accounts"), ("a", "all", NO, "all"), ("r", "array", NO, "array"),
-    ("", "array-unique", NO, "array_unique"), ("", "federation", NO, "federation"), ("h", "noheader", NO, "noheader"),
-    ("", "help", NO, "help"), ("", "hide", NO, "hide"), ("i", "iterate", REQUIRED, "iterate"),
+    ("A", "account", REQUIRED, "!account"), ("a", "all", NO, "all"), ("r", "array", NO, "array"),
+    ("", "array-unique", NO, "!array-unique"), ("", "federation", NO, "~federation"), ("h", "noheader", NO, "noheader"),
+    ("", "help", NO, "help"), ("", "hide", NO, "~hide"), ("i", "iterate", REQUIRED, "!iterate"),
     ("j", "jobs", OPTIONAL, "jobs"), ("", "local", NO, "local"), ("l", "long", NO, "long"),
-    ("L", "licenses", REQUIRED, "licenses"), ("M", "clusters", REQUIRED, "clusters"), ("", "me", NO, "me"),
-    ("n", "name", REQUIRED, "names"), ("", "noconvert", NO, "noconvert"), ("w", "nodelist", REQUIRED, "nodelist"),
+    ("L", "licenses", REQUIRED, "!licenses"), ("M", "clusters", REQUIRED, "!clusters"), ("", "me", NO, "me"),
+    ("n", "name", REQUIRED, "!name"), ("", "noconvert", NO, "noconvert"), ("w", "nodelist", REQUIRED, "!nodelist"),
     ("o", "format", REQUIRED, "format"), ("O", "Format", REQUIRED, "Format"), ("p", "partition", REQUIRED, "partitions"),
-    ("P", "priority", NO, "priority"), ("q", "qos", REQUIRED, "qos"), ("R", "reservation", REQUIRED, "reservation"),
-    ("", "sibling", NO, "sibling"), ("S", "sort", REQUIRED, "sort"), ("", "start", NO, "start"),
-    ("t", "states", REQUIRED, "states"), ("s", "steps", OPTIONAL, "steps"), ("u", "user", REQUIRED, "users"),
+    ("P", "priority", NO, "!priority"), ("q", "qos", REQUIRED, "!qos"), ("R", "reservation", REQUIRED, "!reservation"),
+    ("", "sibling", NO, "~sibling"), ("S", "sort", REQUIRED, "!sort"), ("", "start", NO, "start"),
+    ("t", "states", REQUIRED, "states"), ("s", "steps", OPTIONAL, "!steps"), ("u", "user", REQUIRED, "users"),
     ("", "usage", NO, "help"), ("v", "verbose", NO, "verbose"), ("V", "version", NO, "version"),
-    ("", "json", NO, "json"), ("", "yaml", NO, "yaml"))]
-SUPPORTED = {"noheader", "help", "jobs", "long", "me", "format", "Format", "partitions", "start", "states", "users",
-             "version", "verbose", "all", "array", "local", "noconvert"}   # the last five change nothing here
+    ("", "json", NO, "!json"), ("", "yaml", NO, "!yaml"))]
 USAGE = ("Usage: squeue [-j jobs] [-u users|--me] [-p partitions] [-t states] [-o format|-O fields] [-l] [-h]\n"
          "              [--start]\n")
 
@@ -40,10 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     if o.get("version"):
         print("slurm 22.05 (rota)")
         return 0
-    refused = sorted(k for k in o if k not in SUPPORTED)
-    if refused:
-        name = next(opt.longs[0] for opt in OPTIONS if opt.dest == refused[0])
-        print(f"squeue: error: --{name} is not supported by rota", file=sys.stderr)
+    try:
+        for warning in unsupported("squeue", o):
+            print(warning, file=sys.stderr)
+    except OptionError as exc:
+        print(exc, file=sys.stderr)
         return 1
     if operands:   # squeue takes no operands; Slurm's squeue reads a lone one as a job list
         o["jobs"] = ",".join(([str(o["jobs"])] if isinstance(o.get("jobs"), str) else []) + list(operands))

@@ -7,11 +7,15 @@ request, not 10,000 dict decodes and format calls in a freshly started interpret
 from __future__ import annotations
 
 import re
-import time
 
 from rota.core.arrays import format_indices
 from rota.core.states import STATE_CODES
 from rota.core.timefmt import format_limit, format_squeue_time
+from rota.wire.formats import timestamp
+
+
+def _when(t: int | None) -> str:
+    return timestamp(t, "N/A")
 
 DEFAULT_FORMAT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
 LONG_FORMAT = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R"
@@ -41,12 +45,6 @@ def job_id_text(job: dict) -> str:
     if job["array_task_id"] is not None:
         return f"{job['array_job_id']}_{job['array_task_id']}"
     return str(job["job_id"])
-
-
-def _iso(ts: int | None) -> str:
-    if not ts:
-        return "N/A"
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ts))
 
 
 def _running(job: dict) -> bool:
@@ -83,8 +81,8 @@ FIELDS = {
     "N": lambda j, now: _hostlist(j["nodes"]) if j["nodes"] else "",
     "R": lambda j, now: _hostlist(j["nodes"]) if _running(j) else f"({j['reason']})",
     "r": lambda j, now: "None" if _running(j) else j["reason"],
-    "S": lambda j, now: _iso(j["start_time"] if _running(j) else j.get("expected_start")),
-    "V": lambda j, now: _iso(j["submit_time"]),
+    "S": lambda j, now: _when(j["start_time"] if _running(j) else j.get("expected_start")),
+    "V": lambda j, now: _when(j["submit_time"]),
     "F": lambda j, now: str(j["array_job_id"] or j["job_id"]),
     "K": lambda j, now: str(j["array_task_id"]) if j["array_task_id"] is not None else "N/A",
     "Y": lambda j, now: _hostlist(j["sched_nodes"]) if j.get("sched_nodes") else "(null)",
