@@ -23,7 +23,9 @@ from typing import Any
 from rota.core import __version__
 from rota.core import credentials
 from rota.core import events as ev
+from rota.core.orders import Kill, Launch, Order, Signal, Update
 from rota.wire import natsconn
+from rota.wire import orders as wire_orders
 from rota.wire import subjects as sj
 from rota.wire.subjects import CRED_HEADER
 from rota.wire.jsqueue import stored_at, work_queue
@@ -40,24 +42,33 @@ log = logging.getLogger("rota.agent")
 class Run:
     """One job on this node."""
 
-    a: dict[str, Any]
+    order: Launch
     pid: int
     started: float                          # wall clock
     proc: Any = None                        # Popen when we are its parent; None when adopted
     cgroup: Any = None
-    kill_reason: str | None = None          # "cancelled", "timeout", "oom"
+    status_file: str | None = None          # where the shepherd records the exit status
+    ticks: int | None = None                # the shepherd's start time (a reused pid is not it)
+    time_limit: int = 0                     # seconds, 0 = UNLIMITED (an update changes it)
+    kill_reason: str | None = None          # "cancelled", "stopped", "timeout", "oom"
     term_sent: float = 0.0
     peak_kib: int = 0
     cpus: list[int] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.time_limit = self.time_limit or self.order.time_limit
+
     @property
     def job_id(self) -> int:
-        return self.a["job_id"]
+        return self.order.job_id
+
+    @property
+    def restarts(self) -> int:
+        return self.order.restarts
 
     @property
     def deadline(self) -> float:
-        limit = self.a.get("time_limit") or 0
-        return self.a["start_time"] + limit if limit else float("inf")
+        return self.order.start_time + self.time_limit if self.time_limit else float("inf")
 
 
 class Agent:
@@ -199,17 +210,13 @@ class Agent:
 
     # ------------------------------------------------------------ assignments
 
-    def check_order(self, msg: Any) -> dict[str, Any]:
+    def check_order(self, msg: Any) -> Order:
         """An order from the controller, if it carries the controller's credential for this node
-        (valid when the broker stored it, never seen before); raises CredentialError or ValueError."""
-        cred = credentials.verify(lambda host: self.key if host == self.node else None,
-                                  (msg.headers or {}).get(CRED_HEADER), msg.subject, msg.data,
-                                  stored_at(msg, int(time.time())), kind="ctl", replay=self.replay)
-        a = json.loads(msg.data)
-        if not isinstance(a, dict) or not isinstance(a.get("job_id"), int):
-            raise ValueError("not an order")
-        del cred
-        return a
+        (valid when the broker stored it, never seen before); raises CredentialError or BadOrder."""
+        credentials.verify(lambda host: self.key if host == self.node else None,
+                           (msg.headers or {}).get(CRED_HEADER), msg.subject, msg.data,
+                           stored_at(msg, int(time.time())), kind="ctl", replay=self.replay)
+        return wire_orders.decode(msg.data)
 
     async def _assignments(self) -> None:
         async for msgs in work_queue(self.js, sj.ASSIGN_STREAM, f"{sj.ASSIGN_PREFIX}.{self.node}",
@@ -217,76 +224,71 @@ class Agent:
                                      create=False):
             for msg in msgs:
                 try:
-                    a = self.check_order(msg)
-                except (credentials.CredentialError, ValueError) as exc:
+                    order = self.check_order(msg)
+                except (credentials.CredentialError, wire_orders.BadOrder) as exc:
                     log.error("an order for %s was set aside: %s", self.node, exc)
                     await msg.ack()
                     continue
                 try:
-                    self.act(a)
+                    self.act(order)
                 except launch.LaunchError as exc:
-                    log.error("job %s cannot start here: %s", a.get("job_id"), exc)
-                    await self._launch_failed(a, str(exc))
+                    log.error("job %s cannot start here: %s", order.job_id, exc)
+                    await self._launch_failed(order, str(exc))
                 except Exception as exc:  # noqa: BLE001 - a bad assignment must not stop the agent
                     log.error("order %r failed: %s", msg.data[:200], exc)
-                    await self._launch_failed(a, f"{type(exc).__name__}: {exc}")
+                    await self._launch_failed(order, f"{type(exc).__name__}: {exc}")
                 await msg.ack()
 
-    async def _launch_failed(self, a: dict[str, Any], why: str) -> None:
-        if a.get("op") == "launch":
-            await self.report(ev.JobExited(job_id=a["job_id"], state="FAILED", exit_code=1, node=self.node,
+    async def _launch_failed(self, order: Order, why: str) -> None:
+        if isinstance(order, Launch):
+            await self.report(ev.JobExited(job_id=order.job_id, state="FAILED", exit_code=1, node=self.node,
                                            reason=why[:1000]))
 
-    def act(self, a: dict[str, Any]) -> None:
-        """Carry out one assignment: launch a job, or kill one (cancel)."""
-        op = a.get("op")
-        if op == "launch":
-            key = (a["job_id"], a.get("restarts", 0))
-            if key in self.seen or a["job_id"] in self.runs:
-                return   # a re-sent assignment: it runs (or ran) here already
+    def act(self, order: Order) -> None:
+        """Carry out one order: launch a job, or kill, update or signal one of its runs."""
+        if isinstance(order, Launch):
+            key = (order.job_id, order.restarts)
+            if key in self.seen or order.job_id in self.runs:
+                return   # a re-sent order: it runs (or ran) here already
             self.seen.add(key)
-            self._launch(a)
-        elif op == "signal":
-            run = self.runs.get(a["job_id"])
-            if run is not None and a.get("restarts", 0) == run.a.get("restarts", 0):
-                # the job's processes, not the shepherd: it must live on to record how the job ends
-                for pid in _group_members(run.pid):
-                    if pid != run.pid:
-                        try:
-                            os.kill(pid, int(a.get("signal", signal.SIGTERM)))
-                        except ProcessLookupError:
-                            pass
-        elif op == "update":
-            run = self.runs.get(a["job_id"])
-            if run is not None:
-                run.a["time_limit"] = a.get("time_limit") or 0
-        elif op == "kill":
-            run = self.runs.get(a["job_id"])
-            if run is not None and a.get("restarts", run.a.get("restarts", 0)) != run.a.get("restarts", 0):
-                return   # meant for an earlier run of a requeued job
-            if run is not None and run.kill_reason is None:
-                run.kill_reason = a.get("reason", "cancelled")
-                self._signal(run, signal.SIGCONT)
-                self._signal(run, int(a.get("signal") or signal.SIGTERM))
-                run.term_sent = time.time()
+            self._launch(order)
+            return
+        run = self.runs.get(order.job_id)
+        if run is None or (order.restarts is not None and order.restarts != run.restarts):
+            return   # not here, or meant for an earlier run of a requeued job
+        if isinstance(order, Signal):
+            # the job's processes, not the shepherd: it must live on to record how the job ends
+            for pid in _group_members(run.pid):
+                if pid != run.pid:
+                    try:
+                        os.kill(pid, order.signal)
+                    except ProcessLookupError:
+                        pass
+        elif isinstance(order, Update):
+            run.time_limit = order.time_limit
+        elif isinstance(order, Kill) and run.kill_reason is None:
+            run.kill_reason = order.reason
+            self._signal(run, signal.SIGCONT)
+            self._signal(run, order.signal or signal.SIGTERM)
+            run.term_sent = time.time()
 
-    def _launch(self, a: dict[str, Any]) -> None:
-        if not a.get("nodes") or a["nodes"][0] != self.node:
-            raise launch.LaunchError(f"the order is for {a.get('nodes')!r}, not for {self.node}")
-        launch.identity(a)             # a launch with no valid uid, or one this node does not know, stops here
+    def _launch(self, order: Launch) -> None:
+        if not order.nodes or order.nodes[0] != self.node:
+            raise launch.LaunchError(f"the order is for {list(order.nodes)!r}, not for {self.node}")
+        launch.identity(order)         # a launch for a user this node does not know stops here
         cgroup = None
         if self.cgroups is not None:
-            cgroup = self.cgroups.create(a["job_id"], a["mem"], self._pick_cpus(a["cpus"]))
+            cgroup = self.cgroups.create(order.job_id, order.mem, self._pick_cpus(order.cpus))
         try:
-            proc, status = launch.start(a, self.node, self.spool, cgroup)
+            proc, status = launch.start(order, self.node, self.spool, cgroup)
         except Exception:
             if cgroup is not None:
                 cgroup.remove()
             raise
-        a = {**a, "status_file": str(status)}
-        run = Run(a, proc.pid, time.time(), proc, cgroup)
+        run = Run(order, proc.pid, time.time(), proc, cgroup, status_file=str(status), ticks=_start_ticks(proc.pid))
         self.runs[run.job_id] = run
-        record = json.dumps({"a": a, "pid": proc.pid, "started": run.started, "ticks": _start_ticks(proc.pid)})
+        record = json.dumps({"order": order.model_dump(mode="json"), "status_file": run.status_file, "pid": proc.pid,
+                             "started": run.started, "ticks": run.ticks})
         path = self.ledger / f"{run.job_id}.json"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as fh:
@@ -321,7 +323,7 @@ class Agent:
                 if poll_rss:
                     rss = _group_rss_kib(run.pid)
                     run.peak_kib = max(run.peak_kib, rss)
-                    if run.a["mem"] and rss > run.a["mem"] * 1024 and run.kill_reason is None:
+                    if run.order.mem and rss > run.order.mem * 1024 and run.kill_reason is None:
                         run.kill_reason = "oom"
                         self._signal(run, signal.SIGKILL)
                 done = self._exit_status(run)
@@ -338,9 +340,9 @@ class Agent:
                 return None
             if waited < 0:
                 return 0, -waited             # the shepherd itself was killed (our kill of the group)
-        elif _alive(run.pid, run.a.get("_ticks")):
+        elif _alive(run.pid, run.ticks):
             return None
-        text = _read_users_file(run.a.get("status_file"))
+        text = _read_users_file(run.status_file)
         if text is not None and text.strip().isdecimal() and len(text.strip()) < 4:
             rc = int(text.strip())
         elif waited is None:                  # adopted, and its shepherd died without a word: a kill
@@ -357,7 +359,7 @@ class Agent:
             oom = oom or run.cgroup.oom_killed()
             run.peak_kib = max(run.peak_kib, run.cgroup.peak_kib())
             await asyncio.to_thread(run.cgroup.remove)
-        elapsed = max(0, int(time.time() - run.a["start_time"]))
+        elapsed = max(0, int(time.time() - run.order.start_time))
         state: ev.JobEndState
         if run.kill_reason in ("cancelled", "stopped"):
             state = "CANCELLED"
@@ -369,7 +371,7 @@ class Agent:
             state = "COMPLETED"
         else:
             state = "FAILED"
-        why = _read_users_file(f"{run.a['status_file']}.why") if run.a.get("status_file") else None
+        why = _read_users_file(f"{run.status_file}.why") if run.status_file else None
         why = (why or "").strip().splitlines()[0][:1000] if why and why.strip() else ""
         if why:
             log.error("job %s could not start: %s", run.job_id, why)
@@ -378,10 +380,10 @@ class Agent:
             await self.report(ev.JobExited(job_id=run.job_id, state=state, exit_code=exit_code, signal=sig,
                                            max_rss=run.peak_kib, elapsed=elapsed, node=self.node, reason=why))
         (self.ledger / f"{run.job_id}.json").unlink(missing_ok=True)
-        if run.a.get("status_file"):
+        if run.status_file:
             import shutil
 
-            shutil.rmtree(Path(run.a["status_file"]).parent, ignore_errors=True)
+            shutil.rmtree(Path(run.status_file).parent, ignore_errors=True)
 
     def _signal(self, run: Run, sig: int) -> None:
         try:
@@ -397,14 +399,16 @@ class Agent:
         for f in sorted(self.ledger.glob("*.json")):
             try:
                 rec = json.loads(f.read_text())
-                a = {**rec["a"], "_ticks": rec.get("ticks")}
-            except (OSError, ValueError, KeyError):
+                order, status_file = _ledger_order(rec)
+                pid, started = int(rec["pid"]), float(rec["started"])
+            except (OSError, ValueError, KeyError, TypeError):
+                log.error("launch record %s is unreadable: set aside", f)
                 f.unlink(missing_ok=True)
                 continue
-            cgroup = self.cgroups.existing(a["job_id"]) if self.cgroups is not None else None
-            run = Run(a, rec["pid"], rec["started"], None, cgroup)
+            cgroup = self.cgroups.existing(order.job_id) if self.cgroups is not None else None
+            run = Run(order, pid, started, None, cgroup, status_file=status_file, ticks=rec.get("ticks"))
             self.runs[run.job_id] = run
-            self.seen.add((a["job_id"], a.get("restarts", 0)))
+            self.seen.add((order.job_id, order.restarts))
             if _alive(run.pid, rec.get("ticks")):
                 running.add(run.job_id)
         return running
@@ -425,11 +429,20 @@ def _tell_the_user(run: Run, node: str, state: str) -> None:
     if line is None or run.kill_reason == "stopped":
         return
     try:
-        _out, err = launch.output_paths(run.a, node)
+        _out, err = launch.output_paths(run.order, node)
     except (KeyError, ValueError):
         return
     if str(err) != "/dev/null":
-        launch.append_as_user(run.a, err, line)
+        launch.append_as_user(run.order, err, line)
+
+
+def _ledger_order(rec: dict[str, Any]) -> tuple[Launch, str | None]:
+    """The launch order and status file of a ledger record (also one an older agent wrote, whose
+    order was a plain mapping with the status file inside)."""
+    if "order" in rec:
+        return Launch.model_validate(rec["order"]), rec.get("status_file")
+    old = rec["a"]
+    return Launch.model_validate({k: v for k, v in old.items() if k in Launch.model_fields}), old.get("status_file")
 
 
 def _read_users_file(path: str | None) -> str | None:

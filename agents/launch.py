@@ -1,4 +1,4 @@
-"""Turn an assignment into a running batch script: files, environment, user, process group."""
+"""Turn a launch order into a running batch script: files, environment, user, process group."""
 from __future__ import annotations
 
 import os
@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from rota.core.hostlist import compress
+from rota.core.orders import Launch
 
 _PATTERN = re.compile(r"%(%|\d*[jxuAaNn])")
 
 
-def expand_pattern(pattern: str, a: dict[str, Any], node: str) -> str:
+def expand_pattern(pattern: str, o: Launch, node: str) -> str:
     """Slurm's filename patterns: %j job id, %x name, %u user, %A array id, %a task id, %N node, %%."""
     def sub(m: re.Match) -> str:
         tok = m.group(1)
@@ -21,75 +22,75 @@ def expand_pattern(pattern: str, a: dict[str, Any], node: str) -> str:
             return "%"
         width, code = tok[:-1], tok[-1]
         value: Any = {
-            "j": a["job_id"], "x": a["name"], "u": a["user"], "N": node, "n": a.get("node_index", 0),
-            "A": a.get("array_job_id") or a["job_id"],
-            "a": a["array_task_id"] if a.get("array_task_id") is not None else 4294967294,
+            "j": o.job_id, "x": o.name, "u": o.user, "N": node, "n": o.node_index,
+            "A": o.array_job_id or o.job_id,
+            "a": o.array_task_id if o.array_task_id is not None else 4294967294,
         }[code]
         return str(value).zfill(min(int(width), 64)) if width else str(value)
     return _PATTERN.sub(sub, pattern)
 
 
-def output_paths(a: dict[str, Any], node: str) -> tuple[Path, Path]:
+def output_paths(o: Launch, node: str) -> tuple[Path, Path]:
     """Where stdout and stderr go (relative paths are from the submit directory)."""
-    spec = a["spec"]
-    default = "slurm-%A_%a.out" if a.get("array_task_id") is not None else "slurm-%j.out"
-    out = Path(expand_pattern(spec.get("output") or default, a, node))
-    err = Path(expand_pattern(spec["error"], a, node)) if spec.get("error") else out
-    workdir = Path(spec.get("workdir") or "/")
+    spec = o.spec
+    default = "slurm-%A_%a.out" if o.array_task_id is not None else "slurm-%j.out"
+    out = Path(expand_pattern(spec.output or default, o, node))
+    err = Path(expand_pattern(spec.error, o, node)) if spec.error else out
+    workdir = Path(spec.workdir or "/")
     return (out if out.is_absolute() else workdir / out), (err if err.is_absolute() else workdir / err)
 
 
-def job_env(a: dict[str, Any], node: str) -> dict[str, str]:
+def job_env(o: Launch, node: str) -> dict[str, str]:
     """The submitted environment plus Slurm's variables and CUDA_VISIBLE_DEVICES = exactly its GPUs."""
-    spec = a["spec"]
-    env = dict(spec.get("env") or {})
-    nodes = a["nodes"]
-    gpus = a["gpus"]
-    jid = str(a["job_id"])
+    spec = o.spec
+    env = dict(spec.env)
+    nodes = list(o.nodes)
+    gpus = o.gpus
+    jid = str(o.job_id)
     s = {
-        "SLURM_JOB_ID": jid, "SLURM_JOBID": jid, "SLURM_JOB_NAME": a["name"], "SLURM_JOB_USER": a["user"],
-        "SLURM_JOB_UID": str(spec.get("uid", 0)), "SLURM_JOB_GID": str(spec.get("gid", 0)),
-        "SLURM_JOB_PARTITION": a["partition"], "SLURM_JOB_ACCOUNT": spec.get("account") or "",
-        "SLURM_JOB_QOS": spec.get("qos") or "normal", "SLURM_CLUSTER_NAME": a.get("cluster", "rota"),
-        "SLURMD_NODENAME": node, "SLURM_SUBMIT_DIR": spec.get("workdir") or "/",
-        "SLURM_SUBMIT_HOST": spec.get("submit_host") or "",
+        "SLURM_JOB_ID": jid, "SLURM_JOBID": jid, "SLURM_JOB_NAME": o.name, "SLURM_JOB_USER": o.user,
+        "SLURM_JOB_UID": str(spec.uid), "SLURM_JOB_GID": str(spec.gid),
+        "SLURM_JOB_PARTITION": o.partition, "SLURM_JOB_ACCOUNT": spec.account,
+        "SLURM_JOB_QOS": spec.qos or "normal", "SLURM_CLUSTER_NAME": "rota",
+        "SLURMD_NODENAME": node, "SLURM_SUBMIT_DIR": spec.workdir or "/",
+        "SLURM_SUBMIT_HOST": spec.submit_host,
         "SLURM_JOB_NODELIST": compress(nodes), "SLURM_NODELIST": compress(nodes),
         "SLURM_JOB_NUM_NODES": str(len(nodes)), "SLURM_NNODES": str(len(nodes)),
-        "SLURM_JOB_CPUS_PER_NODE": _run_length(a["cpus_per_node"]),
-        "SLURM_CPUS_ON_NODE": str(a["cpus"]), "SLURM_MEM_PER_NODE": str(a["mem"]),
+        "SLURM_JOB_CPUS_PER_NODE": _run_length(o.cpus_per_node),
+        "SLURM_CPUS_ON_NODE": str(o.cpus), "SLURM_MEM_PER_NODE": str(o.mem),
         "SLURM_GPUS_ON_NODE": str(len(gpus)), "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
-        "SLURM_NODEID": str(a.get("node_index", 0)), "SLURM_GTIDS": "0", "SLURM_TASK_PID": "",
-        "SLURM_RESTART_COUNT": str(a.get("restarts", 0)), "SLURM_JOB_START_TIME": str(a["start_time"]),
-        "SLURM_JOB_END_TIME": str(a["start_time"] + a["time_limit"]) if a.get("time_limit") else "0",
-        "SLURM_NTASKS": str(a["ntasks"]), "SLURM_NPROCS": str(a["ntasks"]),
-        "SLURM_TASKS_PER_NODE": _run_length(a["tasks_per_node"]),
+        "SLURM_NODEID": str(o.node_index), "SLURM_GTIDS": "0", "SLURM_TASK_PID": "",
+        "SLURM_RESTART_COUNT": str(o.restarts), "SLURM_JOB_START_TIME": str(o.start_time),
+        "SLURM_JOB_END_TIME": str(o.start_time + o.time_limit) if o.time_limit else "0",
+        "SLURM_NTASKS": str(o.ntasks), "SLURM_NPROCS": str(o.ntasks),
+        "SLURM_TASKS_PER_NODE": _run_length(o.tasks_per_node),
         "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)), "GPU_DEVICE_ORDINAL": ",".join(map(str, gpus)),
         "SLURM_JOB_GPUS": ",".join(map(str, gpus)),
     }
-    if spec.get("cpus_per_task_given"):
-        s["SLURM_CPUS_PER_TASK"] = str(spec.get("cpus_per_task", 1))
-    if spec.get("ntasks_per_node"):
-        s["SLURM_NTASKS_PER_NODE"] = str(spec["ntasks_per_node"])
-    if spec.get("gpus_per_node") and spec.get("gpu_given"):
-        gt = spec.get("gpu_type")
-        s["SLURM_GPUS_PER_NODE"] = f"{gt}:{spec['gpus_per_node']}" if gt else str(spec["gpus_per_node"])
-    if spec.get("mem_per_cpu"):
-        s["SLURM_MEM_PER_CPU"] = str(spec["mem_per_cpu"])
-    if a.get("array_task_id") is not None:
-        s["SLURM_ARRAY_JOB_ID"] = str(a["array_job_id"])
-        s["SLURM_ARRAY_TASK_ID"] = str(a["array_task_id"])
-        for k in ("count", "min", "max", "step"):
-            if a.get(f"array_{k}") is not None:
-                s[f"SLURM_ARRAY_TASK_{k.upper()}"] = str(a[f"array_{k}"])
+    if spec.cpus_per_task_given:
+        s["SLURM_CPUS_PER_TASK"] = str(spec.cpus_per_task)
+    if spec.ntasks_per_node:
+        s["SLURM_NTASKS_PER_NODE"] = str(spec.ntasks_per_node)
+    if spec.gpus_per_node and spec.gpu_given:
+        gt = spec.gpu_type
+        s["SLURM_GPUS_PER_NODE"] = f"{gt}:{spec.gpus_per_node}" if gt else str(spec.gpus_per_node)
+    if spec.mem_per_cpu:
+        s["SLURM_MEM_PER_CPU"] = str(spec.mem_per_cpu)
+    if o.array_task_id is not None:
+        s["SLURM_ARRAY_JOB_ID"] = str(o.array_job_id)
+        s["SLURM_ARRAY_TASK_ID"] = str(o.array_task_id)
+        for k, v in (("COUNT", o.array_count), ("MIN", o.array_min), ("MAX", o.array_max), ("STEP", o.array_step)):
+            if v is not None:
+                s[f"SLURM_ARRAY_TASK_{k}"] = str(v)
     if not gpus:
         s["CUDA_VISIBLE_DEVICES"] = ""
     env.update(s)
     env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
-    env["HOME"] = env.get("HOME") or _home(spec.get("uid", 0))
+    env["HOME"] = env.get("HOME") or _home(spec.uid)
     return env
 
 
-def _run_length(values: list[int]) -> str:
+def _run_length(values: tuple[int, ...]) -> str:
     out: list[str] = []
     i = 0
     while i < len(values):
@@ -124,12 +125,11 @@ exec <"$in"
 """
 
 
-def identity(a: dict[str, Any]) -> tuple[int, int, list[int], str]:
-    """The job's uid, gid, supplementary groups and user name (never defaulted: a launch without a
-    uid is refused)."""
-    spec = a["spec"]
-    uid, gid = spec.get("uid"), spec.get("gid")
-    if not isinstance(uid, int) or not isinstance(gid, int) or uid < 0 or gid < 0:
+def identity(o: Launch) -> tuple[int, int, list[int], str]:
+    """The job's uid, gid, supplementary groups and user name (an account this node does not know
+    is refused)."""
+    uid, gid = o.spec.uid, o.spec.gid
+    if uid < 0 or gid < 0:
         raise LaunchError("the launch names no valid uid and gid")
     try:
         name = pwd.getpwuid(uid).pw_name
@@ -143,11 +143,11 @@ class LaunchError(Exception):
     """A job that cannot be started here (reported as FAILED with this reason)."""
 
 
-def job_dir(spool: Path, a: dict[str, Any]) -> Path:
-    return spool / f"job{a['job_id']:07d}.{a.get('restarts', 0)}"
+def job_dir(spool: Path, o: Launch) -> Path:
+    return spool / f"job{o.job_id:07d}.{o.restarts}"
 
 
-def prepare_job_dir(spool: Path, a: dict[str, Any], uid: int, gid: int) -> tuple[Path, Path]:
+def prepare_job_dir(spool: Path, o: Launch, uid: int, gid: int) -> tuple[Path, Path]:
     """The job's private directory (its user's, mode 0700) holding the script and the status file.
 
     Made and filled as root before it is handed to the user, so nothing the user does can redirect
@@ -155,14 +155,14 @@ def prepare_job_dir(spool: Path, a: dict[str, Any], uid: int, gid: int) -> tuple
     import shutil
 
     spool.mkdir(parents=True, exist_ok=True)
-    d = job_dir(spool, a)
+    d = job_dir(spool, o)
     if d.exists() or d.is_symlink():
         shutil.rmtree(d, ignore_errors=True)
     d.mkdir(mode=0o700)
     script = d / "script"
     fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o700)
     with os.fdopen(fd, "w") as fh:
-        fh.write(a["spec"].get("script") or "#!/bin/sh\n")
+        fh.write(o.spec.script or "#!/bin/sh\n")
     status = d / "status"
     os.close(os.open(status, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
     if os.geteuid() == 0:
@@ -171,24 +171,24 @@ def prepare_job_dir(spool: Path, a: dict[str, Any], uid: int, gid: int) -> tuple
     return script, status
 
 
-def start(a: dict[str, Any], node: str, spool: Path, cgroup: Any | None) -> tuple[subprocess.Popen, Path]:
+def start(o: Launch, node: str, spool: Path, cgroup: Any | None) -> tuple[subprocess.Popen, Path]:
     """Start the batch script in its own session and process group, as the submitting user; returns
     the shepherd's process and the status file.
 
     The child joins the job's cgroup, then becomes the job's user (groups, gid, uid), takes its umask
     and its working directory, and only then does anything on the job's behalf.
     """
-    spec = a["spec"]
-    uid, gid, groups, _name = identity(a)
+    spec = o.spec
+    uid, gid, groups, _name = identity(o)
     me = os.geteuid()
     if me != 0 and uid != me:
         raise LaunchError(f"this node's agent does not run as root: it can run only jobs of uid {me}")
-    script, status = prepare_job_dir(spool, a, uid, gid)
-    out_path, err_path = output_paths(a, node)
-    mode = "a" if spec.get("open_mode") == "append" else "w"
-    workdir = spec.get("workdir") or "/"
+    script, status = prepare_job_dir(spool, o, uid, gid)
+    out_path, err_path = output_paths(o, node)
+    mode = "a" if spec.open_mode == "append" else "w"
+    workdir = spec.workdir or "/"
     cg_procs = [str(p) for p in cgroup.proc_files()] if cgroup is not None else []
-    env = job_env(a, node)
+    env = job_env(o, node)
     try:
         umask = int(env.get("SLURM_UMASK", "0022"), 8) & 0o777
     except ValueError:
@@ -211,16 +211,16 @@ def start(a: dict[str, Any], node: str, spool: Path, cgroup: Any | None) -> tupl
             os.chdir("/tmp")   # as slurmstepd does when the submit directory is not reachable
 
     argv = ["/bin/sh", "-c", SHEPHERD, str(status), str(out_path), str(err_path),
-            spec.get("input") or "/dev/null", mode, str(script), *spec.get("argv", [])]
+            spec.input or "/dev/null", mode, str(script), *spec.argv]
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=in_child, close_fds=True)
     return proc, status
 
 
-def append_as_user(a: dict[str, Any], path: Path, line: str) -> None:
+def append_as_user(o: Launch, path: Path, line: str) -> None:
     """Append a line to one of the job's files with the job's own rights (never root's)."""
     try:
-        uid, gid, groups, _name = identity(a)
+        uid, gid, groups, _name = identity(o)
     except LaunchError:
         return
     become = os.geteuid() == 0

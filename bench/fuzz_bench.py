@@ -129,12 +129,14 @@ class _Msg:
 
 async def _controller():
     from rota.controller.eventlog import MemoryLog
+    from rota.controller.outbox import Outbox
     from rota.controller.service import Controller
     from rota.core.testing import make_cluster
     from rota.wire.keys import Keyring
 
     keyring = Keyring(cluster_key=b"f" * 64)
-    c = Controller(MemoryLog(), config=make_cluster(nodes=2, gpus=4), clock=lambda: T, keyring=keyring)
+    c = Controller(MemoryLog(), config=make_cluster(nodes=2, gpus=4), clock=lambda: T, keyring=keyring,
+                   outbox=Outbox())
     await c.start()
     await c.handle("submit", {"spec": {"time_limit": 60, "hold": True}})
     return c, keyring

@@ -66,7 +66,6 @@ def load_seek(nats: str | None, target_seq: int | None = None, target_time: int 
     to ``to_seq``, else up to the first one past ``target_time`` when that is given, else to the end."""
     import asyncio
 
-    from rota.controller import snapshots
     from rota.controller.eventlog import JetStreamLog
     from rota.wire.cluster import admin_connection
 
@@ -78,12 +77,11 @@ def load_seek(nats: str | None, target_seq: int | None = None, target_time: int 
         gc.disable()   # a short-lived process that allocates what it keeps: the collector only rescans it
         lg = await JetStreamLog.connect(urls, **options)
         try:
-            store = await snapshots.open_store(lg.js)
             state = None
             if target_seq is not None:
-                state = await snapshots.at_or_before(store, target_seq)
+                state = await lg.snapshots.at_or_before(target_seq)
             elif target_time is not None:
-                state = await snapshots.at_or_before_time(store, target_time)
+                state = await lg.snapshots.at_or_before_time(target_time)
             out: list[ev.Envelope] = []
             async for chunk in lg.read_batches((state.seq if state else 0) + 1, to_seq):
                 out.extend(chunk)

@@ -19,6 +19,7 @@ from rota.wire.paths import default_state_dir
 from rota.controller import natsserver
 from rota.controller.agentlink import AgentLink
 from rota.controller.eventlog import SUBJECT_PREFIX, JetStreamLog
+from rota.controller.outbox import Outbox
 from rota.controller.service import Controller
 
 log = logging.getLogger("rota.up")
@@ -112,7 +113,7 @@ async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, n
                                           **natsauth.connect_options(keyring, None, tls_ca))
     from .reports import runner
 
-    controller = Controller(eventlog, config=config, keyring=keyring,
+    controller = Controller(eventlog, config=config, keyring=keyring, outbox=Outbox(),
                             reports=runner(str(state_dir / "projections.sqlite")),
                             timetravel_env=timetravel_environment(str(state_dir)))
     agent: Agent | None = None

@@ -17,52 +17,29 @@ from typing import Any
 
 from rota.core import commands
 from rota.core import credentials as creds
+from rota.core import effects
 from rota.core import events as ev
-from rota.core.state import RUNNING, State
+from rota.core.orders import Kill, Launch, Order
+from rota.core.state import RUNNING
+from rota.wire import orders as wire_orders
 from rota.wire import subjects as sj
 from rota.wire.subjects import CRED_HEADER
 from rota.wire.jsqueue import ensure_agent_consumers, ensure_streams, stored_at, work_queue
 
-from . import assign
 from .eventlog import FencedError, LogUnavailable
+from .outbox import Outbox
 
 log = logging.getLogger("rota.controller.agents")
 
-# What an agent may report, and only about its own node.
-AGENT_REPORTS = (ev.NodeRegistered, ev.JobExited, ev.HealthFault)
 SEND_ATTEMPTS = 12        # about a minute of retries (0.1 s doubling to 5 s) before an order is set aside
-
-
-def check_report(state: State, node: str, event: Any) -> Any:
-    """Validate an agent's report against the state; returns the event to append or raises Rejected."""
-    if not isinstance(event, AGENT_REPORTS):
-        raise commands.Rejected(f"agents may not report {event.type!r}", code="forbidden")
-    if getattr(event, "node", node) not in ("", node):
-        raise commands.Rejected(f"agent {node} reported for node {event.node!r}", code="forbidden")
-    n = state.nodes.get(node)
-    if n is None:
-        raise commands.Rejected(f"unknown node {node!r}: not in the cluster configuration", code="node")
-    if isinstance(event, ev.JobExited):
-        job = state.jobs.get(event.job_id)
-        if job is None or job.state != RUNNING or not job.alloc or job.alloc[0].node != node:
-            raise commands.Rejected(f"job {event.job_id} is not running on {node}", code="stale")
-        return event.model_copy(update={"node": node})
-    if isinstance(event, ev.HealthFault) and n.drain:
-        raise commands.Rejected(f"{node} is already drained", code="noop")
-    return event
-
-
-def undeliverable_launch(state: State, node: str, job_id: int, restarts: int, why: str) -> Any:
-    """A launch that never reached its node: the job ends FAILED with the reason (if it still waits for it)."""
-    job = state.jobs.get(job_id)
-    if job is None or job.state != RUNNING or job.restarts != restarts or not job.alloc or job.alloc[0].node != node:
-        raise commands.Rejected("noop", code="noop")
-    return ev.JobExited(job_id=job_id, state="FAILED", exit_code=1, node=node, reason=why[:1000])
 
 
 class AgentLink:
     def __init__(self, controller: Any, nc: Any, *, node_timeout: float = 300.0, keyring: Any = None) -> None:
+        if controller.outbox is None:
+            raise ValueError("the controller was built without an outbox: it would give the agents no orders")
         self.c = controller
+        self.outbox: Outbox = controller.outbox
         self.nc = nc
         self.js = nc.jetstream(timeout=10)
         self.node_timeout = node_timeout
@@ -70,7 +47,7 @@ class AgentLink:
         self.replay = creds.ReplayCache()
         self.last_seen: dict[str, float] = {}
         self.agent_running: dict[str, set[int]] = {}
-        self._senders: dict[str, asyncio.Queue[dict]] = {}
+        self._senders: dict[str, asyncio.Queue[Order]] = {}
         self._tasks: list[asyncio.Task] = []
         self._subs: list[Any] = []
         self._started = time.monotonic()
@@ -81,11 +58,9 @@ class AgentLink:
     async def start(self) -> None:
         await ensure_streams(self.js)
         await self.ensure_consumers()
-        self.c.on_assign = self.send
-        self.c.on_reload = self.resend_launches
         self._subs.append(await self.nc.subscribe(f"{sj.HEARTBEAT_PREFIX}.*", cb=self._on_heartbeat))
-        self._tasks = [asyncio.create_task(t) for t in (self._inbox(), self._monitor())]
         self.resend_launches()
+        self._tasks = [asyncio.create_task(t) for t in (self._inbox(), self._monitor(), self._orders())]
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -103,21 +78,23 @@ class AgentLink:
 
     # ------------------------------------------------------------ orders
 
-    def send(self, messages: list[tuple[str, dict]]) -> None:
-        for node, msg in messages:
+    def send(self, orders: list[tuple[str, Order]]) -> None:
+        """Queue each order for its node (sent in order, each node by its own sender)."""
+        for node, order in orders:
             queue = self._senders.get(node)
             if queue is None:
                 queue = self._senders[node] = asyncio.Queue()
                 self._tasks.append(asyncio.create_task(self._sender(node, queue)))
-            queue.put_nowait(msg)
+            queue.put_nowait(order)
+
+    async def _orders(self) -> None:
+        """Hand what each commit implies to the nodes' senders, in the order the log decided it."""
+        while True:
+            self.send(await self.outbox.get())
 
     def resend_launches(self) -> None:
         """Launches for every running job (after a restart or a rebuild): agents ignore repeats."""
-        st = self.c.state
-        for jid in list(st.running):
-            msg = assign.launch_message(st, jid)
-            if msg is not None:
-                self.send([(msg["nodes"][0], msg)])
+        self.send(effects.launches(self.c.state))
 
     def sign(self, node: str, subject: str, body: bytes) -> str | None:
         key = self.keyring.key_of(node) if self.keyring is not None else None
@@ -125,16 +102,16 @@ class AgentLink:
             return None
         return creds.issue(key, "ctl", 0, 0, node, int(time.time()), os.urandom(16).hex(), subject, body)
 
-    async def _sender(self, node: str, queue: asyncio.Queue[dict]) -> None:
+    async def _sender(self, node: str, queue: asyncio.Queue[Order]) -> None:
         """One node's orders, in order (a job's launch always precedes its kill)."""
         from nats.errors import MaxPayloadError
 
         subject = f"{sj.ASSIGN_PREFIX}.{node}"
         while True:
-            msg = await queue.get()
-            body = json.dumps(msg).encode()
-            once = msg["op"] not in ("update", "signal")   # these may be repeated on purpose
-            headers = {"Nats-Msg-Id": f"{msg['op']}-{msg['job_id']}-{msg.get('restarts', 0)}"} if once else {}
+            order = await queue.get()
+            body = wire_orders.encode(order)
+            msg_id = wire_orders.message_id(order)
+            headers = {"Nats-Msg-Id": msg_id} if msg_id else {}
             cred = self.sign(node, subject, body)
             if cred is not None:
                 headers[CRED_HEADER] = cred
@@ -153,16 +130,16 @@ class AgentLink:
                     await asyncio.sleep(delay)
                     delay = min(2 * delay, 5.0)
             if why:
-                await self._set_aside(node, msg, why)
+                await self._set_aside(node, order, why)
 
-    async def _set_aside(self, node: str, msg: dict, why: str) -> None:
-        log.error("an order (%s of job %s) for %s was set aside: %s", msg["op"], msg["job_id"], node, why)
-        self.set_aside.append((node, f"{msg['op']} {msg['job_id']}", why))
-        if msg["op"] != "launch":
+    async def _set_aside(self, node: str, order: Order, why: str) -> None:
+        log.error("an order (%s of job %s) for %s was set aside: %s", order.op, order.job_id, node, why)
+        self.set_aside.append((node, f"{order.op} {order.job_id}", why))
+        if not isinstance(order, Launch):
             return
         reason = f"the launch could not be delivered to {node}: {why}"
         try:
-            await self.c.write(lambda s: undeliverable_launch(s, node, msg["job_id"], msg.get("restarts", 0), reason),
+            await self.c.write(lambda s: commands.undeliverable_launch(s, node, order.job_id, order.restarts, reason),
                                "rota")
         except (commands.Rejected, LogUnavailable, FencedError):
             pass
@@ -209,7 +186,7 @@ class AgentLink:
             return True
         idem = "inbox-" + ((msg.headers or {}).get("Nats-Msg-Id") or f"{node}-{msg.metadata.sequence.stream}")[:128]
         try:
-            await self.c.write(lambda state: check_report(state, node, event), f"agent:{node}", idem)
+            await self.c.write(lambda state: commands.check_report(state, node, event), f"agent:{node}", idem)
         except commands.Rejected as r:
             if r.code not in ("stale", "noop"):
                 log.warning("report from %s refused: %s", node, r.lines[0])
@@ -257,13 +234,13 @@ class AgentLink:
                 silent = now - self.last_seen.get(name, self._started)
                 try:
                     if silent >= self.node_timeout:
-                        await self.c.write(lambda s, n=name: _down(s, n), "rota")
+                        await self.c.write(lambda s, n=name: commands.silent_node_down(s, n), "rota")
                     elif silent >= self.node_timeout / 2 and not node.not_responding:
-                        await self.c.write(lambda s, n=name: _not_responding(s, n), "rota")
+                        await self.c.write(lambda s, n=name: commands.silent_node_not_responding(s, n), "rota")
                     elif node.reported_gpus is not None and node.reported_gpus < node.gpu_count and not node.drain:
                         reason = (f"gres/gpu count reported lower than configured "
                                   f"({node.reported_gpus} < {node.gpu_count})")
-                        await self.c.write(lambda s, n=name, r=reason: check_report(
+                        await self.c.write(lambda s, n=name, r=reason: commands.check_report(
                             s, n, ev.HealthFault(node=n, reason=r, code="gres")), "rota")
                 except (commands.Rejected, LogUnavailable):
                     pass
@@ -272,20 +249,6 @@ class AgentLink:
                 for jid in self.agent_running.get(name, set()):
                     job = st.jobs.get(jid)
                     if job is None or job.state != RUNNING:
-                        self.send([(name, {"op": "kill", "job_id": jid, "reason": "stopped",
-                                           "restarts": job.restarts if job else 0})])
+                        self.send([(name, Kill(job_id=jid, reason="stopped",
+                                               restarts=job.restarts if job is not None else None))])
                 self.agent_running.pop(name, None)
-
-
-def _down(state: State, node: str) -> Any:
-    n = state.nodes.get(node)
-    if n is None or n.down:
-        raise commands.Rejected("noop", code="noop")
-    return ev.NodeDown(node=node, reason="Not responding", by="rota")
-
-
-def _not_responding(state: State, node: str) -> Any:
-    n = state.nodes.get(node)
-    if n is None or n.not_responding or n.down:
-        raise commands.Rejected("noop", code="noop")
-    return ev.NodeNotResponding(node=node)

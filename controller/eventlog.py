@@ -11,12 +11,14 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Protocol
 
 from rota.core import credentials
 from rota.core import events as ev
 from rota.wire import natsconn
 from rota.wire import subjects as sj
+
+from .snapshots import MemorySnapshots, ObjectStoreSnapshots, SnapshotStore
 
 log = logging.getLogger("rota.eventlog")
 STREAM = sj.EVENT_STREAM
@@ -133,12 +135,35 @@ def decode_message(seq: int, headers: dict | None, body: bytes, check: RecordChe
     return ev.Envelope.trusted(seq, ts, actor, idem, event)
 
 
+class EventLog(Protocol):
+    """What the controller needs of a log: fenced, idempotent appends; reads in batches; snapshots."""
+
+    snapshots: SnapshotStore
+    mac_key: bytes | None
+
+    async def last_seq(self) -> int:
+        """The sequence of the last record."""
+
+    async def append(self, event: Any, *, actor: str, idem: str, ts: int,
+                     expected_last: int | None = None) -> Appended:
+        """Append ``event`` (a duplicate ``idem`` returns the first one's sequence; a log whose last
+        sequence is not ``expected_last`` raises :class:`FencedError`)."""
+
+    def read_batches(self, from_seq: int = 1, to_seq: int | None = None) -> AsyncIterator[list[ev.Envelope]]:
+        """The records from ``from_seq`` to ``to_seq`` (inclusive; None: the end), in order, in batches."""
+
+    async def close(self) -> None:
+        """Let go of the log's connections."""
+
+
 class MemoryLog:
     """The in-memory backend: same contract as :class:`JetStreamLog`."""
 
     def __init__(self, duplicate_window: int = 1 << 30) -> None:
         self.entries: list[ev.Envelope] = []
         self._idem: dict[str, int] = {}
+        self.snapshots: SnapshotStore = MemorySnapshots()
+        self.mac_key: bytes | None = None
 
     async def last_seq(self) -> int:
         return len(self.entries)
@@ -178,6 +203,8 @@ class JetStreamLog:
         self._plain_reads = True   # deliveries on a connection of our own (see _RawPullReader)
         self.mac_key = mac_key
         self.check = RecordCheck(mac_key) if mac_key is not None else None
+        # a trusted snapshot signed by the controller: the log is signed from its sequence on
+        self.snapshots: SnapshotStore = ObjectStoreSnapshots(js, mac_key, self.check.signed_at if self.check else None)
         self.set_aside: list[tuple[int, str]] = []   # (sequence, why) of records read and not applied
 
     @classmethod

@@ -219,8 +219,7 @@ async def _cancel(c: Any, caller: Caller, r: rq.Cancel, rid: str) -> dict:
 
 @verb("signal", rq.Signal)
 async def _signal(c: Any, caller: Caller, r: rq.Signal, rid: str) -> dict:
-    job = commands.signal_target(c.state, r.job_id, caller)
-    c.send_signal(job, r.signal)
+    c.send([commands.signal(c.state, r.job_id, r.signal, caller)])
     return {"ok": True}
 
 

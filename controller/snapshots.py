@@ -1,9 +1,10 @@
-"""State snapshots in the JetStream object store: ``latest`` for restarts, ``at-<seq>`` every so often
-for time travel (seek = nearest snapshot at or before a moment + replay of the tail)."""
+"""State snapshots: ``latest`` for restarts, ``at-<seq>`` every so often for time travel (seek =
+nearest snapshot at or before a moment + replay of the tail). Every log has a :class:`SnapshotStore`:
+the JetStream object store, or memory."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable, Protocol
 
 import hmac
 
@@ -33,6 +34,81 @@ def unseal(stored: bytes, key: bytes | None) -> bytes:
     if key is not None:
         raise ValueError("it is not signed by this cluster's controller")
     return stored
+
+
+class SnapshotStore(Protocol):
+    """Where a log keeps its state snapshots: ``latest`` for restarts, history for time travel."""
+
+    async def put(self, data: bytes, seq: int, history: bool) -> None:
+        """Store ``data`` (the state at ``seq``) as the latest, and in the history when ``history``."""
+
+    async def latest(self) -> State | None:
+        """The latest snapshot (None: none, or none that can be read and trusted; the reason is logged)."""
+
+    async def at_or_before(self, seq: int) -> State | None:
+        """The newest snapshot whose sequence is at most ``seq``."""
+
+    async def at_or_before_time(self, ts: int) -> State | None:
+        """The newest snapshot whose log time is at most ``ts``."""
+
+
+class MemorySnapshots:
+    """Snapshots kept in memory (the in-memory log's)."""
+
+    def __init__(self) -> None:
+        self._latest: bytes | None = None
+        self._history: dict[int, bytes] = {}
+
+    async def put(self, data: bytes, seq: int, history: bool) -> None:
+        self._latest = data
+        if history:
+            self._history[seq] = data
+
+    async def latest(self) -> State | None:
+        return None if self._latest is None else load_snapshot(self._latest)
+
+    async def at_or_before(self, seq: int) -> State | None:
+        older = [s for s in self._history if s <= seq]
+        if older:
+            return load_snapshot(self._history[max(older)])
+        snap = await self.latest()
+        return snap if snap is not None and snap.seq <= seq else None
+
+    async def at_or_before_time(self, ts: int) -> State | None:
+        for s in sorted(self._history, reverse=True):
+            state = load_snapshot(self._history[s])
+            if state.now <= ts:
+                return state
+        return None
+
+
+class ObjectStoreSnapshots:
+    """Snapshots in the JetStream object store (chunked: any size), sealed with the log key when
+    this process holds it. ``on_latest(seq)`` is told the sequence of a trusted latest snapshot."""
+
+    def __init__(self, js: Any, key: bytes | None = None, on_latest: Callable[[int], None] | None = None) -> None:
+        self.js, self.key, self.on_latest = js, key, on_latest
+        self._store: Any = None
+
+    async def _open(self) -> Any:
+        if self._store is None:
+            self._store = await open_store(self.js)
+        return self._store
+
+    async def put(self, data: bytes, seq: int, history: bool) -> None:
+        await put(await self._open(), data, seq, history, self.key)
+
+    async def latest(self) -> State | None:
+        snap = await latest(await self._open(), self.key)
+        if snap is not None and self.on_latest is not None:
+            self.on_latest(snap.seq)
+        return snap
+
+    async def at_or_before(self, seq: int) -> State | None:
+        return await at_or_before(await self._open(), seq, self.key)
+
+    async def at_or_before_time(self, ts: int) -> State | None:
+        return await at_or_before_time(await self._open(), ts, self.key)
 
 
 async def open_store(js: Any) -> Any:

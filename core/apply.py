@@ -2,7 +2,9 @@
 
 It mutates ``state`` in place (and returns it) for speed; it is deterministic and touches
 nothing outside ``state``. An event that no longer fits the state (a late report about a job
-that already ended, an unknown node) changes nothing: terminal job states are never undone.
+that already ended, an unknown node) changes nothing: terminal job states are never undone, and
+the attempt is counted in the :class:`~rota.core.changes.Changes` the caller passes, which also
+records every job and node the events touched (effects and rows are derived from it).
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any, Callable
 
 from . import events as ev
 from .arrays import parse_array
+from .changes import NOTHING, Changes
 from .request import node_request
 from .state import (
     CANCELLED, COMPLETED, NODE_FAIL, PENDING, RUNNING, TERMINAL_STATES, Job, Node, State, node_from_config,
@@ -18,12 +21,12 @@ from .state import (
 SYSTEM = "rota"
 
 
-def apply(state: State, env: ev.Envelope) -> State:
-    """Apply one envelope to ``state`` and return it."""
-    return fold((env,), state)
+def apply(state: State, env: ev.Envelope, changes: Changes = NOTHING) -> State:
+    """Apply one envelope to ``state`` and return it (recording what changed in ``changes``)."""
+    return fold((env,), state, changes)
 
 
-def fold(envelopes, state: State | None = None) -> State:
+def fold(envelopes, state: State | None = None, changes: Changes = NOTHING) -> State:
     """Apply every envelope in order, starting from ``state`` (or an empty one).
 
     An event the reducer cannot apply (it names nodes or GPUs that do not exist, carries a spec
@@ -32,12 +35,14 @@ def fold(envelopes, state: State | None = None) -> State:
     """
     st = State() if state is None else state
     handlers = _HANDLERS
+    ch = changes
     for env in envelopes:
         event = env.event
         handler = handlers.get(type(event))
+        ch.seq = env.seq
         if handler is not None:
             try:
-                handler(st, env, event)
+                handler(st, env, event, ch)
             except Exception as exc:  # noqa: BLE001 - a malformed record: set aside, keep folding
                 st.set_aside.append((env.seq, f"{event.type}: {type(exc).__name__}: {exc}"))
         st.seq = env.seq
@@ -69,14 +74,10 @@ def _purge(state: State) -> None:
             state.ended[jid] = (1, 0) if job.state == COMPLETED and job.exit_code == 0 else (0, 1)
             continue
         aid = job.array_job_id
-        tasks = [jobs[t] for t in state.array_tasks.get(aid, ()) if t in jobs]
-        head = jobs.get(aid)
-        every = tasks + [head] if head is not None and head not in tasks else tasks
+        every = state.members(aid) or [job]
         if any(m.state not in TERMINAL_STATES or m.end_time > cutoff for m in every):
             continue   # the last member to end brings the whole array out
-        counted = tasks
-        if head is not None and head not in tasks and (head.array_pending or not tasks):
-            counted = every   # the same members a dependency on the array waits for (see deps)
+        counted = state.counted_members(aid) or every   # the members a dependency on the array waits for
         good = sum(1 for m in counted if m.state == COMPLETED and m.exit_code == 0)
         for m in every:
             del jobs[m.job_id]
@@ -87,13 +88,14 @@ def _purge(state: State) -> None:
 # ---------------------------------------------------------------- helpers
 
 
-def _release(state: State, job: Job, ts: int) -> None:
+def _release(state: State, job: Job, ts: int, ch: Changes) -> None:
     nodes = state.nodes
     jid = job.job_id
     for a in job.alloc:
         node = nodes.get(a.node)
         if node is None:
             continue
+        ch.node(a.node)
         node.alloc_cpus -= a.cpus
         node.alloc_mem -= a.mem
         owner = node.gpu_owner
@@ -106,9 +108,10 @@ def _release(state: State, job: Job, ts: int) -> None:
     state.running.pop(jid, None)
 
 
-def _finish(state: State, job: Job, end_state: str, ts: int) -> None:
+def _finish(state: State, job: Job, end_state: str, ts: int, ch: Changes) -> None:
+    ch.job(job)
     if job.state == RUNNING:
-        _release(state, job, ts)
+        _release(state, job, ts, ch)
     state.pending.pop(job.job_id, None)
     job.state = end_state
     job.end_time = ts
@@ -117,9 +120,10 @@ def _finish(state: State, job: Job, end_state: str, ts: int) -> None:
     state.finished.append((ts, job.job_id))
 
 
-def _requeue(state: State, job: Job, ts: int, hold: bool, user_hold: bool = False) -> None:
+def _requeue(state: State, job: Job, ts: int, ch: Changes, hold: bool, user_hold: bool = False) -> None:
+    ch.job(job)
     if job.state == RUNNING:
-        _release(state, job, ts)
+        _release(state, job, ts, ch)
     job.state = PENDING
     job.restarts += 1
     job.alloc = ()
@@ -132,22 +136,23 @@ def _requeue(state: State, job: Job, ts: int, hold: bool, user_hold: bool = Fals
     state.pending[job.job_id] = None
 
 
-def _node_failed(state: State, node: Node, ts: int) -> None:
+def _node_failed(state: State, node: Node, ts: int, ch: Changes) -> None:
     """A DOWN node kills its jobs: NODE_FAIL, or back to the queue when they asked to requeue."""
+    ch.node(node.name)
     for jid in list(node.jobs):
         job = state.jobs.get(jid)
         if job is None or job.state != RUNNING:
             continue
         if job.spec.requeue:
-            _requeue(state, job, ts, hold=False)
+            _requeue(state, job, ts, ch, hold=False)
         else:
-            _finish(state, job, NODE_FAIL, ts)
+            _finish(state, job, NODE_FAIL, ts, ch)
 
 
 # ---------------------------------------------------------------- handlers
 
 
-def _cluster_configured(state: State, env: ev.Envelope, e: ev.ClusterConfigured) -> None:
+def _cluster_configured(state: State, env: ev.Envelope, e: ev.ClusterConfigured, ch: Changes) -> None:
     old = state.nodes
     new: dict[str, Node] = {}
     for i, nc in enumerate(e.config.nodes):
@@ -165,28 +170,33 @@ def _cluster_configured(state: State, env: ev.Envelope, e: ev.ClusterConfigured)
         new[nc.name] = node
     for name, node in old.items():
         if name not in new:
-            _node_failed(state, node, env.ts)
+            _node_failed(state, node, env.ts, ch)
             for jid in list(node.jobs):
                 job = state.jobs.get(jid)
                 if job is not None and job.state == RUNNING:
-                    _finish(state, job, NODE_FAIL, env.ts)
+                    _finish(state, job, NODE_FAIL, env.ts, ch)
     state.nodes = new
     state.config = e.config
     state.config_seq = env.seq
     state.refresh_partition_shapes()
+    ch.config = True
+    for name in new:
+        ch.node(name)
     shapes = state.part_shapes
     for jid in state.pending:
         job = state.jobs[jid]
+        ch.job(job)
         shape = shapes.get(job.partition)
         job.req = node_request(job.spec, shape) if shape is not None else None
 
 
-def _controller_started(state: State, env: ev.Envelope, e: ev.ControllerStarted) -> None:
+def _controller_started(state: State, env: ev.Envelope, e: ev.ControllerStarted, ch: Changes) -> None:
     state.controller_version = e.version
 
 
-def _job_submitted(state: State, env: ev.Envelope, e: ev.JobSubmitted) -> None:
+def _job_submitted(state: State, env: ev.Envelope, e: ev.JobSubmitted, ch: Changes) -> None:
     if e.job_id in state.jobs or e.job_id in state.ended:
+        ch.ignored(f"job {e.job_id} was already submitted")
         return
     spec = e.spec
     cfg = state.config
@@ -208,63 +218,63 @@ def _job_submitted(state: State, env: ev.Envelope, e: ev.JobSubmitted) -> None:
         job.array_throttle = arr.throttle
     state.jobs[e.job_id] = job
     state.pending[e.job_id] = None
+    ch.new_job(job)
     if e.job_id >= state.next_job_id:
         state.next_job_id = e.job_id + 1
 
 
-def _array_members(state: State, job_id: int) -> list[Job]:
-    """The job itself, or for an array id every task record and the pending remainder."""
-    job = state.jobs.get(job_id)
-    if job is None:
-        return []
-    if job.array_job_id == job_id:
-        members = [state.jobs[t] for t in state.array_tasks.get(job_id, ()) if t in state.jobs]
-        if job not in members:
-            members.append(job)
-        return members
-    return [job]
-
-
-def _job_cancelled(state: State, env: ev.Envelope, e: ev.JobCancelled) -> None:
+def _job_cancelled(state: State, env: ev.Envelope, e: ev.JobCancelled, ch: Changes) -> None:
     job = state.jobs.get(e.job_id)
     if job is None:
+        ch.ignored(f"job {e.job_id} does not exist")
         return
     if e.tasks is not None and job.array_pending is not None:
         drop = set(e.tasks)
+        ch.job(job)
         job.array_pending = [i for i in job.array_pending if i not in drop]
         for tid in state.array_tasks.get(e.job_id, ()):
             task = state.jobs[tid]
             if task.array_task_id in drop and task.state == RUNNING:
-                task.cancel_by = e.by_uid
+                _stop_running(task, e, ch)
         if not job.array_pending:
             job.cancel_by = e.by_uid
-            _finish(state, job, CANCELLED, env.ts)
+            _finish(state, job, CANCELLED, env.ts, ch)
         return
-    for member in _array_members(state, e.job_id):
+    for member in state.members(e.job_id):
         if member.state == PENDING:
             member.cancel_by = e.by_uid
-            _finish(state, member, CANCELLED, env.ts)
+            _finish(state, member, CANCELLED, env.ts, ch)
         elif member.state == RUNNING:
-            member.cancel_by = e.by_uid   # the agent kills it and reports CANCELLED
+            _stop_running(member, e, ch)
 
 
-def _job_held(state: State, env: ev.Envelope, e: ev.JobHeld) -> None:
-    for member in _array_members(state, e.job_id):
+def _stop_running(job: Job, e: ev.JobCancelled, ch: Changes) -> None:
+    """A cancelled running job stays RUNNING on the log until its agent has killed it and reports."""
+    ch.job(job)
+    job.cancel_by = e.by_uid
+    ch.cancelled(job.job_id, e.signal)
+
+
+def _job_held(state: State, env: ev.Envelope, e: ev.JobHeld, ch: Changes) -> None:
+    for member in state.members(e.job_id):
         if member.state == PENDING:
+            ch.job(member)
             member.hold = "admin" if e.admin else "user"
 
 
-def _job_released(state: State, env: ev.Envelope, e: ev.JobReleased) -> None:
-    for member in _array_members(state, e.job_id):
+def _job_released(state: State, env: ev.Envelope, e: ev.JobReleased, ch: Changes) -> None:
+    for member in state.members(e.job_id):
         if member.state == PENDING and member.hold is not None:
+            ch.job(member)
             member.hold = None
             member.eligible_time = max(env.ts, member.spec.begin or 0)
 
 
-def _job_updated(state: State, env: ev.Envelope, e: ev.JobUpdated) -> None:
-    for member in _array_members(state, e.job_id):
+def _job_updated(state: State, env: ev.Envelope, e: ev.JobUpdated, ch: Changes) -> None:
+    for member in state.members(e.job_id):
         if member.state in TERMINAL_STATES:
             continue
+        ch.job(member)
         if e.time_limit is not None:
             member.time_limit = e.time_limit
         if e.priority is not None:
@@ -273,11 +283,12 @@ def _job_updated(state: State, env: ev.Envelope, e: ev.JobUpdated) -> None:
             member.nice = e.nice
 
 
-def _job_requeued(state: State, env: ev.Envelope, e: ev.JobRequeued) -> None:
+def _job_requeued(state: State, env: ev.Envelope, e: ev.JobRequeued, ch: Changes) -> None:
     job = state.jobs.get(e.job_id)
     if job is None or job.state == PENDING or job.array_pending is not None:
+        ch.ignored(f"job {e.job_id} cannot be requeued (it does not exist, is pending or is an array's remainder)")
         return
-    _requeue(state, job, env.ts, e.hold, e.user_hold)
+    _requeue(state, job, env.ts, ch, e.hold, e.user_hold)
 
 
 def _misfit(nodes: dict[str, Node], start: ev.Start) -> str | None:
@@ -286,12 +297,13 @@ def _misfit(nodes: dict[str, Node], start: ev.Start) -> str | None:
         node = nodes.get(a.node)
         if node is None:
             return f"node {a.node!r} does not exist"
-        if a.cpus < 0 or a.mem < 0 or any(not 0 <= g < len(node.gpu_owner) for g in a.gpus):
+        gpus = a.gpus
+        if a.cpus < 0 or a.mem < 0 or gpus and (min(gpus) < 0 or max(gpus) >= len(node.gpu_owner)):
             return f"{a.node} has no such CPUs, memory or GPUs {list(a.gpus)}"
     return None
 
 
-def _jobs_started(state: State, env: ev.Envelope, e: ev.JobsStarted) -> None:
+def _jobs_started(state: State, env: ev.Envelope, e: ev.JobsStarted, ch: Changes) -> None:
     jobs, nodes = state.jobs, state.nodes
     now = e.now
     for s in e.starts:
@@ -303,14 +315,17 @@ def _jobs_started(state: State, env: ev.Envelope, e: ev.JobsStarted) -> None:
         if s.array_job_id is not None:
             master = jobs.get(s.array_job_id)
             if master is None or master.array_pending is None or s.array_task_id not in master.array_pending:
+                ch.ignored(f"array task {s.array_job_id}_{s.array_task_id} is not pending")
                 continue
+            if jid != master.job_id and jid in jobs:
+                ch.ignored(f"array task {s.array_job_id}_{s.array_task_id}: job id {jid} is taken")
+                continue
+            ch.job(master)
             master.array_pending.remove(s.array_task_id)
             if jid == master.job_id:
                 job = master
                 job.array_pending = None
             else:
-                if jid in jobs:
-                    continue
                 job = Job(job_id=jid, spec=master.spec, submit_seq=master.submit_seq,
                           submit_time=master.submit_time, nice=master.nice,
                           priority_override=master.priority_override,
@@ -318,6 +333,7 @@ def _jobs_started(state: State, env: ev.Envelope, e: ev.JobsStarted) -> None:
                           array_throttle=master.array_throttle, partition=master.partition,
                           req=master.req)
                 jobs[jid] = job
+                ch.new_job(job)
             job.array_task_id = s.array_task_id
             state.array_tasks.setdefault(s.array_job_id, []).append(jid)
             if jid >= state.next_job_id:
@@ -325,8 +341,10 @@ def _jobs_started(state: State, env: ev.Envelope, e: ev.JobsStarted) -> None:
         else:
             found = jobs.get(jid)
             if found is None or found.state != PENDING:
+                ch.ignored(f"job {jid} is not pending")
                 continue
             job = found
+            ch.job(job)
         job.state = RUNNING
         job.partition = s.partition
         job.time_limit = s.time_limit
@@ -336,6 +354,7 @@ def _jobs_started(state: State, env: ev.Envelope, e: ev.JobsStarted) -> None:
         job.start_cycle = e.cycle
         for a in s.alloc:
             node = nodes[a.node]
+            ch.node(a.node)
             node.alloc_cpus += a.cpus
             node.alloc_mem += a.mem
             owner = node.gpu_owner
@@ -347,23 +366,28 @@ def _jobs_started(state: State, env: ev.Envelope, e: ev.JobsStarted) -> None:
     state.cycle = e.cycle
 
 
-def _job_exited(state: State, env: ev.Envelope, e: ev.JobExited) -> None:
+def _job_exited(state: State, env: ev.Envelope, e: ev.JobExited, ch: Changes) -> None:
     job = state.jobs.get(e.job_id)
     if job is None or job.state != RUNNING:
+        ch.ignored(f"job {e.job_id} is not running")
         return
+    ch.job(job)
     job.exit_code, job.signal, job.max_rss = e.exit_code, e.signal, e.max_rss
     job.elapsed = e.elapsed or max(0, env.ts - job.start_time)
-    _finish(state, job, e.state, env.ts)
+    ch.exited(job.job_id)
+    _finish(state, job, e.state, env.ts, ch)
 
 
 def _set_reason(node: Node, reason: str, by: str, ts: int) -> None:
     node.reason, node.reason_by, node.reason_time = reason, by, ts
 
 
-def _node_registered(state: State, env: ev.Envelope, e: ev.NodeRegistered) -> None:
+def _node_registered(state: State, env: ev.Envelope, e: ev.NodeRegistered, ch: Changes) -> None:
     node = state.nodes.get(e.node)
     if node is None:
+        ch.ignored(f"node {e.node!r} does not exist")
         return
+    ch.node(e.node)
     node.registered = True
     node.awaiting_agent = False
     node.boot_time = e.boot_time
@@ -394,23 +418,27 @@ def _node_registered(state: State, env: ev.Envelope, e: ev.NodeRegistered) -> No
                 job = state.jobs.get(jid)
                 if job is not None and job.state == RUNNING:
                     if job.spec.requeue:
-                        _requeue(state, job, env.ts, hold=False)
+                        _requeue(state, job, env.ts, ch, hold=False)
                     else:
-                        _finish(state, job, NODE_FAIL, env.ts)
+                        _finish(state, job, NODE_FAIL, env.ts, ch)
 
 
-def _node_drained(state: State, env: ev.Envelope, e: ev.NodeDrained) -> None:
+def _node_drained(state: State, env: ev.Envelope, e: ev.NodeDrained, ch: Changes) -> None:
     node = state.nodes.get(e.node)
     if node is None:
+        ch.ignored(f"node {e.node!r} does not exist")
         return
+    ch.node(e.node)
     node.drain = True
     _set_reason(node, e.reason, e.by, env.ts)
 
 
-def _node_resumed(state: State, env: ev.Envelope, e: ev.NodeResumed) -> None:
+def _node_resumed(state: State, env: ev.Envelope, e: ev.NodeResumed, ch: Changes) -> None:
     node = state.nodes.get(e.node)
     if node is None:
+        ch.ignored(f"node {e.node!r} does not exist")
         return
+    ch.node(e.node)
     node.drain = False
     node.invalid_reg = False
     if not e.undrain_only:
@@ -420,32 +448,38 @@ def _node_resumed(state: State, env: ev.Envelope, e: ev.NodeResumed) -> None:
         node.reason_time = 0
 
 
-def _node_down(state: State, env: ev.Envelope, e: ev.NodeDown) -> None:
+def _node_down(state: State, env: ev.Envelope, e: ev.NodeDown, ch: Changes) -> None:
     node = state.nodes.get(e.node)
     if node is None:
+        ch.ignored(f"node {e.node!r} does not exist")
         return
+    ch.node(e.node)
     node.down = True
     _set_reason(node, e.reason, e.by, env.ts)
-    _node_failed(state, node, env.ts)
+    _node_failed(state, node, env.ts, ch)
 
 
-def _node_not_responding(state: State, env: ev.Envelope, e: ev.NodeNotResponding) -> None:
+def _node_not_responding(state: State, env: ev.Envelope, e: ev.NodeNotResponding, ch: Changes) -> None:
     node = state.nodes.get(e.node)
     if node is None:
+        ch.ignored(f"node {e.node!r} does not exist")
         return
+    ch.node(e.node)
     node.not_responding = True
 
 
-def _health_fault(state: State, env: ev.Envelope, e: ev.HealthFault) -> None:
+def _health_fault(state: State, env: ev.Envelope, e: ev.HealthFault, ch: Changes) -> None:
     node = state.nodes.get(e.node)
     if node is None:
+        ch.ignored(f"node {e.node!r} does not exist")
         return
+    ch.node(e.node)
     if not node.drain:
         node.drain = True
         _set_reason(node, e.reason, SYSTEM, env.ts)
 
 
-_HANDLERS: dict[type, Callable[[State, ev.Envelope, Any], None]] = {
+_HANDLERS: dict[type, Callable[[State, ev.Envelope, Any, Changes], None]] = {
     ev.ClusterConfigured: _cluster_configured,
     ev.ControllerStarted: _controller_started,
     ev.JobSubmitted: _job_submitted,

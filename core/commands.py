@@ -10,6 +10,7 @@ from .arrays import ArraySpecError, parse_array
 from .auth import ROOT, Caller
 from .deps import DependencySpecError, parse_dependency
 from .limits import MAX_COUNT, MAX_NICE, MAX_TIME, spec_problems
+from .orders import Signal
 from .request import constraint_matches, effective_time_limit, node_request, partition_shape
 from .state import PENDING, RUNNING, TERMINAL_STATES, Job, State
 
@@ -158,12 +159,13 @@ def cancel(state: State, job_id: int, caller: Caller = ROOT, tasks: tuple[int, .
     return ev.JobCancelled(job_id=job_id, by_uid=caller.uid, tasks=tasks, signal=signal)
 
 
-def signal_target(state: State, job_id: int, caller: Caller = ROOT) -> Job:
-    """``scancel --signal``: the running job to signal (a signal changes nothing the log knows)."""
+def signal(state: State, job_id: int, signum: int, caller: Caller = ROOT) -> tuple[str, Signal]:
+    """``scancel --signal``: the order that delivers ``signum`` to the running job's processes on its
+    batch host (a signal changes nothing the log knows)."""
     job = _own_job(state, caller, job_id)
     if job.state != RUNNING or not job.alloc:
         raise Rejected("Job is not running", code="not_running")
-    return job
+    return job.alloc[0].node, Signal(job_id=job_id, restarts=job.restarts, signal=signum)
 
 
 def requeue(state: State, job_id: int, hold: bool = False, caller: Caller = ROOT) -> ev.JobRequeued:
@@ -257,3 +259,52 @@ def resume(state: State, node: str, caller: Caller = ROOT, undrain_only: bool = 
         raise Rejected(f"Invalid node state transition requested: {node} is not drained or down",
                        code="state")
     return ev.NodeResumed(node=node, by=caller.user, undrain_only=undrain_only)
+
+
+# ---------------------------------------------------------------- agents and silent nodes
+
+AGENT_REPORTS = (ev.NodeRegistered, ev.JobExited, ev.HealthFault)
+"""What an agent may report, and only about its own node."""
+
+
+def check_report(state: State, node: str, event: ev.Event) -> ev.Event:
+    """An agent's report checked against the state: the event to append, or :class:`Rejected`."""
+    if not isinstance(event, AGENT_REPORTS):
+        raise Rejected(f"agents may not report {event.type!r}", code="forbidden")
+    if event.node not in ("", node):
+        raise Rejected(f"agent {node} reported for node {event.node!r}", code="forbidden")
+    n = state.nodes.get(node)
+    if n is None:
+        raise Rejected(f"unknown node {node!r}: not in the cluster configuration", code="node")
+    if isinstance(event, ev.JobExited):
+        job = state.jobs.get(event.job_id)
+        if job is None or job.state != RUNNING or not job.alloc or job.alloc[0].node != node:
+            raise Rejected(f"job {event.job_id} is not running on {node}", code="stale")
+        return event.model_copy(update={"node": node})
+    if isinstance(event, ev.HealthFault) and n.drain:
+        raise Rejected(f"{node} is already drained", code="noop")
+    return event
+
+
+def undeliverable_launch(state: State, node: str, job_id: int, restarts: int, why: str) -> ev.JobExited:
+    """A launch that never reached its node: the job ends FAILED with the reason (if it still waits for it)."""
+    job = state.jobs.get(job_id)
+    if job is None or job.state != RUNNING or job.restarts != restarts or not job.alloc or job.alloc[0].node != node:
+        raise Rejected("noop", code="noop")
+    return ev.JobExited(job_id=job_id, state="FAILED", exit_code=1, node=node, reason=why[:1000])
+
+
+def silent_node_down(state: State, node: str) -> ev.NodeDown:
+    """A node whose agent stayed silent past the timeout goes DOWN (its jobs fail or requeue)."""
+    n = state.nodes.get(node)
+    if n is None or n.down:
+        raise Rejected("noop", code="noop")
+    return ev.NodeDown(node=node, reason="Not responding", by="rota")
+
+
+def silent_node_not_responding(state: State, node: str) -> ev.NodeNotResponding:
+    """A node whose agent stayed silent half the timeout is NOT_RESPONDING (no new work)."""
+    n = state.nodes.get(node)
+    if n is None or n.not_responding or n.down:
+        raise Rejected("noop", code="noop")
+    return ev.NodeNotResponding(node=node)

@@ -51,19 +51,6 @@ def parse_dependency(text: str) -> Dependency:
     return Dependency(tuple(terms), any_of)
 
 
-def _members(state: State, job_id: int):
-    job = state.jobs.get(job_id)
-    if job is None:
-        return None
-    if job.array_job_id == job_id:
-        out = [state.jobs[t] for t in state.array_tasks.get(job_id, ())]
-        if job.array_pending or job.array_task_id is not None or not out:
-            if job not in out:
-                out.append(job)
-        return out
-    return [job]
-
-
 def _term_status(state: State, term: DepTerm, job_id: int, now: int) -> str:
     if term.kind == "singleton":
         me = state.jobs[job_id]
@@ -75,7 +62,7 @@ def _term_status(state: State, term: DepTerm, job_id: int, now: int) -> str:
                 if o.state == RUNNING or o.submit_seq < me.submit_seq:
                     return WAIT
         return OK
-    members = _members(state, term.job_id)
+    members = state.counted_members(term.job_id)
     if members is None:
         ended = state.ended.get(term.job_id)
         if ended is None:

@@ -171,6 +171,37 @@ class State:
         finished.sort()
         self.finished = deque(finished)
 
+    def members(self, job_id: int) -> list[Job]:
+        """The job, or for an array's id every task record and the head (the pending remainder).
+
+        The one definition of array membership: cancel, hold, release, update and requeue act on
+        these, and the array leaves the state (MinJobAge) when all of them have ended.
+        """
+        job = self.jobs.get(job_id)
+        if job is None:
+            return []
+        if job.array_job_id != job_id:
+            return [job]
+        jobs = self.jobs
+        out = [jobs[t] for t in self.array_tasks.get(job_id, ()) if t in jobs]
+        if job.array_task_id is None:
+            out.append(job)
+        return out
+
+    def counted_members(self, job_id: int) -> list[Job] | None:
+        """The members whose ends a dependency on ``job_id`` waits for (None: no such job).
+
+        An array's head counts while it still holds pending tasks, or when no task ever ran; an
+        emptied remainder (every index started or cancelled) is not a job of its own.
+        """
+        members = self.members(job_id)
+        if not members:
+            return None
+        head = members[-1]
+        if head.job_id == job_id and head.array_task_id is None and len(members) > 1 and not head.array_pending:
+            return members[:-1]
+        return members
+
     def partition(self, name: str):  # -> PartitionConfig | None
         if self.config is None:
             return None

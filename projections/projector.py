@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from rota.core import events as ev
-from rota.core.apply import apply
-from rota.core.state import RUNNING, TERMINAL_STATES, Job, State, dump_snapshot, load_snapshot
+from rota.core.apply import fold
+from rota.core.changes import Changes
+from rota.core.state import TERMINAL_STATES, Job, State, dump_snapshot, load_snapshot
 
 from .schema import SCHEMA, SCHEMA_VERSION
 
@@ -47,40 +48,6 @@ def job_row(job: Job, seq: int, reason: str | None = None) -> tuple:
             req.nnodes if req else spec.nodes, req.total_cpus if req else 0, (req.mem * req.nnodes) if req else 0,
             (req.gpus * req.nnodes) if req else 0, spec.gpu_type, job.restarts, spec.workdir, spec.dependency,
             job.hold, job.priority_override, job.submit_seq, reason, seq)
-
-
-def _members(state: State, job_id: int) -> list[int]:
-    job = state.jobs.get(job_id)
-    if job is None:
-        return []
-    if job.array_job_id == job_id:
-        return [job_id, *state.array_tasks.get(job_id, ())]
-    return [job_id]
-
-
-def touched(state: State, event: Any) -> list[int]:
-    """The jobs ``event`` may change (looked up before it is applied)."""
-    if isinstance(event, (ev.JobSubmitted, ev.JobExited)):
-        return [event.job_id]
-    if isinstance(event, ev.JobsStarted):
-        out = []
-        for s in event.starts:
-            out.append(s.job_id)
-            if s.array_job_id is not None:
-                out.append(s.array_job_id)
-        return out
-    if isinstance(event, (ev.JobCancelled, ev.JobHeld, ev.JobReleased, ev.JobUpdated, ev.JobRequeued)):
-        return _members(state, event.job_id)
-    if isinstance(event, (ev.NodeDown, ev.NodeRegistered)):
-        node = state.nodes.get(event.node)
-        return list(node.jobs) if node is not None else []
-    if isinstance(event, ev.ClusterConfigured):
-        return list(state.pending) + list(state.running)
-    return []
-
-
-_NODE_EVENTS = (ev.JobsStarted, ev.JobExited, ev.JobCancelled, ev.JobRequeued, ev.NodeRegistered, ev.NodeDrained,
-                ev.NodeResumed, ev.NodeDown, ev.NodeNotResponding, ev.HealthFault, ev.ClusterConfigured)
 
 
 class Projector:
@@ -190,47 +157,31 @@ class Projector:
 
     def _fold(self, chunk: list[ev.Envelope]) -> tuple:
         """Apply a batch to the projector's state; what :meth:`_write` stores for it, taken now (the
-        state moves on while the write runs)."""
+        state moves on while the write runs). Rows are written for exactly the jobs and nodes the
+        reducer reports changed."""
         state = self.state
-        touched_jobs: dict[int, tuple[Job, int]] = {}   # job -> (the object, the seq that last touched it)
-        reasons: dict[int, str | None] = {}
+        changes = Changes()
+        fold(chunk, state, changes)
+        rows: list[tuple] = []
         steps: list[tuple] = []
         usage: dict[tuple[str, str, str], list[int]] = {}
-        nodes_dirty = config_changed = False
-        jobs = state.jobs
-        for env in chunk:
-            e = env.event
-            ids = touched(state, e)
-            before = {j: jobs[j].state for j in ids if j in jobs}
-            if isinstance(e, ev.JobCancelled):
-                for j, st in before.items():
-                    if st == "PENDING":
-                        reasons[j] = _pending_reason(state, j)
-            apply(state, env)
-            if isinstance(e, ev.JobsStarted):
-                ids = touched(state, e)
-            seq = env.seq
-            for j in ids:
-                job = jobs.get(j)
-                if job is None:
-                    continue
-                touched_jobs[j] = (job, seq)   # the row is built once, from the object (a purge later in
-                if before.get(j) == RUNNING and job.state in TERMINAL_STATES:   # the batch keeps it alive)
+        for before in changes.jobs.values():
+            job = before.job      # the object itself: a job purged later in the batch still gets its row
+            reason = None
+            ended = before.state not in TERMINAL_STATES or before.restarts != job.restarts
+            if job.state in TERMINAL_STATES and ended:
+                if not job.alloc:                   # it ended without running
+                    reason = _pending_reason(state, job)
+                else:
                     steps.append(_batch_step(job))
-                    key = (job.spec.user, job.spec.account, job.partition)
-                    u = usage.setdefault(key, [0, 0, 0])
+                    u = usage.setdefault((job.spec.user, job.spec.account, job.partition), [0, 0, 0])
                     elapsed = job.elapsed or max(0, job.end_time - job.start_time)
                     u[0] += sum(a.cpus for a in job.alloc) * elapsed
                     u[1] += sum(len(a.gpus) for a in job.alloc) * elapsed
                     u[2] += 1
-            if isinstance(e, _NODE_EVENTS):
-                nodes_dirty = True
-            if isinstance(e, ev.ClusterConfigured):
-                config_changed = True
-        rows = [job_row(job, seq, reasons.get(j) if job.state in TERMINAL_STATES else None)
-                for j, (job, seq) in touched_jobs.items()]
-        nodes = self._node_rows() if nodes_dirty or config_changed else None
-        partitions = self._partition_rows() if config_changed else None
+            rows.append(job_row(job, before.seq, reason))
+        nodes = self._node_rows() if changes.nodes or changes.config else None
+        partitions = self._partition_rows() if changes.config else None
         snapshot = None
         if state.seq - self._last_snapshot >= self.snapshot_every:
             snapshot = dump_snapshot(state)
@@ -304,14 +255,15 @@ def _base_state(n: Any) -> str:
     return "ALLOCATED" if full else "MIXED"
 
 
-def _pending_reason(state: State, job_id: int) -> str | None:
+def _pending_reason(state: State, job: Job) -> str | None:
     """The reason a pending job keeps when it ends without starting (the static ones)."""
     from rota.core.deps import NEVER, dependency_status, parse_dependency
 
-    job = state.jobs[job_id]
+    job_id = job.job_id
     if job.spec.dependency:
         try:
-            if dependency_status(state, parse_dependency(job.spec.dependency), job_id, state.now) == NEVER:
+            if job_id in state.jobs and dependency_status(state, parse_dependency(job.spec.dependency), job_id,
+                                                          state.now) == NEVER:
                 return "DependencyNeverSatisfied"
         except ValueError:
             pass

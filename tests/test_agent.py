@@ -13,6 +13,8 @@ import pytest
 
 from rota.controller import natsserver
 from rota.controller.agentlink import AgentLink
+from rota.controller.outbox import Outbox
+from rota.core import effects
 from rota.controller.eventlog import JetStreamLog
 from rota.controller.service import Controller
 from rota.core import events as ev
@@ -33,6 +35,7 @@ class Cluster:
     def __init__(self, tmp: Path, url: str, controller: Controller, keyring) -> None:
         self.tmp, self.url, self.c, self.keyring = tmp, url, controller, keyring
         self.agents: dict[str, subprocess.Popen] = {}
+        self.link: AgentLink | None = None
 
     def host_key(self, node: str) -> Path:
         """The node's own key file (derived from the cluster key), as an admin installs it on the node."""
@@ -94,12 +97,13 @@ async def cluster(tmp_path):
     srv = natsserver.start(tmp_path / "nats")
     lg = await JetStreamLog.connect(srv.url, keyring=keyring)
     config = parse_config(CONF, "slurm.conf").model_copy(update={"agents": True})
-    c = Controller(lg, config=config, debounce=0.01, cycle_interval=0.5, keyring=keyring)
+    c = Controller(lg, config=config, debounce=0.01, cycle_interval=0.5, keyring=keyring, outbox=Outbox())
     await c.start()
     await c.serve(lg.nc)
     link = AgentLink(c, lg.nc, node_timeout=3.0, keyring=keyring)
     await link.start()
     cl = Cluster(tmp_path, srv.url, c, keyring)
+    cl.link = link
     yield cl
     for p in cl.agents.values():
         if p.poll() is None:
@@ -369,8 +373,9 @@ async def test_an_order_that_cannot_be_delivered_is_set_aside_and_others_still_g
     await cluster.registered("n1")
     jid = await cluster.submit("sleep 30")
     await cluster.until(lambda s: s.jobs[jid].state == "RUNNING", what="running")
-    link = cluster.c.on_assign.__self__
-    order = {"op": "launch", "job_id": jid, "restarts": 0, "pad": "x" * (9 << 20)}
+    link = cluster.link
+    job = cluster.c.state.jobs[jid]
+    order = effects.launch(job).model_copy(update={"spec": job.spec.model_copy(update={"script": "x" * (9 << 20)})})
     link.send([("n1", order)])
     job = await cluster.ended(jid)
     assert job.state == "FAILED"

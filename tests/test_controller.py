@@ -72,7 +72,7 @@ async def test_two_controllers_exactly_one_writes(js):
     await a.start()
     b = Controller(await js(), config=CFG, clock=Clock(), name="b")
     await b.load()
-    b.leader = True
+    b.writer.leader = True
     await a.handle("submit", {"spec": spec(name="from-a")})
     with pytest.raises(FencedError):
         await b.append(ev.JobSubmitted(job_id=99, spec=ev.JobSpec(user="b")), "b")
@@ -93,7 +93,7 @@ async def test_snapshot_plus_tail_equals_full_replay(js):
     await c.handle("drain", {"node": "gpu02", "reason": "fan"})
     c2 = Controller(await js(), clock=Clock())
     await c2.load()
-    assert c2._last_snapshot_seq > 0 and c2.state == c.state
+    assert c2.writer.snapshot_seq > 0 and c2.state == c.state
 
 
 async def test_three_server_cluster_survives_a_server_kill_during_a_burst(tmp_path):
@@ -173,7 +173,7 @@ async def test_an_unconfirmed_append_in_a_batch_is_answered_from_what_the_log_ho
                                      for i in range(8)))
     assert all(r["ok"] for r in replies), replies   # u3 landed although its ack was lost
     assert sorted(r["job_id"] for r in replies) == list(range(1, 9))
-    assert fold(lg.entries) == c.state and not c._stale
+    assert fold(lg.entries) == c.state and not c.writer.stale
 
 
 async def test_a_retry_after_a_restart_is_not_appended_again():
@@ -204,8 +204,8 @@ async def test_time_travel_snapshots_are_kept_and_found_by_sequence(js):
     assert len(history) >= 3 and set(history) <= set(kept)       # every 10 events, not every snapshot
     assert len(history) < len(kept)
     target = history[1] + 3
-    found = await snapshots.at_or_before(store, target)
+    found = await lg.snapshots.at_or_before(target)
     assert found is not None and found.seq == history[1]           # the newest at or before the target
     entries = [e async for e in lg.read(1)]
     assert found == fold(entries[:found.seq])          # a snapshot is the state at its sequence
-    assert await snapshots.at_or_before(store, 1) is None
+    assert await lg.snapshots.at_or_before(1) is None

@@ -11,7 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rota.core import events as ev
+from rota.core import effects
 from rota.core.apply import fold
+from rota.core.changes import Changes
 from rota.core.schedule import schedule
 from rota.core.state import RUNNING, dump_snapshot, load_snapshot
 from rota.core.testing import Harness
@@ -236,6 +238,34 @@ def test_replay_and_snapshot_plus_tail_equal_the_live_state(cfg, ops, cut):
     assert fold(h.log[k:], snap) == h.state
     # decisions replay too: the same state gives the same decision
     assert schedule(replayed, h.now).starts == schedule(h.state, h.now).starts
+
+
+@SETTINGS
+@given(clusters(), st.lists(STEP, min_size=1, max_size=25), st.integers(0, 100))
+def test_changes_name_every_job_and_node_the_events_changed(cfg, ops, cut):
+    """What the reducer reports changed covers everything that did: rows written only for ``changes``
+    (the projector) and orders derived only from them (the controller) miss nothing."""
+    h = run_ops(cfg, ops)
+    k = cut * len(h.log) // 100
+    before = fold(h.log[:k])
+    after = fold(h.log[:k])
+    changes = Changes()
+    fold(h.log[k:], after, changes)
+    assert after == h.state
+    for jid, job in after.jobs.items():
+        old = before.jobs.get(jid)
+        if old != job:
+            assert jid in changes.jobs, f"job {jid} changed unreported"
+            assert changes.jobs[jid].state == (old.state if old is not None else None)
+            assert changes.jobs[jid].job is job
+    for name, node in after.nodes.items():
+        if before.nodes.get(name) != node:
+            assert name in changes.nodes or changes.config, f"node {name} changed unreported"
+    for jid, b in changes.jobs.items():       # and every running job that stopped or moved is told
+        job = after.jobs.get(jid, b.job)
+        stopped = b.state == RUNNING and (job.state != RUNNING or job.restarts != b.restarts)
+        kills = [o for _n, o in effects.orders(after, changes) if o.job_id == jid and o.op == "kill"]
+        assert bool(kills) == (stopped and jid not in changes.reported)
 
 
 DETERMINISM_SCRIPT = textwrap.dedent("""

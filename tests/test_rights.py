@@ -45,12 +45,13 @@ def test_users_act_on_their_own_jobs_only():
     mine, theirs = jobs[("alice", "running")], jobs[("bob", "running")]
     assert commands.cancel(s, mine, ALICE).by_uid == 1001
     assert denied(commands.cancel, s, theirs, ALICE) == "Access/permission denied"
-    denied(commands.signal_target, s, theirs, ALICE)
+    denied(commands.signal, s, theirs, 10, ALICE)
     denied(commands.requeue, s, theirs, False, ALICE)
     denied(commands.hold, s, jobs[("bob", "pending")], ALICE)
     denied(commands.release, s, jobs[("bob", "pending")], ALICE)
     denied(commands.update_job, s, theirs, time_limit=60, caller=ALICE)
-    assert commands.signal_target(s, mine, ALICE).job_id == mine
+    node, order = commands.signal(s, mine, 10, ALICE)
+    assert order.job_id == mine and order.signal == 10 and node == s.jobs[mine].alloc[0].node
     assert commands.cancel(s, theirs, OP).by_uid == OP.uid     # operators act on anyone's
 
 
@@ -148,7 +149,7 @@ def test_no_sequence_of_requests_by_one_user_changes_another_users_job(requests)
     before = {jid: copy.deepcopy(h.state.jobs[jid]) for jid in bobs}
     act = {
         "cancel": lambda s, j, n, node: commands.cancel(s, j, ALICE),
-        "signal": lambda s, j, n, node: commands.signal_target(s, j, ALICE) and None,
+        "signal": lambda s, j, n, node: commands.signal(s, j, 15, ALICE) and None,
         "hold": lambda s, j, n, node: commands.hold(s, j, ALICE),
         "uhold": lambda s, j, n, node: commands.hold(s, j, ALICE, user_hold=True),
         "release": lambda s, j, n, node: commands.release(s, j, ALICE),

@@ -1,0 +1,64 @@
+"""What the agents must be told, derived from what the reducer changed (pure).
+
+Keyed on each job's state before and after (Flux's transition -> action): a run that ended or was
+requeued without its agent reporting it is killed ("stopped"); a job that became RUNNING, or runs
+again after a requeue, is launched; a running job that was cancelled is killed with the cancel's
+signal; a running job whose time limit changed is updated. Each order goes to the job's batch host,
+the first node of its allocation (as in Slurm).
+"""
+from __future__ import annotations
+
+from .arrays import parse_array
+from .changes import Changes
+from .orders import Kill, Launch, Order, Update
+from .state import RUNNING, Job, State
+
+
+def orders(state: State, changes: Changes) -> list[tuple[str, Order]]:
+    """(node, order) for every agent that must act on ``changes``, kills before launches per job."""
+    out: list[tuple[str, Order]] = []
+    for jid, before in changes.jobs.items():
+        job = before.job
+        ran_on = before.node if before.state == RUNNING else None
+        running = job.state == RUNNING and bool(job.alloc)
+        same_run = ran_on is not None and running and job.restarts == before.restarts
+        if ran_on is not None and not same_run and jid not in changes.reported:
+            out.append((ran_on, Kill(job_id=jid, restarts=before.restarts, reason="stopped")))
+        if same_run:
+            node = job.alloc[0].node
+            signal = changes.signals.get(jid)
+            if signal is not None and job.cancel_by is not None:
+                out.append((node, Kill(job_id=jid, restarts=job.restarts, reason="cancelled", signal=signal)))
+            elif job.time_limit != before.time_limit:
+                out.append((node, Update(job_id=jid, restarts=job.restarts, time_limit=job.time_limit or 0)))
+        elif running:
+            out.append((job.alloc[0].node, launch(job)))
+    return out
+
+
+def launches(state: State) -> list[tuple[str, Order]]:
+    """A launch for every running job (after a restart or a rebuild: agents ignore repeats)."""
+    jobs = state.jobs
+    return [(jobs[j].alloc[0].node, launch(jobs[j])) for j in state.running if jobs[j].alloc]
+
+
+def launch(job: Job) -> Launch:
+    """Everything the batch host's agent needs to run ``job`` (which is RUNNING)."""
+    spec, req, alloc = job.spec, job.req, job.alloc
+    first = alloc[0]
+    ntasks = req.ntasks * req.nnodes if req is not None else spec.ntasks
+    count = low = high = step = None
+    if job.array_task_id is not None and spec.array:
+        try:
+            indices = parse_array(spec.array, 1 << 30).indices
+        except Exception:  # noqa: BLE001 - validated at submit; never fail a launch over it
+            indices = ()
+        if indices:
+            count, low, high = len(indices), min(indices), max(indices)
+            step = indices[1] - indices[0] if len(indices) > 1 else 1
+    return Launch(job_id=job.job_id, restarts=job.restarts, name=spec.name, user=spec.user, partition=job.partition,
+                  nodes=tuple(a.node for a in alloc), cpus=first.cpus, mem=first.mem, gpus=first.gpus,
+                  cpus_per_node=tuple(a.cpus for a in alloc), tasks_per_node=(ntasks // len(alloc),) * len(alloc),
+                  ntasks=ntasks, time_limit=job.time_limit or 0, start_time=job.start_time,
+                  array_job_id=job.array_job_id, array_task_id=job.array_task_id, array_count=count,
+                  array_min=low, array_max=high, array_step=step, spec=spec)

@@ -1,0 +1,78 @@
+"""Orders from the controller to a node's agent: launch a job, kill, update or signal one.
+
+They are typed values (pydantic, like the events): :mod:`rota.core.effects` derives them from what
+the reducer changed, :mod:`rota.wire.orders` carries them, and the agent acts on the type. An order
+always names the run it is meant for (``restarts``): a requeued job's old run and new run are
+different runs, and an order for one never touches the other.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import Field
+
+from .events import JobSpec, Model
+
+
+class Launch(Model):
+    """Run a started job's batch script on its first node (as in Slurm), confined to what it was given."""
+
+    op: Literal["launch"] = "launch"
+    job_id: int
+    restarts: int = 0
+    name: str
+    user: str
+    partition: str
+    nodes: tuple[str, ...]                  # the whole allocation; the batch script runs on nodes[0]
+    node_index: int = 0
+    cpus: int                               # on the batch node
+    mem: int                                # MiB on the batch node; 0 = unconfined
+    gpus: tuple[int, ...] = ()              # GPU indices on the batch node
+    cpus_per_node: tuple[int, ...]
+    tasks_per_node: tuple[int, ...]
+    ntasks: int
+    time_limit: int = 0                     # seconds, 0 = UNLIMITED
+    start_time: int
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    array_count: int | None = None
+    array_min: int | None = None
+    array_max: int | None = None
+    array_step: int | None = None
+    spec: JobSpec
+
+
+class Kill(Model):
+    """Stop a run: ``cancelled`` (scancel: the agent reports CANCELLED) or ``stopped`` (the log has
+    already ended or requeued it: nothing to report)."""
+
+    op: Literal["kill"] = "kill"
+    job_id: int
+    restarts: int | None = None             # None: whichever run of the job is there
+    reason: Literal["cancelled", "stopped"]
+    signal: int = 15
+
+
+class Update(Model):
+    """A running job's new time limit (``scontrol update TimeLimit=``)."""
+
+    op: Literal["update"] = "update"
+    job_id: int
+    restarts: int = 0
+    time_limit: int
+
+
+class Signal(Model):
+    """Deliver a signal to a run's processes (``scancel --signal``); the job goes on."""
+
+    op: Literal["signal"] = "signal"
+    job_id: int
+    restarts: int = 0
+    signal: int
+
+
+Order = Annotated[Union[Launch, Kill, Update, Signal], Field(discriminator="op")]
+"""Any order (decoded by its ``op``)."""
+
+REPEATABLE = (Update, Signal)
+"""Orders that may be sent twice on purpose (a second update or signal is a new order, not a retry)."""
