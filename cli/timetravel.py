@@ -8,24 +8,9 @@ from typing import Any, Iterable
 
 from rota.core import events as ev
 from rota.core.hostlist import compress
+from rota.core.reasons import SENTENCES
 from rota.core.timefmt import format_duration
 
-SENTENCES = {
-    "Priority": "waiting behind higher-priority jobs",
-    "Resources": "waiting for the resources it needs to free up",
-    "ReqNodeNotAvail": "nodes it can use were unavailable (drained, down or not responding)",
-    "JobHeldUser": "held by its owner",
-    "JobHeldAdmin": "held by an administrator",
-    "Dependency": "waiting for the jobs it depends on",
-    "DependencyNeverSatisfied": "its dependency can never be satisfied",
-    "BeginTime": "its requested begin time had not come",
-    "PartitionTimeLimit": "its time limit is longer than the partition allows",
-    "PartitionNodeLimit": "it asks for more nodes than the partition allows",
-    "PartitionDown": "its partition was down",
-    "PartitionInactive": "its partition was inactive",
-    "JobArrayTaskLimit": "its array already ran as many tasks as its limit allows",
-    "BadConstraints": "no node has the features it asks for",
-}
 
 
 def load_envelopes(log_file: str | None, nats: str | None) -> list[ev.Envelope]:
@@ -273,7 +258,7 @@ def why_text(rep: Any, users: dict[int, str]) -> list[str]:
 
 
 def _interval_lines(iv: Any, rep: Any, users: dict[int, str]) -> list[str]:
-    sentence = SENTENCES.get(iv.reason, iv.reason)
+    sentence = SENTENCES.get(iv.reason, iv.reason)   # a code from an older rota: shown as is
     code = iv.reason if iv.text == iv.reason else f"{iv.reason}: {iv.text}"
     out = [f"  From {_t(iv.start)} for {_dur(iv.end - iv.start)}: {sentence} [{code}]."]
     if not iv.evaluated:

@@ -53,7 +53,9 @@ def parse_dependency(text: str) -> Dependency:
 
 def _term_status(state: State, term: DepTerm, job_id: int, now: int) -> str:
     if term.kind == "singleton":
-        me = state.jobs[job_id]
+        me = state.jobs.get(job_id)
+        if me is None:
+            return OK     # it is gone: nothing of its own waits
         for other_id in list(state.running) + list(state.pending):
             if other_id == job_id:
                 continue

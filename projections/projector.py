@@ -17,6 +17,7 @@ from typing import Any
 from rota.core import events as ev
 from rota.core.apply import fold
 from rota.core.changes import Changes
+from rota.core.static_reasons import reasons_now
 from rota.core.state import TERMINAL_STATES, Job, State, dump_snapshot, load_snapshot
 
 from .schema import SCHEMA, SCHEMA_VERSION
@@ -165,13 +166,17 @@ class Projector:
         rows: list[tuple] = []
         steps: list[tuple] = []
         usage: dict[tuple[str, str, str], list[int]] = {}
+        never_ran = [b.job for b in changes.jobs.values() if b.job.state in TERMINAL_STATES and not b.job.alloc
+                     and b.state not in TERMINAL_STATES]
+        reasons = reasons_now(state, never_ran, state.now) if never_ran else {}
         for before in changes.jobs.values():
             job = before.job      # the object itself: a job purged later in the batch still gets its row
             reason = None
             ended = before.state not in TERMINAL_STATES or before.restarts != job.restarts
             if job.state in TERMINAL_STATES and ended:
-                if not job.alloc:                   # it ended without running
-                    reason = _pending_reason(state, job)
+                if not job.alloc:                   # it ended without running: the reason it waited for
+                    why = reasons.get(job.job_id)
+                    reason = why.code if why is not None else None
                 else:
                     steps.append(_batch_step(job))
                     u = usage.setdefault((job.spec.user, job.spec.account, job.partition), [0, 0, 0])
@@ -253,24 +258,6 @@ def _base_state(n: Any) -> str:
         return "IDLE"
     full = n.alloc_cpus >= n.cpus or (n.gpu_owner and 0 not in n.gpu_owner)
     return "ALLOCATED" if full else "MIXED"
-
-
-def _pending_reason(state: State, job: Job) -> str | None:
-    """The reason a pending job keeps when it ends without starting (the static ones)."""
-    from rota.core.deps import NEVER, dependency_status, parse_dependency
-
-    job_id = job.job_id
-    if job.spec.dependency:
-        try:
-            if job_id in state.jobs and dependency_status(state, parse_dependency(job.spec.dependency), job_id,
-                                                          state.now) == NEVER:
-                return "DependencyNeverSatisfied"
-        except ValueError:
-            pass
-        return "Dependency"
-    if job.hold is not None:
-        return "JobHeldUser" if job.hold == "user" else "JobHeldAdmin"
-    return None
 
 
 def _batch_step(job: Job) -> tuple:

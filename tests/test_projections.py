@@ -242,6 +242,56 @@ async def test_squeue_rows_match_slurm_reasons_and_layout():
                 assert mine == line, f"{block.command}\n{mine}\n{line}"
 
 
+async def test_squeue_and_sacct_give_a_job_cancelled_while_pending_the_same_reason(tmp_path, monkeypatch):
+    """Whatever held a job back as squeue showed it (a hold before a dependency, a partition's limit, a
+    begin time, unavailable nodes) is the Reason sacct records once it is cancelled without running."""
+    from rota.controller.service import Controller
+
+    long = ev.PartitionConfig(name="long", nodes=("gpu01", "gpu02"), max_time=7200)
+    down = ev.PartitionConfig(name="down", nodes=("gpu01",), state="DOWN")
+    h = Harness(make_cluster(nodes=2, gpus=8, max_time=3600, extra_partitions=(long, down)))
+    a = {"user": "alice", "uid": 2001}
+    blocker = h.submit(name="blocker", exclusive=True, time_limit=3000, nodelist=("gpu01",), **a)
+    failed = h.submit(name="fails", nodelist=("gpu02",), **a)
+    h.cycle()
+    h.finish(failed, "FAILED", exit_code=1)
+    h.put(ev.NodeDrained(node="gpu02", reason="xid 79", by="root"))
+    waiting = [
+        h.submit(name="held-and-depends", hold=True, dependency=f"afterok:{blocker}", **a),   # hold first
+        h.submit(name="depends", dependency=f"afterok:{blocker}", **a),
+        h.submit(name="never", dependency=f"afterok:{failed}", **a),
+        h.submit(name="too-long", time_limit=7200, **a),
+        h.submit(name="later", begin=h.now + 3600, **a),
+        h.submit(name="wants-gpu02", nodelist=("gpu02",), **a),
+        h.submit(name="two-partitions", partitions=("down", "long"), time_limit=9000, **a),
+        h.submit(name="part-down", partitions=("down",), **a),
+        h.submit(name="three-nodes", nodes=3, **a),
+    ]
+    admin = h.submit(name="held-by-admin", dependency=f"afterok:{blocker}", **a)
+    h.put(ev.JobHeld(job_id=admin, admin=True))
+    waiting.append(admin)
+    lg = MemoryLog()
+    lg.entries = list(h.log)
+    c = Controller(lg, clock=lambda: h.now)
+    await c.load()
+    shown = {j["job_id"]: j["reason"] for j in c.queue_view()}
+    assert shown[waiting[0]] == "JobHeldUser" and shown[admin] == "JobHeldAdmin"
+    for jid in waiting:
+        h.put(ev.JobCancelled(job_id=jid, by_uid=2001))
+    path = tmp_path / "p.sqlite"
+    await project(h, path)
+    monkeypatch.setenv("ROTA_PROJECTIONS", str(path))
+    code, lines, err = run_sacct(f"sacct -X -n -P -o JobID,Reason -j {','.join(map(str, waiting))}")
+    assert code == 0 and not err, err
+    recorded = dict(line.split("|") for line in lines)
+    for jid in waiting:
+        code_shown = shown[jid].split(",")[0] if shown[jid].startswith("ReqNodeNotAvail") else shown[jid]
+        if code_shown.startswith("Nodes required"):
+            code_shown = "ReqNodeNotAvail"
+        assert recorded[str(jid)] == code_shown, (h.state.jobs[jid].spec.name, shown[jid], recorded[str(jid)])
+    assert len(set(recorded.values())) >= 8     # distinct situations, not one reason everywhere
+
+
 async def test_a_projection_of_an_older_schema_is_set_aside_and_rebuilt(tmp_path):
     path = tmp_path / "p.sqlite"
     con = sqlite3.connect(path)

@@ -115,7 +115,7 @@ def assert_no_overallocation(state):
 
 
 def check_cycle(h, before, d):
-    from rota.core.schedule import _Cycle
+    from rota.core.cycle import Cycle as _Cycle
 
     state = h.state
     assert_no_overallocation(state)
@@ -146,7 +146,7 @@ def test_never_overallocates_and_never_uses_unusable_nodes(cfg, ops):
 def _reservation_plan(before, d):
     """Plan including reservations: checks every reservation fits where it was placed."""
     from rota.core.profile import UNLIMITED_DURATION
-    from rota.core.schedule import _Cycle
+    from rota.core.cycle import Cycle as _Cycle
 
     cy = _Cycle(before, d.now, d.policy, False)
     plan = usage_plan(before, d)
@@ -198,7 +198,7 @@ def test_conservative_reservations_are_the_earliest_possible(cfg, ops):
     cfg = cfg.model_copy(update={"scheduler": cfg.scheduler.model_copy(update={"policy": "conservative"})})
 
     def check(h, before, d):
-        from rota.core.schedule import _Cycle
+        from rota.core.cycle import Cycle as _Cycle
         cy = _Cycle(before, d.now, d.policy, False)
         plan = usage_plan(before, d)
         placed = {s.job_id for s in d.starts}

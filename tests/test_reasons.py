@@ -130,3 +130,27 @@ def test_bad_constraints_after_a_config_change():
     h.put(ev.ClusterConfigured(config=make_cluster(features=())))
     h.put(ev.JobReleased(job_id=jid))
     assert reason(h, jid) == "BadConstraints"
+
+
+def test_reasons_are_a_closed_ranked_set_with_sentences_and_numbers():
+    from rota.core.reasons import CODES, SENTENCES, TIERS, Amounts, Reason, most_severe
+
+    assert set(SENTENCES) == set(CODES) and sorted(TIERS.values()) == list(range(len(CODES)))
+    assert TIERS["JobHeldAdmin"] < TIERS["JobHeldUser"] < TIERS["PartitionDown"] < TIERS["Dependency"] \
+        < TIERS["BeginTime"] < TIERS["Priority"]
+    down, limit = Reason("PartitionDown", about="a"), Reason("PartitionTimeLimit", about="b", asked=9000, limit=7200)
+    assert most_severe([limit, down]) is down and most_severe([]) is None
+    assert limit.numbers() == "time limit 9000s exceeds partition b MaxTime 7200s"
+    r = Reason("Resources", needs=Amounts(2, 8, 1000, 1, "a100"), free=Amounts(1, 4, 500, 0))
+    assert r.numbers() == ("needs 2 node(s) with 8 CPUs, 1000 MiB, 1 GPU(s) of type a100; the freest usable "
+                           "node now has 4 CPUs, 500 MiB, 0 GPU(s) free")
+    assert Reason("ReqNodeNotAvail", text="ReqNodeNotAvail, UnavailableNodes:gpu04").display.endswith("gpu04")
+
+
+def test_a_held_job_with_a_dependency_is_held_first():
+    h = Harness(make_cluster(nodes=1, gpus=0))
+    first = h.submit(time_limit=600)
+    h.cycle()
+    held = h.submit(hold=True, dependency=f"afterok:{first}", time_limit=7200)
+    d = h.cycle()
+    assert d.pending[held].reason == "JobHeldUser" and d.pending[held].why.tier == 1

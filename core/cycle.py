@@ -1,0 +1,193 @@
+"""The context of one scheduling cycle (pure): node timelines, eligibility filters, per-partition
+requests, searches and their caches, and the GPUs picked so far."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from . import events as ev
+from .priority import PriorityContext
+from .profile import INF, ShapeSearch, Timeline
+from .reasons import Reason
+from .request import NodeRequest, constraint_matches, node_request, partition_shape
+from .state import RUNNING, Job, Node, State
+
+
+class SearchKey(NamedTuple):
+    """What makes two jobs' placements the same problem: the partition, the node filters, the request."""
+
+    partition: str
+    constraint: str | None
+    nodelist: tuple[str, ...]
+    exclude: tuple[str, ...]
+    request: NodeRequest
+
+
+class FilterKey(NamedTuple):
+    """What decides a job's candidate nodes in a partition."""
+
+    partition: str
+    constraint: str | None
+    nodelist: tuple[str, ...]
+    exclude: tuple[str, ...]
+    gpu_type: str | None
+
+
+class Cycle:
+    """What one scheduling cycle knows and caches: the state, partitions, node timelines, requests,
+searches and verdicts (keys named by :class:`SearchKey`)."""
+
+    def __init__(self, state: State, now: int, policy: str, explain: bool, timelines: bool = True) -> None:
+        cfg = state.config
+        assert cfg is not None
+        self.state, self.now, self.policy, self.explain = state, now, policy, explain
+        self.focus: int | None = None
+        self.cfg = cfg
+        self.params = cfg.scheduler
+        self.parts = {p.name: p for p in cfg.partitions}
+        self.part_nodes: dict[str, list[Node]] = {
+            p.name: [state.nodes[n] for n in p.nodes if n in state.nodes] for p in cfg.partitions
+        }
+        self.part_shapes = {name: partition_shape(ns) for name, ns in self.part_nodes.items()}
+        self.timelines: dict[str, Timeline] = {}
+        if timelines:   # static reasons alone do not need them
+            self._build_timelines()
+        self.filters: dict[FilterKey, tuple[list[Timeline], list[Node]]] = {}
+        self.searches: dict[tuple[SearchKey, int, int], ShapeSearch] = {}   # (key, duration, horizon)
+        self.seeds: dict[SearchKey, list[tuple]] = {}
+        self.requests: dict[str, dict[int, NodeRequest]] = {}
+        self.fit_counts: dict[SearchKey, tuple[int, int]] = {}
+        self.verdicts: dict[SearchKey, Reason | None] = {}
+        self.gpu_owner: dict[str, list[int]] = {}
+        self.next_id = state.next_job_id
+        self.prio_ctx = PriorityContext(cfg, sum(n.cpus for n in state.nodes.values()))
+
+    def _build_timelines(self) -> None:
+        state, now, jobs = self.state, self.now, self.state.jobs
+        for node in state.nodes.values():
+            if not node.usable:
+                continue
+            multi = len(set(node.gpu_types)) > 1
+            releases: list[tuple[int, int, int, int, dict[str, int] | None]] = []
+            for jid in node.jobs:
+                job = jobs[jid]
+                if job.state != RUNNING or not job.time_limit:
+                    continue   # unlimited jobs never give their resources back
+                for a in job.alloc:
+                    if a.node == node.name:
+                        by_type: dict[str, int] | None = None
+                        if multi:
+                            by_type = {}
+                            for gi in a.gpus:
+                                t = node.gpu_types[gi]
+                                by_type[t] = by_type.get(t, 0) + 1
+                        releases.append((job.start_time + job.time_limit, a.cpus, a.mem, len(a.gpus), by_type))
+                        break
+            free_by_type: dict[str, int] | None = None
+            if multi:
+                free_by_type = {}
+                for t, owner in zip(node.gpu_types, node.gpu_owner):
+                    free_by_type[t] = free_by_type.get(t, 0) + (owner == 0)
+            tl = Timeline(node.name, node.index, node.weight, node.cpus, node.memory, node.gpu_count,
+                          now, node.cpus - node.alloc_cpus, node.memory - node.alloc_mem,
+                          node.free_gpus, free_by_type, releases)
+            if self.explain:
+                tl.items = []
+                for jid in node.jobs:
+                    job = jobs[jid]
+                    end = job.start_time + job.time_limit if job.time_limit else INF
+                    tl.items.append((job.start_time, max(end, now + 1), jid, "running"))
+            self.timelines[node.name] = tl
+
+    # -- eligibility
+
+    def eligible(self, spec: ev.JobSpec, part: str) -> tuple[list[Timeline], list[Node]]:
+        """Usable timelines and all candidate nodes (usable or not) of ``spec`` in ``part``."""
+        key = FilterKey(part, spec.constraint, spec.nodelist, spec.exclude, spec.gpu_type)
+        hit = self.filters.get(key)
+        if hit is not None:
+            return hit
+        nodes = self.part_nodes.get(part, [])
+        if spec.nodelist:
+            wanted = set(spec.nodelist)
+            nodes = [n for n in nodes if n.name in wanted]
+        if spec.exclude:
+            unwanted = set(spec.exclude)
+            nodes = [n for n in nodes if n.name not in unwanted]
+        if spec.constraint:
+            nodes = [n for n in nodes if constraint_matches(spec.constraint, n.features)]
+        if spec.gpu_type:
+            nodes = [n for n in nodes if spec.gpu_type in n.gpu_types]
+        tls = [self.timelines[n.name] for n in nodes if n.name in self.timelines]
+        self.filters[key] = (tls, nodes)
+        return tls, nodes
+
+    def request(self, job: Job, part: str) -> NodeRequest:
+        """The job's per-node request in ``part`` (kept by apply for its first partition)."""
+        if job.req is not None and part == job.partition:
+            return job.req
+        cache = self.requests.get(part)
+        if cache is None:
+            cache = self.requests[part] = {}
+        req = cache.get(job.job_id)
+        if req is None:
+            shape = self.part_shapes.get(part) or partition_shape([])
+            req = cache[job.job_id] = node_request(job.spec, shape)
+        return req
+
+    def search(self, job: Job, part: str, d: int, tmax: int) -> ShapeSearch:
+        """The earliest-start search for this job's exact shape (created on first use).
+
+        A new duration of a known request starts from the shared lower bounds of a
+        one-second job of that request, so only the nodes near the top are evaluated.
+        """
+        req = self.request(job, part)
+        spec = job.spec
+        base_key = SearchKey(part, spec.constraint, spec.nodelist, spec.exclude, req)
+        key = (base_key, d, tmax)
+        s = self.searches.get(key)
+        if s is None:
+            tls, _ = self.eligible(spec, part)
+            seed = self.seeds.get(base_key)
+            if seed is None:
+                base = ShapeSearch(tls, req.cpus, req.mem, req.gpus, req.gpu_type, req.whole_cpus,
+                                   req.whole_mem, req.whole_gpus, 1, req.nnodes, self.now, INF)
+                seed = self.seeds[base_key] = base.seed()
+            s = ShapeSearch(tls, req.cpus, req.mem, req.gpus, req.gpu_type, req.whole_cpus,
+                            req.whole_mem, req.whole_gpus, d, req.nnodes, self.now, tmax, seed)
+            self.searches[key] = s
+        return s
+
+    def fit_counts_for(self, spec: ev.JobSpec, part: str, req: NodeRequest) -> tuple[int, int]:
+        """How many candidate nodes could ever hold one node's share, and how many are usable."""
+        key = SearchKey(part, spec.constraint, spec.nodelist, spec.exclude, req)
+        hit = self.fit_counts.get(key)
+        if hit is None:
+            _tls, cands = self.eligible(spec, part)
+            fit_all = [n for n in cands if node_can_ever_fit(n, req)]
+            hit = (len(fit_all), sum(1 for n in fit_all if n.usable))
+            self.fit_counts[key] = hit
+        return hit
+
+    def pick_gpus(self, node_name: str, count: int, gpu_type: str | None, job_id: int) -> tuple[int, ...]:
+        owner = self.gpu_owner.get(node_name)
+        if owner is None:
+            owner = list(self.state.nodes[node_name].gpu_owner)
+            self.gpu_owner[node_name] = owner
+        types = self.state.nodes[node_name].gpu_types
+        picked: list[int] = []
+        for i, o in enumerate(owner):
+            if len(picked) == count:
+                break
+            if o == 0 and (gpu_type is None or types[i] == gpu_type):
+                picked.append(i)
+        for i in picked:
+            owner[i] = job_id
+        return tuple(picked)
+
+
+def node_can_ever_fit(n: Node, req: NodeRequest) -> bool:
+    if req.gpu_type is not None:
+        gpus = sum(1 for t in n.gpu_types if t == req.gpu_type)
+    else:
+        gpus = n.gpu_count
+    return n.cpus >= req.cpus and n.memory >= req.mem and gpus >= req.gpus

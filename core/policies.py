@@ -1,0 +1,137 @@
+"""Scheduling policies as objects behind one protocol (pure).
+
+The walk over the ranked jobs (:func:`rota.core.schedule.schedule`) asks its policy four things:
+whether a job is considered at all, how far ahead a search may look, whether a partition may be
+tried for a job of that duration, and what happens when a job cannot start now (reserve, or block).
+A policy object lives for one cycle and keeps what it has learnt in it.
+
+- ``fifo``: strict priority, no backfill: a blocked job blocks its partitions.
+- ``easy``: one reservation, for the first blocked job; later jobs start only if they do not
+  disturb it.
+- ``easy_strict``: EASY as in the RLScheduler simulator: a later job may start only if it
+  ends before the reserved job's start (no use of spare resources beside the reservation).
+- ``conservative`` (default): every job gets a reservation at its earliest start within
+  ``bf_window``; a job starts now only if that disturbs no reservation of a higher-priority job.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from .profile import INF
+
+
+class Policy(Protocol):
+    """One cycle's policy."""
+
+    name: str
+
+    def considers(self, parts: list[str]) -> bool:
+        """Whether a job using ``parts`` is tested at all (False: it waits for Priority)."""
+
+    def horizon(self) -> int:
+        """The latest start a search may find (``now``: start now or not at all)."""
+
+    def may_try(self, partition: str, duration: int) -> bool:
+        """Whether a job of ``duration`` seconds may be placed in ``partition``."""
+
+    def blocked(self, parts: list[str], start: int | None) -> bool:
+        """A job could not start now (its earliest start is ``start``, None: none in the horizon):
+        True when it gets a reservation."""
+
+    @property
+    def reserved(self) -> bool:
+        """Whether a reservation was made this cycle (later starts are backfill)."""
+
+
+class Fifo:
+    name = "fifo"
+
+    def __init__(self, now: int) -> None:
+        self.now = now
+        self.blocked_parts: set[str] = set()
+        self.reserved = False
+
+    def considers(self, parts: list[str]) -> bool:
+        return not all(p in self.blocked_parts for p in parts)
+
+    def horizon(self) -> int:
+        return self.now
+
+    def may_try(self, partition: str, duration: int) -> bool:
+        return partition not in self.blocked_parts
+
+    def blocked(self, parts: list[str], start: int | None) -> bool:
+        self.blocked_parts.update(parts)
+        return False
+
+
+class Easy:
+    name = "easy"
+
+    def __init__(self, now: int) -> None:
+        self.now = now
+        self.reserved = False
+        self.shadow = INF              # the reserved job's start
+
+    def considers(self, parts: list[str]) -> bool:
+        return True
+
+    def horizon(self) -> int:
+        return self.now if self.reserved else INF
+
+    def may_try(self, partition: str, duration: int) -> bool:
+        return True
+
+    def blocked(self, parts: list[str], start: int | None) -> bool:
+        if start is None:
+            return False
+        if not self.reserved:
+            self.reserved, self.shadow = True, start
+        return True
+
+
+class EasyStrict(Easy):
+    name = "easy_strict"
+
+    def may_try(self, partition: str, duration: int) -> bool:
+        return not self.reserved or self.now + duration <= self.shadow
+
+
+class Conservative:
+    name = "conservative"
+
+    def __init__(self, now: int, window: int) -> None:
+        self.now = now
+        self.window_end = now + window
+        self.reserved = False
+
+    def considers(self, parts: list[str]) -> bool:
+        return True
+
+    def horizon(self) -> int:
+        return self.window_end
+
+    def may_try(self, partition: str, duration: int) -> bool:
+        return True
+
+    def blocked(self, parts: list[str], start: int | None) -> bool:
+        if start is None:
+            return False
+        self.reserved = True
+        return True
+
+
+POLICIES = ("fifo", "easy", "easy_strict", "conservative")
+
+
+def make_policy(name: str, now: int, bf_window: int) -> Policy:
+    """The policy called ``name`` for a cycle at ``now``; ValueError for an unknown name."""
+    if name == "fifo":
+        return Fifo(now)
+    if name == "easy":
+        return Easy(now)
+    if name == "easy_strict":
+        return EasyStrict(now)
+    if name == "conservative":
+        return Conservative(now, bf_window)
+    raise ValueError(f"unknown scheduling policy {name!r}; choose one of {', '.join(POLICIES)}")

@@ -1,0 +1,131 @@
+"""Why a job is pending: a closed, ranked set of reasons (pure).
+
+Every reason has Slurm's code (what ``squeue %r`` and ``sacct -o Reason`` show), a tier (when
+several hold at once, the lowest tier is the one shown: a hold before the partition's limits,
+those before dependencies, begin times and array limits, and capacity last), the sentence
+``rota why`` says, and the numbers behind it as numbers (what the job asks against the limit, what
+it needs against what is free), rendered to words in one place.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+Code = Literal[
+    "JobHeldAdmin", "JobHeldUser",
+    "PartitionConfig", "PartitionDown", "PartitionInactive", "PartitionTimeLimit", "PartitionNodeLimit",
+    "BadConstraints", "ReqNodeNotAvail", "Resources",
+    "DependencyNeverSatisfied", "Dependency", "BeginTime", "JobArrayTaskLimit",
+    "Priority",
+]
+"""Every reason rota gives, in rank order (the tier is the position)."""
+
+CODES: tuple[Code, ...] = get_args(Code)
+
+SENTENCES: dict[Code, str] = {
+    "JobHeldAdmin": "held by an administrator",
+    "JobHeldUser": "held by its owner",
+    "PartitionConfig": "its partition no longer exists",
+    "PartitionDown": "its partition was down",
+    "PartitionInactive": "its partition was inactive",
+    "PartitionTimeLimit": "its time limit is longer than the partition allows",
+    "PartitionNodeLimit": "it asks for more nodes than the partition allows",
+    "BadConstraints": "no node has the features it asks for",
+    "ReqNodeNotAvail": "nodes it can use were unavailable (drained, down or not responding)",
+    "Resources": "waiting for the resources it needs to free up",
+    "DependencyNeverSatisfied": "its dependency can never be satisfied",
+    "Dependency": "waiting for the jobs it depends on",
+    "BeginTime": "its requested begin time had not come",
+    "JobArrayTaskLimit": "its array already ran as many tasks as its limit allows",
+    "Priority": "waiting behind higher-priority jobs",
+}
+"""The plain sentence for each reason (``rota why``)."""
+
+TIERS: dict[Code, int] = {code: tier for tier, code in enumerate(CODES)}
+
+REQ_NODE_NOT_AVAIL_ALL = ("Nodes required for job are DOWN, DRAINED or reserved for jobs in "
+                          "higher priority partitions")
+"""slurmctld's %R when every node able to hold the job is unusable."""
+
+
+@dataclass(frozen=True, slots=True)
+class Amounts:
+    """Resources on one node (or, for ``nodes``, a count of nodes)."""
+
+    nodes: int = 0
+    cpus: int = 0
+    mem: int = 0                  # MiB
+    gpus: int = 0
+    gpu_type: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    """One reason, with what it is about and its numbers (all optional, by code)."""
+
+    code: Code
+    text: str = ""                # squeue's %R when it says more than the code
+    about: str = ""               # a partition, a node list, a dependency, a constraint
+    asked: int | None = None      # what the job asks (a time limit, a node count) or uses (running tasks)
+    limit: int | None = None      # the bound it meets
+    at: int | None = None         # a moment (BeginTime)
+    needs: Amounts | None = None  # what it needs (per node)
+    free: Amounts | None = None   # what is free for it (the freest usable node; usable nodes)
+    note: str = ""                # a fact without numbers (why Priority: a blocked partition, a test limit)
+
+    @property
+    def tier(self) -> int:
+        return TIERS[self.code]
+
+    @property
+    def display(self) -> str:
+        """What ``squeue %R`` shows in parentheses."""
+        return self.text or self.code
+
+    @property
+    def sentence(self) -> str:
+        return SENTENCES[self.code]
+
+    def numbers(self) -> str:
+        """The numbers behind the reason, in words ("" when it has none)."""
+        c, about = self.code, self.about
+        if c in ("PartitionConfig", "PartitionDown", "PartitionInactive"):
+            return {"PartitionConfig": f"partition {about} no longer exists",
+                    "PartitionDown": f"partition {about} is DOWN",
+                    "PartitionInactive": f"partition {about} is INACTIVE"}[c]
+        if c == "PartitionTimeLimit":
+            return f"time limit {self.asked}s exceeds partition {about} MaxTime {self.limit}s"
+        if c == "PartitionNodeLimit":
+            return f"needs {self.asked} nodes; partition {about} has {self.limit}"
+        if c == "BadConstraints":
+            return f"no node in {about} has features {self.note}"
+        if c == "ReqNodeNotAvail":
+            if self.needs is None or self.free is None:
+                return f"required nodes {about} are not available"
+            return (f"needs {self.needs.nodes} node(s) able to hold it; {self.free.nodes} of {self.limit} are "
+                    "usable (the rest are down or drained)")
+        if c == "DependencyNeverSatisfied":
+            return f"dependency {about} can never be met"
+        if c == "Dependency":
+            return f"waiting for {about}"
+        if c == "BeginTime":
+            return f"not before {self.at} ({self.asked}s from now)"
+        if c == "JobArrayTaskLimit":
+            return f"{self.asked} tasks running, array limit %{self.limit}"
+        if self.needs is not None and self.free is not None:
+            n, f = self.needs, self.free
+            need = f"{n.nodes} node(s) with {n.cpus} CPUs, {n.mem} MiB"
+            if n.gpus:
+                need += f", {n.gpus} GPU(s)" + (f" of type {n.gpu_type}" if n.gpu_type else "")
+            return (f"needs {need}; the freest usable node now has {f.cpus} CPUs, {f.mem} MiB, "
+                    f"{f.gpus} GPU(s) free")
+        return self.note
+
+
+def most_severe(reasons: list[Reason]) -> Reason | None:
+    """The reason to show when several hold: the lowest tier (the first given among equals)."""
+    best: Reason | None = None
+    for r in reasons:
+        if best is None or TIERS[r.code] < TIERS[best.code]:
+            best = r
+    return best
