@@ -190,8 +190,11 @@ class ShapeSearch:
         return self._req(tl)
 
     def _entry(self, tl: Timeline, pos: int, t: int, c: int, g: int) -> tuple:
+        """A heap entry: ``(start, node weight, GPUs left, CPUs left, node index, position in the
+        timelines, timeline version)``, so the heap orders by earliest start, then lighter node
+        weight, then best fit (least left over). A seed's entries have version -1 (a lower bound to
+        make exact). A plain tuple: this is the search's hottest allocation."""
         fc, _fm, fg = tl.free_at(t)
-        # earliest first; then lighter node weight; then best fit (least left over)
         return (t, tl.weight, fg - g, fc - c, tl.idx, pos, tl.version)
 
     def _peek_fresh(self) -> tuple | None:
