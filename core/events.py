@@ -21,11 +21,15 @@ class Model(BaseModel):
 
 
 class GpuConfig(Model):
+    """GPUs of one type on a node (gres.conf / ``Gres=gpu:TYPE:N``)."""
+
     type: str = ""          # "" = untyped
     count: int = 0
 
 
 class NodeConfig(Model):
+    """One node as slurm.conf describes it (``NodeName=``)."""
+
     name: str
     cpus: int
     memory: int             # MiB (RealMemory)
@@ -40,6 +44,8 @@ class NodeConfig(Model):
 
 
 class PartitionConfig(Model):
+    """One partition: its nodes, limits, priority tier, state and who may use it (``PartitionName=``)."""
+
     name: str
     nodes: tuple[str, ...]
     max_time: int = 0                 # seconds, 0 = UNLIMITED
@@ -54,6 +60,8 @@ class PartitionConfig(Model):
 
 
 class PriorityWeights(Model):
+    """The multifactor priority weights (``PriorityWeight*``, ``PriorityMaxAge``)."""
+
     age: int = 1000
     fairshare: int = 0
     job_size: int = 0
@@ -64,6 +72,8 @@ class PriorityWeights(Model):
 
 
 class SchedulerParams(Model):
+    """How the scheduler runs: its policy, backfill window and resolution, limits (``SchedulerParameters``)."""
+
     policy: Literal["fifo", "easy", "easy_strict", "conservative"] = "conservative"
     bf_window: int = 1440 * 60        # seconds
     bf_resolution: int = 60           # seconds
@@ -74,6 +84,8 @@ class SchedulerParams(Model):
 
 
 class QosConfig(Model):
+    """A quality of service and the priority it adds."""
+
     name: str
     priority: int = 0
 
@@ -90,6 +102,8 @@ class AuthConfig(Model):
 
 
 class ClusterConfig(Model):
+    """The whole cluster configuration, as parsed from slurm.conf (or made for this machine)."""
+
     cluster_name: str = "rota"
     nodes: tuple[NodeConfig, ...]
     partitions: tuple[PartitionConfig, ...]
@@ -163,6 +177,8 @@ class JobSpec(Model):
 
 
 class NodeAlloc(Model):
+    """What a job holds on one node: CPUs, memory and the exact GPUs."""
+
     node: str
     cpus: int
     mem: int                      # MiB
@@ -170,6 +186,8 @@ class NodeAlloc(Model):
 
 
 class Start(Model):
+    """One job (or array task) a cycle started: where, with what, and for how long."""
+
     job_id: int                   # the running job's own id (a new id for split array tasks)
     array_job_id: int | None = None
     array_task_id: int | None = None
@@ -183,6 +201,8 @@ class Start(Model):
 
 
 class ClusterConfigured(Model):
+    """The cluster's configuration became this one (at first start, and on every change an admin applies)."""
+
     type: Literal["cluster.configured"] = "cluster.configured"
     v: int = 1
     config: ClusterConfig
@@ -190,6 +210,8 @@ class ClusterConfigured(Model):
 
 
 class ControllerStarted(Model):
+    """A controller took over writing the log: its version, policy and host (who decided what follows)."""
+
     type: Literal["controller.started"] = "controller.started"
     v: int = 1
     version: str
@@ -198,6 +220,8 @@ class ControllerStarted(Model):
 
 
 class JobSubmitted(Model):
+    """A job was accepted into the queue with this id and this validated request."""
+
     type: Literal["job.submitted"] = "job.submitted"
     v: int = 1
     job_id: int
@@ -205,6 +229,10 @@ class JobSubmitted(Model):
 
 
 class JobCancelled(Model):
+    """A user or admin cancelled a job, some of an array's tasks, or all of it (pending parts end now; running
+    parts end when their agent reports, with the signal it was told to send).
+    """
+
     type: Literal["job.cancelled"] = "job.cancelled"
     v: int = 1
     job_id: int
@@ -214,6 +242,8 @@ class JobCancelled(Model):
 
 
 class JobHeld(Model):
+    """A pending job was held (by its owner, or by an operator: an admin hold its owner cannot release)."""
+
     type: Literal["job.held"] = "job.held"
     v: int = 1
     job_id: int
@@ -221,12 +251,16 @@ class JobHeld(Model):
 
 
 class JobReleased(Model):
+    """A held job may run again."""
+
     type: Literal["job.released"] = "job.released"
     v: int = 1
     job_id: int
 
 
 class JobUpdated(Model):
+    """A job's time limit, priority or nice value was changed (``scontrol update``)."""
+
     type: Literal["job.updated"] = "job.updated"
     v: int = 1
     job_id: int
@@ -236,6 +270,8 @@ class JobUpdated(Model):
 
 
 class JobRequeued(Model):
+    """A job that ran goes back to the queue under the same id (``scontrol requeue``; optionally held)."""
+
     type: Literal["job.requeued"] = "job.requeued"
     v: int = 1
     job_id: int
@@ -258,6 +294,8 @@ JobEndState = Literal["COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "CANCEL
 
 
 class JobExited(Model):
+    """A running job ended, as its node's agent saw it: how (state), exit code, signal, peak memory, run time."""
+
     type: Literal["job.exited"] = "job.exited"
     v: int = 1
     job_id: int
@@ -271,6 +309,8 @@ class JobExited(Model):
 
 
 class GpuInfo(Model):
+    """One GPU a node's agent found (NVML): index, UUID, model, type and memory."""
+
     index: int
     uuid: str = ""
     model: str = ""
@@ -279,6 +319,8 @@ class GpuInfo(Model):
 
 
 class NodeRegistered(Model):
+    """A node's agent (re)started and reported what the node has and which jobs it still runs."""
+
     type: Literal["node.registered"] = "node.registered"
     v: int = 1
     node: str
@@ -291,6 +333,8 @@ class NodeRegistered(Model):
 
 
 class NodeDrained(Model):
+    """A node takes no new jobs (its running ones finish), with the reason and who said so."""
+
     type: Literal["node.drained"] = "node.drained"
     v: int = 1
     node: str
@@ -299,6 +343,8 @@ class NodeDrained(Model):
 
 
 class NodeResumed(Model):
+    """A drained or down node takes jobs again (an admin's ``scontrol update State=RESUME``)."""
+
     type: Literal["node.resumed"] = "node.resumed"
     v: int = 1
     node: str
@@ -307,6 +353,8 @@ class NodeResumed(Model):
 
 
 class NodeDown(Model):
+    """A node is down: its jobs fail, or go back to the queue when they asked to be requeued."""
+
     type: Literal["node.down"] = "node.down"
     v: int = 1
     node: str
@@ -315,6 +363,8 @@ class NodeDown(Model):
 
 
 class NodeNotResponding(Model):
+    """A node's agent has been silent half the timeout: the node takes no new jobs until it is heard."""
+
     type: Literal["node.not_responding"] = "node.not_responding"
     v: int = 1
     node: str
@@ -322,6 +372,8 @@ class NodeNotResponding(Model):
 
 
 class HealthFault(Model):
+    """A node's agent found a fault (an NVML XID, a failed health check): the node drains with this reason."""
+
     type: Literal["node.health_fault"] = "node.health_fault"
     v: int = 1
     node: str

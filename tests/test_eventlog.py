@@ -113,3 +113,56 @@ async def _read_with(lg, cls, start, end, batch):
             yield chunk
     finally:
         await reader.close()
+
+
+async def test_read_batches_yields_exactly_the_range_asked(log):
+    for i, e in enumerate(EVENTS * 2, start=1):
+        await log.append(e, actor="a", idem=f"r{i}", ts=i)
+
+    async def seqs(*args):
+        return [env.seq async for chunk in log.read_batches(*args) for env in chunk]
+
+    assert await seqs(1) == list(range(1, 11))
+    assert await seqs(3, 7) == [3, 4, 5, 6, 7]
+    assert await seqs(8) == [8, 9, 10]
+    assert await seqs(10, 10) == [10]
+    assert await seqs(11) == []
+    assert await seqs(5, 4) == []
+
+
+async def test_snapshots_latest_and_history_on_every_backend(log):
+    from rota.core.apply import fold
+    from rota.core.state import dump_snapshot
+    from rota.core.testing import Harness, make_cluster
+
+    h = Harness(make_cluster(nodes=1, gpus=0))
+    for i in range(6):
+        h.advance(10)
+        h.submit(hold=True)
+    assert await log.snapshots.latest() is None
+    at2, at4, at6 = (fold(h.log[:k]) for k in (2, 4, 6))
+    await log.snapshots.put(dump_snapshot(at2), at2.seq, history=True)
+    await log.snapshots.put(dump_snapshot(at4), at4.seq, history=True)
+    await log.snapshots.put(dump_snapshot(at6), at6.seq, history=False)
+    assert await log.snapshots.latest() == at6
+    assert await log.snapshots.at_or_before(5) == at4          # the newest history snapshot at or before
+    assert await log.snapshots.at_or_before(3) == at2
+    assert await log.snapshots.at_or_before(1) is None
+    assert await log.snapshots.at_or_before_time(at4.now) == at4
+    assert await log.snapshots.at_or_before_time(at2.now - 1) is None
+
+
+async def test_a_controller_restarts_from_the_snapshot_of_either_backend(log):
+    from rota.controller.service import Controller
+    from rota.core.apply import fold
+    from rota.core.testing import make_cluster
+
+    c = Controller(log, config=make_cluster(nodes=1, gpus=0), clock=lambda: 1000, snapshot_every=1)
+    await c.start()
+    await c.handle("submit", {"spec": {"time_limit": 60, "hold": True}})
+    assert await c.maybe_snapshot()
+    await c.handle("submit", {"spec": {"time_limit": 60, "hold": True}})
+    again = Controller(log, clock=lambda: 1000)
+    await again.load()
+    entries = [env async for env in log.read(1)]
+    assert again.writer.snapshot_seq == len(entries) - 1 and again.state == fold(entries)
