@@ -136,7 +136,7 @@ async def test_snapshots_latest_and_history_on_every_backend(log):
     from rota.core.testing import Harness, make_cluster
 
     h = Harness(make_cluster(nodes=1, gpus=0))
-    for i in range(6):
+    for _ in range(6):
         h.advance(10)
         h.submit(hold=True)
     assert await log.snapshots.latest() is None
