@@ -39,81 +39,95 @@ def parse(prog: str, argv: list[str], table: list[Option], *, stop_at_operand: b
     Flags give ``True``; appending options give a list of values. ``stop_at_operand`` is getopt's
     ``+`` mode (sbatch: everything after the script name belongs to the script).
     """
-    longs: dict[str, Option] = {}
-    shorts: dict[str, Option] = {}
-    for opt in table:
-        for name in opt.longs:
-            longs[name] = opt
-        if opt.short:
-            shorts[opt.short] = opt
-    values: dict[str, Any] = {}
-    operands: list[str] = []
+    return _Reader(prog, argv, table).read(stop_at_operand)
 
-    def store(opt: Option, value: object) -> None:
+
+class _Reader:
+    """One pass over a command line."""
+
+    def __init__(self, prog: str, argv: list[str], table: list[Option]) -> None:
+        self.prog, self.argv = prog, argv
+        self.longs: dict[str, Option] = {}
+        self.shorts: dict[str, Option] = {}
+        for opt in table:
+            for name in opt.longs:
+                self.longs[name] = opt
+            if opt.short:
+                self.shorts[opt.short] = opt
+        self.values: dict[str, Any] = {}
+        self.i = 0                  # the next word of argv
+
+    def read(self, stop_at_operand: bool) -> tuple[dict[str, Any], list[str]]:
+        argv = self.argv
+        operands: list[str] = []
+        while self.i < len(argv):
+            arg = argv[self.i]
+            self.i += 1
+            if arg == "--":
+                operands += argv[self.i:]
+                break
+            if arg.startswith("--"):
+                self._long(arg)
+            elif arg.startswith("-") and arg != "-":
+                self._shorts(arg)
+            else:
+                operands.append(arg)
+                if stop_at_operand:
+                    operands += argv[self.i:]
+                    break
+        return self.values, operands
+
+    def _long(self, arg: str) -> None:
+        """``--name``, ``--name=value``, ``--name value``, or a unique prefix of a name."""
+        prog, longs = self.prog, self.longs
+        name, eq, value = arg[2:].partition("=")
+        opt = longs.get(name)
+        if opt is None:
+            matches = [n for n in longs if n.startswith(name)]
+            if not matches:
+                raise OptionError(f"{prog}: unrecognized option '{arg}'")
+            if len({id(longs[n]) for n in matches}) > 1:
+                raise OptionError(f"{prog}: option '{arg}' is ambiguous; possibilities:"
+                                  + "".join(f" '--{n}'" for n in matches))
+            name, opt = matches[0], longs[matches[0]]
+        if opt.arg == NO and eq:
+            raise OptionError(f"{prog}: option '--{name}' doesn't allow an argument")
+        self._take(opt, value if eq else None, f"{prog}: option '--{name}' requires an argument")
+
+    def _shorts(self, arg: str) -> None:
+        """``-x``, bundled flags ``-Hv``, ``-pvalue`` and ``-p value``."""
+        j = 1
+        while j < len(arg):
+            letter = arg[j]
+            j += 1
+            opt = self.shorts.get(letter)
+            if opt is None:
+                raise OptionError(f"{self.prog}: invalid option -- '{letter}'")
+            if opt.arg == NO:
+                self._store(opt, True)
+                continue
+            self._take(opt, arg[j:] or None, f"{self.prog}: option requires an argument -- '{letter}'")
+            return
+
+    def _store(self, opt: Option, value: object) -> None:
         if opt.append:
-            values.setdefault(opt.dest, []).append(value)
+            self.values.setdefault(opt.dest, []).append(value)
         else:
-            values[opt.dest] = value
+            self.values[opt.dest] = value
 
-    def take(opt: Option, attached: str | None, i: int, missing: str) -> int:
-        """Store ``opt``'s value (attached, else the next word when required); the next index."""
+    def _take(self, opt: Option, attached: str | None, missing: str) -> None:
+        """Store ``opt``'s value: attached, else the next word when it requires one."""
         if opt.arg == NO:
-            store(opt, True)
+            self._store(opt, True)
         elif attached is not None:
-            store(opt, attached)
+            self._store(opt, attached)
         elif opt.arg == OPTIONAL:
-            store(opt, True)
-        elif i < len(argv):
-            store(opt, argv[i])
-            return i + 1
+            self._store(opt, True)
+        elif self.i < len(self.argv):
+            self._store(opt, self.argv[self.i])
+            self.i += 1
         else:
             raise OptionError(missing)
-        return i
-
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        i += 1
-        if arg == "--":
-            operands += argv[i:]
-            break
-        if arg.startswith("--"):
-            body = arg[2:]
-            name, eq, value = body.partition("=")
-            found = longs.get(name)
-            if found is None:
-                matches = [n for n in longs if n.startswith(name)]
-                if not matches:
-                    raise OptionError(f"{prog}: unrecognized option '{arg}'")
-                if len({id(longs[n]) for n in matches}) > 1:
-                    raise OptionError(f"{prog}: option '{arg}' is ambiguous; possibilities:"
-                                      + "".join(f" '--{n}'" for n in matches))
-                name, found = matches[0], longs[matches[0]]
-            opt = found
-            if opt.arg == NO and eq:
-                raise OptionError(f"{prog}: option '--{name}' doesn't allow an argument")
-            i = take(opt, value if eq else None, i, f"{prog}: option '--{name}' requires an argument")
-            continue
-        if arg.startswith("-") and arg != "-":
-            j = 1
-            while j < len(arg):
-                letter = arg[j]
-                j += 1
-                short = shorts.get(letter)
-                if short is None:
-                    raise OptionError(f"{prog}: invalid option -- '{letter}'")
-                opt = short
-                if opt.arg == NO:
-                    store(opt, True)
-                    continue
-                i = take(opt, arg[j:] or None, i, f"{prog}: option requires an argument -- '{letter}'")
-                break
-            continue
-        operands.append(arg)
-        if stop_at_operand:
-            operands += argv[i:]
-            break
-    return values, operands
 
 
 def unsupported(prog: str, values: dict[str, Any]) -> list[str]:

@@ -218,38 +218,14 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
     """sacct over the projection database ``db`` (default: the local cluster's; when this user cannot
     read it, the controller answers from its own, as this user), showing the jobs of ``uid`` unless
     told otherwise (default: who runs it), and never anyone's but ``only_uid``'s when that is given."""
-    try:
-        values, rest = parse("sacct", argv, OPTIONS)
-    except OptionError as exc:
-        err.write(f"{exc}\nTry \"sacct --help\" for more information\n")
-        return 1
-    ns = _Namespace(values)
-    if ns.help:
-        out.write("Usage: sacct [-j ids] [-u users] [-s states] [-S time] [-E time] [-X] [-n] [-P|-p] "
-                  "[--format fields] [--json]\n")
-        return 0
-    if ns.version:
-        out.write("slurm 22.05 (rota)\n")
-        return 0
-    try:
-        for warning in unsupported("sacct", values):
-            err.write(warning + "\n")
-    except OptionError as exc:
-        err.write(f"{exc}\n")
-        return 1
-    if rest:
-        err.write(f"sacct: error: Unrecognized option: {rest[0]}\n")
-        return 1
     now = time.time()
     try:
+        ns = _command_line(argv, out, err)
+        if ns is None:
+            return 0
         fields = parse_format(",".join(ns.format) or (BRIEF_FORMAT if ns.brief else LONG_FORMAT if ns.long else
-                                            os.environ.get("SACCT_FORMAT") or DEFAULT_FORMAT))
-        ids = [i for arg in ns.jobs for i in arg.split(",") if i]
-        for i in ids:
-            if not _job_id_ok(i):
-                raise Usage(f"sacct: error: Invalid job id: {i}")
-        start = parse_time(ns.starttime, now) if ns.starttime else None
-        end = parse_time(ns.endtime, now) if ns.endtime else None
+                                                    os.environ.get("SACCT_FORMAT") or DEFAULT_FORMAT))
+        query = _query(ns, now, os.geteuid() if uid is None else uid, only_uid)
     except Usage as exc:
         err.write(f"{exc}\n")
         return 1
@@ -262,19 +238,6 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
         err.write(f"sacct: error: Problem talking to the database: no rota accounting at {path}; "
                   "is `rota up` running (or ROTA_STATE_DIR set)?\n")
         return 1
-    uid = os.geteuid() if uid is None else uid
-    query = queries.JobQuery(only_uid=only_uid, start=start, end=end)
-    for i in ids:
-        base, _, task = i.split(".")[0].partition("_")
-        query.ids.append((int(base), int(task) if task else None))
-    if not ids and start is None:
-        query.start = parse_time("today", now)
-    query.users = [u for arg in ns.user for u in arg.split(",") if u]
-    if not query.users and not ns.allusers and not ids and uid != 0:
-        query.uid = uid
-    query.states = [STATE_ALIASES.get(s.lower(), s.upper()) for arg in ns.state for s in arg.split(",") if s]
-    query.names = [n for arg in ns.name for n in arg.split(",") if n]
-    query.partitions = [p for arg in ns.partition for p in arg.split(",") if p]
     try:
         conn = queries.connect(path)
         jobs = queries.jobs(conn, query)
@@ -282,6 +245,11 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
     except queries.Error as exc:
         err.write(f"sacct: error: Problem talking to the database: {exc}\n")
         return 1
+    if ns.json:
+        import json
+
+        out.write(json.dumps({"jobs": [dict(r) for r in jobs]}, indent=2) + "\n")
+        return 0
     rows = []
     for r in jobs:
         v = job_values(r, int(now))
@@ -289,11 +257,6 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
         s = steps.get(r["job_id"])
         if s is not None:
             rows.append(step_values(v, r, s))
-    if ns.json:
-        import json
-
-        out.write(json.dumps({"jobs": [dict(r) for r in jobs]}, indent=2) + "\n")
-        return 0
     parsable = None
     if ns.parsable2:
         parsable = ns.delimiter or "|"
@@ -302,6 +265,52 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
     for line in render(fields, rows, not ns.noheader, parsable):
         out.write(line + "\n")
     return 0
+
+
+def _command_line(argv: list[str], out, err) -> _Namespace | None:
+    """The options (None: --help or --version, answered); warnings for ignored ones go to ``err``."""
+    try:
+        values, rest = parse("sacct", argv, OPTIONS)
+    except OptionError as exc:
+        raise Usage(f"{exc}\nTry \"sacct --help\" for more information") from None
+    ns = _Namespace(values)
+    if ns.help:
+        out.write("Usage: sacct [-j ids] [-u users] [-s states] [-S time] [-E time] [-X] [-n] [-P|-p] "
+                  "[--format fields] [--json]\n")
+        return None
+    if ns.version:
+        out.write("slurm 22.05 (rota)\n")
+        return None
+    try:
+        for warning in unsupported("sacct", values):
+            err.write(warning + "\n")
+    except OptionError as exc:
+        raise Usage(str(exc)) from None
+    if rest:
+        raise Usage(f"sacct: error: Unrecognized option: {rest[0]}")
+    return ns
+
+
+def _query(ns: _Namespace, now: float, uid: int, only_uid: int | None) -> queries.JobQuery:
+    """Which jobs the options select (a user's own, today's, unless told otherwise)."""
+    ids = [i for arg in ns.jobs for i in arg.split(",") if i]
+    for i in ids:
+        if not _job_id_ok(i):
+            raise Usage(f"sacct: error: Invalid job id: {i}")
+    query = queries.JobQuery(only_uid=only_uid, start=parse_time(ns.starttime, now) if ns.starttime else None,
+                             end=parse_time(ns.endtime, now) if ns.endtime else None)
+    for i in ids:
+        base, _, task = i.split(".")[0].partition("_")
+        query.ids.append((int(base), int(task) if task else None))
+    if not ids and query.start is None:
+        query.start = parse_time("today", now)
+    query.users = [u for arg in ns.user for u in arg.split(",") if u]
+    if not query.users and not ns.allusers and not ids and uid != 0:
+        query.uid = uid
+    query.states = [STATE_ALIASES.get(s.lower(), s.upper()) for arg in ns.state for s in arg.split(",") if s]
+    query.names = [n for arg in ns.name for n in arg.split(",") if n]
+    query.partitions = [p for arg in ns.partition for p in arg.split(",") if p]
+    return query
 
 
 def main_exit() -> None:

@@ -203,6 +203,15 @@ def _spec(o: dict, script: str, default_name: str, now: float | None = None) -> 
                   "requeue": bool(o.get("requeue")) and not o.get("no_requeue"),
                   "submit_line": " ".join(["sbatch"] + sys.argv[1:])}
     spec["_warnings"] = _unsupported(o)
+    _counts(o, spec)
+    _memory_and_gpus(o, spec)
+    _times(o, spec, now)
+    _lists(o, spec)
+    return spec
+
+
+def _counts(o: dict, spec: dict) -> None:
+    """Partitions, nodes, tasks and CPUs per task."""
     if o.get("partition"):
         spec["partitions"] = o["partition"].split(",")
     if o.get("nodes"):
@@ -218,6 +227,10 @@ def _spec(o: dict, script: str, default_name: str, now: float | None = None) -> 
             spec[key] = int(o[key])
             if given:
                 spec[given] = True
+
+
+def _memory_and_gpus(o: dict, spec: dict) -> None:
+    """--mem, --mem-per-cpu, --gres=gpu[:type]:N, --gpus, --gpus-per-node."""
     if o.get("mem") is not None:
         spec["mem_per_node"] = parse_mem(o["mem"])
     if o.get("mem_per_cpu") is not None:
@@ -244,6 +257,10 @@ def _spec(o: dict, script: str, default_name: str, now: float | None = None) -> 
             spec[key] = int(count)
             if gtype:
                 spec["gpu_type"] = gtype
+
+
+def _times(o: dict, spec: dict, now: float | None) -> None:
+    """--time (checked against Slurm's range) and --begin."""
     if o.get("time"):
         from rota.core.timefmt import TimeSpecError, parse_time_limit
 
@@ -262,6 +279,10 @@ def _spec(o: dict, script: str, default_name: str, now: float | None = None) -> 
             spec["begin"] = parse_moment(o["begin"], time.time() if now is None else now, future=True)
         except MomentError as exc:
             raise SbatchError(f"{exc}\nsbatch: error: Invalid --begin specification", 255) from None
+
+
+def _lists(o: dict, spec: dict) -> None:
+    """--array, the options taken as given, and the host lists."""
     if o.get("array"):
         from rota.core.arrays import ArraySpecError, parse_array
 
@@ -281,7 +302,6 @@ def _spec(o: dict, script: str, default_name: str, now: float | None = None) -> 
                 spec[attr] = expand(o[attr])
             except HostlistError as exc:
                 raise SbatchError(f"sbatch: error: Invalid --{attr} specification: {exc}", 255) from None
-    return spec
 
 
 def main(argv: list[str] | None = None) -> int:

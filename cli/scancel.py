@@ -42,8 +42,12 @@ def _signal(text: str | None) -> int:
     return SIGNALS[t]
 
 
+class _Usage(Exception):
+    """A command line scancel refuses (its message is the error line)."""
+
+
 def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
-    from .client import NoCluster, request
+    from .client import NoCluster
 
     try:
         values, operands = parse("scancel", argv, OPTIONS)
@@ -62,60 +66,79 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
         err.write(warning + "\n")
     try:
         sig = _signal(ns.signal)
-    except ValueError as exc:
+        targets = _targets(ns.ids)
+        if not targets and not _filtered(ns):
+            raise _Usage("scancel: error: No job identification provided")
+        if _filtered(ns):
+            targets = _matching(ns, targets)
+        return _send(ns, targets, sig, err)
+    except (ValueError, _Usage) as exc:
         err.write(f"{exc}\n")
         return 1
+    except NoCluster as exc:
+        err.write(f"scancel: error: {exc}\n")
+        return 1
+
+
+def _targets(ids: list[str]) -> list[tuple[int, list[int] | None]]:
+    """Job ids as given (``N``, ``N_T``, ``N_[1-3]``, comma lists): (job id, array task indices or None)."""
     targets: list[tuple[int, list[int] | None]] = []
-    for item in ns.ids:
+    for item in ids:
         for part in re.split(r",(?![^\[]*\])", item):
             m = _ID.fullmatch(part)
             if not m:
-                err.write(f"scancel: error: Invalid job id {part}\n")
-                return 1
+                raise _Usage(f"scancel: error: Invalid job id {part}")
             tasks = None
             if m.group(2):
                 from rota.core.arrays import parse_array
 
                 tasks = list(parse_array(m.group(2).strip("[]")).indices)
             targets.append((int(m.group(1)), tasks))
-    filters = ns.user or ns.me or ns.state or ns.name or ns.partition
-    if not targets and not filters:
-        err.write("scancel: error: No job identification provided\n")
-        return 1
-    try:
-        if filters:
-            reply = request("queue", {})
-            if not reply.get("ok"):
-                err.write(f"scancel: error: {'; '.join(reply.get('error') or ['unknown error'])}\n")
-                return 1
-            jobs = reply["jobs"]
-            users = set(ns.user.split(",")) if ns.user else None
-            states = {s.strip().upper() for s in (ns.state or "").split(",") if s}
-            states = {{"PD": "PENDING", "R": "RUNNING"}.get(s, s) for s in states}
-            chosen = [j for j in jobs
-                      if (not ns.me or j["uid"] == os.getuid())
-                      and (users is None or j["user"] in users or str(j["uid"]) in users)
-                      and (not states or j["state"] in states)
-                      and (ns.name is None or j["name"] == ns.name)
-                      and (ns.partition is None or j["partition"] == ns.partition)
-                      and (not targets or j["job_id"] in {t for t, _ in targets})]
-            targets = [(j["job_id"], None) for j in chosen]
-        code = 0
-        for jid, tasks in targets:
-            if ns.verbose:
-                err.write(f"scancel: Terminating job {jid}\n")
-            body: dict[str, object] = {"job_id": jid, "signal": sig}
-            if tasks is not None:
-                body["tasks"] = tasks
-            # Slurm: --signal only signals the job (it is not cancelled unless the signal ends it)
-            reply = request("signal" if ns.signal is not None else "cancel", body)
-            if not reply.get("ok") and reply.get("code") not in ("no_job",):
-                err.write(f"scancel: error: Kill job error on job id {jid}: {reply['error'][0]}\n")
-                code = 1
-        return code
-    except NoCluster as exc:
-        err.write(f"scancel: error: {exc}\n")
-        return 1
+    return targets
+
+
+def _filtered(ns: "_Options") -> bool:
+    return bool(ns.user or ns.me or ns.state or ns.name or ns.partition)
+
+
+def _matching(ns: "_Options", targets: list[tuple[int, list[int] | None]]) -> list[tuple[int, list[int] | None]]:
+    """The queued jobs the filters (--user, --me, --state, --name, --partition) select, among ``targets``
+    when ids were given too."""
+    from .client import request
+
+    reply = request("queue", {})
+    if not reply.get("ok"):
+        raise _Usage(f"scancel: error: {'; '.join(reply.get('error') or ['unknown error'])}")
+    users = set(ns.user.split(",")) if ns.user else None
+    states = {s.strip().upper() for s in (ns.state or "").split(",") if s}
+    states = {{"PD": "PENDING", "R": "RUNNING"}.get(s, s) for s in states}
+    wanted = {t for t, _ in targets}
+    return [(j["job_id"], None) for j in reply["jobs"]
+            if (not ns.me or j["uid"] == os.getuid())
+            and (users is None or j["user"] in users or str(j["uid"]) in users)
+            and (not states or j["state"] in states)
+            and (ns.name is None or j["name"] == ns.name)
+            and (ns.partition is None or j["partition"] == ns.partition)
+            and (not wanted or j["job_id"] in wanted)]
+
+
+def _send(ns: "_Options", targets: list[tuple[int, list[int] | None]], sig: int, err) -> int:
+    """Cancel (or, with --signal, only signal) each target; 1 if any was refused."""
+    from .client import request
+
+    code = 0
+    for jid, tasks in targets:
+        if ns.verbose:
+            err.write(f"scancel: Terminating job {jid}\n")
+        body: dict[str, object] = {"job_id": jid, "signal": sig}
+        if tasks is not None:
+            body["tasks"] = tasks
+        # Slurm: --signal only signals the job (it is not cancelled unless the signal ends it)
+        reply = request("signal" if ns.signal is not None else "cancel", body)
+        if not reply.get("ok") and reply.get("code") not in ("no_job",):
+            err.write(f"scancel: error: Kill job error on job id {jid}: {reply['error'][0]}\n")
+            code = 1
+    return code
 
 
 def main_exit() -> None:

@@ -99,41 +99,50 @@ END_REASONS = {"TIMEOUT": "TimeLimit", "FAILED": "NonZeroExitCode", "OUT_OF_MEMO
 
 def show_job(ids: list[str]) -> list[str]:
     """Slurm's ``scontrol show job`` layout, from the controller's view of the job."""
-    from rota.core.hostlist import compress as _compress
-    from rota.core.timefmt import format_duration
-
     if not ids or not ids[0].split("_")[0].isdecimal():
         raise Fail("slurm_load_jobs error: Invalid job id specified")
     reply = _request("job", {"job_id": int(ids[0].split("_")[0])})
     if not reply.get("ok"):
         raise Fail("slurm_load_jobs error: Invalid job id specified")
     j, now = reply["job"], reply["now"]
+    d = _JobFigures(j, now)
+    return _job_state_lines(j, d, now) + _job_resource_lines(j, d)
+
+
+class _JobFigures:
+    """What ``show job`` derives from the controller's view: counts, times, reason, paths."""
+
+    def __init__(self, j: dict, now: int) -> None:
+        spec = j["spec"]
+        req = j["req"] or [spec.get("nodes", 1), 1, 0, 0, None, False, False, False, 1]
+        self.nnodes, self.cpn, self.mem_node, self.gpn = req[0], req[1], req[2], req[3]
+        self.ntasks = (req[8] if len(req) > 8 else 1) * self.nnodes
+        state = j["state"]
+        pending = state == "PENDING"
+        self.reason = (j["reason"] or "None") if pending else END_REASONS.get(state, "None")
+        self.limit = j["time_limit"]
+        self.start = j["start_time"] or (j["expected_start"] if pending else 0)
+        self.end = j["end_time"] or (self.start + self.limit if self.start and self.limit else 0)
+        self.run_time = (j["end_time"] or now) - j["start_time"] if j["start_time"] else 0
+        self.exit_code = f"{j['exit_code']}:{j['signal']}" if state != "TIMEOUT" else "0:15"
+        self.workdir = spec.get("workdir") or "/"
+        default_out = f"slurm-{j['array_job_id']}_{j['array_task_id']}.out" if j["array_task_id"] is not None \
+            else f"slurm-{j['job_id']}.out"
+        out_path = spec.get("output") or default_out
+        self.out_path = out_path if out_path.startswith("/") else f"{self.workdir.rstrip('/')}/{out_path}"
+        self.err_path = spec.get("error") or self.out_path
+        self.cpus = j["alloc_cpus"] or self.cpn * self.nnodes
+        self.mem = j["alloc_mem"] or self.mem_node * self.nnodes
+        self.gpus = j["alloc_gpus"] or self.gpn * self.nnodes
+
+
+def _job_state_lines(j: dict, d: _JobFigures, now: int) -> list[str]:
+    """Who, what state and why, when, and where."""
+    from rota.core.hostlist import compress
+    from rota.core.timefmt import format_duration
+
     spec = j["spec"]
-    req = j["req"] or [spec.get("nodes", 1), 1, 0, 0, None, False, False, False, 1]
-    nnodes, cpn, mem_node, gpn = req[0], req[1], req[2], req[3]
-    ntasks = (req[8] if len(req) > 8 else 1) * nnodes
-    state = j["state"]
-    pending = state == "PENDING"
-    if pending:
-        reason = j["reason"] or "None"
-    else:
-        reason = END_REASONS.get(state, "None")
-    limit = j["time_limit"]
-    start = j["start_time"] or (j["expected_start"] if pending else 0)
-    end = j["end_time"] or (start + limit if start and limit else 0)
-    run_time = (j["end_time"] or now) - j["start_time"] if j["start_time"] else 0
-    exit_code = f"{j['exit_code']}:{j['signal']}" if state != "TIMEOUT" else "0:15"
     user, uid, gid = spec.get("user", "?"), spec.get("uid", 0), spec.get("gid", 0)
-    workdir = spec.get("workdir") or "/"
-    default_out = f"slurm-{j['array_job_id']}_{j['array_task_id']}.out" if j["array_task_id"] is not None \
-        else f"slurm-{j['job_id']}.out"
-    out_path = spec.get("output") or default_out
-    out_path = out_path if out_path.startswith("/") else f"{workdir.rstrip('/')}/{out_path}"
-    err_path = spec.get("error") or out_path
-    cpus = j["alloc_cpus"] or cpn * nnodes
-    mem = j["alloc_mem"] or mem_node * nnodes
-    gpus = j["alloc_gpus"] or gpn * nnodes
-    tres = f"cpu={cpus},mem={_size(mem)},node={nnodes},billing={cpus}" + (f",gres/gpu={gpus}" if gpus else "")
     head = f"JobId={j['job_id']} "
     if j["array_task_id"] is not None:
         head += f"ArrayJobId={j['array_job_id']} ArrayTaskId={j['array_task_id']} "
@@ -142,43 +151,52 @@ def show_job(ids: list[str]) -> list[str]:
         f"   UserId={user}({uid}) GroupId={user}({gid}) MCS_label=N/A",
         f"   Priority={j['priority']} Nice={j['nice']} Account={spec.get('account') or '(null)'} "
         f"QOS={spec.get('qos') or 'normal'}",
-        f"   JobState={state} Reason={reason} Dependency={spec.get('dependency') or '(null)'}",
+        f"   JobState={j['state']} Reason={d.reason} Dependency={spec.get('dependency') or '(null)'}",
         f"   Requeue={1 if spec.get('requeue') else 0} Restarts={j['restarts']} BatchFlag=1 Reboot=0 "
-        f"ExitCode={exit_code}",
-        f"   RunTime={format_duration(run_time)} TimeLimit={format_duration(limit) if limit else 'UNLIMITED'} "
+        f"ExitCode={d.exit_code}",
+        f"   RunTime={format_duration(d.run_time)} TimeLimit={format_duration(d.limit) if d.limit else 'UNLIMITED'} "
         "TimeMin=N/A",
         f"   SubmitTime={_when(j['submit_time'])} EligibleTime={_when(j['eligible_time'])}",
         f"   AccrueTime={_when(j['eligible_time'])}",
-        f"   StartTime={_when(start) if start else 'Unknown'} EndTime={_when(end) if end else 'Unknown'} Deadline=N/A",
+        f"   StartTime={_when(d.start) if d.start else 'Unknown'} EndTime={_when(d.end) if d.end else 'Unknown'} "
+        "Deadline=N/A",
         f"   SuspendTime=None SecsPreSuspend=0 LastSchedEval={_when(now)} "
         f"Scheduler={'Backfill' if j['backfilled'] else 'Main'}",
         f"   Partition={j['partition']} AllocNode:Sid={spec.get('submit_host') or 'localhost'}:0",
         f"   ReqNodeList={','.join(spec.get('nodelist') or []) or '(null)'} "
         f"ExcNodeList={','.join(spec.get('exclude') or []) or '(null)'}",
-        f"   NodeList={_compress(j['nodes']) if j['nodes'] else ''}",
+        f"   NodeList={compress(j['nodes']) if j['nodes'] else ''}",
     ]
     if j["nodes"]:
         lines.append(f"   BatchHost={j['nodes'][0]}")
-    lines += [
-        f"   NumNodes={nnodes} NumCPUs={cpus} NumTasks={ntasks} CPUs/Task={spec.get('cpus_per_task', 1)} "
+    return lines
+
+
+def _job_resource_lines(j: dict, d: _JobFigures) -> list[str]:
+    """What it holds or asks for, and its files."""
+    spec = j["spec"]
+    tres = f"cpu={d.cpus},mem={_size(d.mem)},node={d.nnodes},billing={d.cpus}" + \
+        (f",gres/gpu={d.gpus}" if d.gpus else "")
+    memory = (f"MinMemoryNode={_size(d.mem_node)}" if spec.get("mem_per_node")
+              else f"MinMemoryCPU={_size(max(1, d.mem_node // max(1, d.cpn)))}")
+    lines = [
+        f"   NumNodes={d.nnodes} NumCPUs={d.cpus} NumTasks={d.ntasks} CPUs/Task={spec.get('cpus_per_task', 1)} "
         "ReqB:S:C:T=0:0:*:*",
         f"   TRES={tres}",
         "   Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=*",
-        f"   MinCPUsNode={cpn} " + (f"MinMemoryNode={_size(mem_node)}" if spec.get("mem_per_node")
-                                 else f"MinMemoryCPU={_size(max(1, mem_node // max(1, cpn)))}") + " MinTmpDiskNode=0",
+        f"   MinCPUsNode={d.cpn} {memory} MinTmpDiskNode=0",
         f"   Features={spec.get('constraint') or '(null)'} DelayBoot=00:00:00",
         "   OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null)",
         "   Command=(null)",
-        f"   WorkDir={workdir}",
-        f"   StdErr={err_path}",
+        f"   WorkDir={d.workdir}",
+        f"   StdErr={d.err_path}",
         f"   StdIn={spec.get('input') or '/dev/null'}",
-        f"   StdOut={out_path}",
+        f"   StdOut={d.out_path}",
         "   Power=",
     ]
-    if gpn:
-        lines.append(f"   TresPerNode=gres:gpu:{spec.get('gpu_type') + ':' if spec.get('gpu_type') else ''}{gpn}")
-    lines += ["   ", ""]
-    return lines
+    if d.gpn:
+        lines.append(f"   TresPerNode=gres:gpu:{spec.get('gpu_type') + ':' if spec.get('gpu_type') else ''}{d.gpn}")
+    return lines + ["   ", ""]
 
 
 def show_partition(names: list[str], db_path: str | None = None) -> list[str]:

@@ -222,7 +222,24 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
                   "set)?\n")
         return 1
     conn = queries.connect(path)
-    nodes, parts = queries.nodes(conn), queries.partitions(conn)
+    try:
+        nodes, parts = _selected(ns, queries.nodes(conn), queries.partitions(conn))
+        if ns.list_reasons:
+            lines = _reasons(ns, nodes)
+        elif ns.Node:
+            lines = _by_node(ns, nodes, parts)
+        else:
+            lines = _by_partition(ns, nodes, parts)
+    except Usage as exc:
+        err.write(f"{exc}\n")
+        return 1
+    for line in lines:
+        out.write(line + "\n")
+    return 0
+
+
+def _selected(ns: _Options, nodes: list, parts: list) -> tuple[list, list]:
+    """The nodes and partitions --partition, --nodes and --states select."""
     if ns.partition:
         wanted = set(ns.partition.split(","))
         parts = [p for p in parts if p["name"] in wanted]
@@ -230,51 +247,54 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
         try:
             keep = set(expand(ns.nodes))
         except ValueError as exc:
-            err.write(f"sinfo: error: Invalid node name specified: {exc}\n")
-            return 1
+            raise Usage(f"sinfo: error: Invalid node name specified: {exc}") from None
         nodes = [n for n in nodes if n["name"] in keep]
     if ns.states:
         states = {s.strip().lower() for s in ns.states.split(",")}
         nodes = [n for n in nodes if state_short(n).rstrip("*") in states or state_long(n).rstrip("*") in states
                  or (n["drain"] and "drain" in states)]
-    try:
-        if ns.list_reasons:
-            spec = parse(ns.format or REASONS)
-            groups: dict[tuple, list] = {}
-            for n in nodes:
-                if n["reason"] and (n["drain"] or n["base"] == "DOWN"):
-                    groups.setdefault((n["reason"], n["reason_by"], n["reason_time"]), []).append(n)
-            lines = render(spec, [(None, g) for g in groups.values()], not ns.noheader, True)
-        elif ns.Node:
-            spec = parse(ns.format or (NODE_LONG if ns.long else NODE_DEFAULT))
-            by_name = {n["name"]: n for n in nodes}
-            rows = [(p, [by_name[name]]) for name in by_name for p in parts
-                    if name in (p["nodes"] or "").split(",")]
-            rows.sort(key=lambda pn: pn[1][0]["idx"])
-            lines = render(spec, rows, not ns.noheader, True)
-            if ns.long and not ns.format:
-                lines.insert(0, time.strftime("%a %b %d %H:%M:%S %Y"))
-        else:
-            spec = parse(ns.format or (LONG if ns.long else DEFAULT))
-            rows = []
-            for p in parts:
-                members = set((p["nodes"] or "").split(","))
-                grouped: dict[tuple, list] = {}
-                for n in nodes:
-                    if n["name"] in members:
-                        grouped.setdefault((state_short(n), n["reason"] if ns.format and "%E" in ns.format else None),
-                                           []).append(n)
-                for g in sorted(grouped.values(), key=lambda g: -state_value(g[0])):
-                    rows.append((p, g))
-            lines = render(spec, rows, not ns.noheader, False)
-            if ns.long and not ns.format:
-                lines.insert(0, time.strftime("%a %b %d %H:%M:%S %Y"))
-    except Usage as exc:
-        err.write(f"{exc}\n")
-        return 1
-    for line in lines:
-        out.write(line + "\n")
-    return 0
+    return nodes, parts
+
+
+def _reasons(ns: _Options, nodes: list) -> list[str]:
+    """``sinfo -R``: drained and down nodes grouped by their reason."""
+    spec = parse(ns.format or REASONS)
+    groups: dict[tuple, list] = {}
+    for n in nodes:
+        if n["reason"] and (n["drain"] or n["base"] == "DOWN"):
+            groups.setdefault((n["reason"], n["reason_by"], n["reason_time"]), []).append(n)
+    return render(spec, [(None, g) for g in groups.values()], not ns.noheader, True)
+
+
+def _by_node(ns: _Options, nodes: list, parts: list) -> list[str]:
+    """``sinfo -N``: a line per node and partition."""
+    spec = parse(ns.format or (NODE_LONG if ns.long else NODE_DEFAULT))
+    by_name = {n["name"]: n for n in nodes}
+    rows = [(p, [by_name[name]]) for name in by_name for p in parts if name in (p["nodes"] or "").split(",")]
+    rows.sort(key=lambda pn: pn[1][0]["idx"])
+    lines = render(spec, rows, not ns.noheader, True)
+    if ns.long and not ns.format:
+        lines.insert(0, time.strftime("%a %b %d %H:%M:%S %Y"))
+    return lines
+
+
+def _by_partition(ns: _Options, nodes: list, parts: list) -> list[str]:
+    """Plain ``sinfo``: a line per partition and node state."""
+    spec = parse(ns.format or (LONG if ns.long else DEFAULT))
+    rows = []
+    for p in parts:
+        members = set((p["nodes"] or "").split(","))
+        grouped: dict[tuple, list] = {}
+        for n in nodes:
+            if n["name"] in members:
+                grouped.setdefault((state_short(n), n["reason"] if ns.format and "%E" in ns.format else None),
+                                   []).append(n)
+        for g in sorted(grouped.values(), key=lambda g: -state_value(g[0])):
+            rows.append((p, g))
+    lines = render(spec, rows, not ns.noheader, False)
+    if ns.long and not ns.format:
+        lines.insert(0, time.strftime("%a %b %d %H:%M:%S %Y"))
+    return lines
 
 
 def main_exit() -> None:

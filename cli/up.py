@@ -87,112 +87,164 @@ async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, n
               echo=print, *, agent_node: str | None = None, fake_gpus: str | None = None,
               node_timeout: float = 300.0, agent_options: dict | None = None, tls: dict[str, str] | None = None,
               listen: str = "127.0.0.1") -> None:
-    from rota.agents.agent import hostname
-    from rota.agents.main import run_signer
-    from rota.wire import natsauth
-    from rota.wire.paths import socket_in
-
-    from rota.controller.views import timetravel_environment
-
+    """Run the whole cluster in this process until SIGINT or SIGTERM: NATS (unless ``nats_url`` names
+    servers), the controller, the agents' link, the projection, this node's agent and the signer."""
     os.umask(0o077)   # every file rota writes is private unless made public on purpose
-    keyring = prepare_state_dir(state_dir)
-    signer_host = agent_node or hostname()
-    tls_ca = (tls or {}).get("ca_file")
-    server = None
-    if nats_url is None:
-        hosts = [n.name for n in config.nodes] + [signer_host]
-        server = natsserver.start(state_dir / "nats", port=nats_port, tls=tls, host=listen,
-                                  authorization=natsauth.authorization_block(keyring, hosts))
-        nats_url = server.url
-    else:
-        echo(f"rota up: the NATS servers at {nats_url} are not rota's own: make sure they enforce rota's roles "
-             "(`rota keygen --nats-auth FILE --config slurm.conf` writes their authorization block)")
-    info = state_dir / "cluster.json"
-    urls = nats_url.split(",")
-    eventlog = await JetStreamLog.connect(urls, replicas=3 if len(urls) >= 3 else 1, keyring=keyring,
-                                          **natsauth.connect_options(keyring, None, tls_ca))
-    from .reports import runner
-
-    controller = Controller(eventlog, config=config, keyring=keyring, outbox=Outbox(),
-                            reports=runner(str(state_dir / "projections.sqlite")),
-                            timetravel_env=timetravel_environment(str(state_dir)))
-    agent: Agent | None = None
-    link: AgentLink | None = None
-    projector: Projector | None = None
-    projecting: asyncio.Task | None = None
-    signer = None
+    up = _Up(state_dir, config, echo, agent_node, fake_gpus, node_timeout, agent_options, tls)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await controller.start()
-        await controller.serve(eventlog.nc)
-        link = AgentLink(controller, eventlog.nc, node_timeout=node_timeout, keyring=keyring)
-        await link.start()
-        projector = Projector(state_dir / "projections.sqlite", eventlog)
+        await up.start_log(nats_url, nats_port, listen)
+        await up.start_controller()
+        await up.start_projection(stop)
+        await up.start_agent_and_signer()
+        up.announce()
+        await stop.wait()
+    finally:
+        stop.set()
+        await up.stop()
+
+
+class _Up:
+    """The parts of a running ``rota up``, started and stopped in order."""
+
+    def __init__(self, state_dir: Path, config: ev.ClusterConfig, echo: Any, agent_node: str | None,
+                 fake_gpus: str | None, node_timeout: float, agent_options: dict | None,
+                 tls: dict[str, str] | None) -> None:
+        from rota.agents.agent import hostname
+
+        self.state_dir, self.config, self.echo = state_dir, config, echo
+        self.agent_node, self.fake_gpus, self.node_timeout = agent_node, fake_gpus, node_timeout
+        self.agent_options, self.tls = agent_options, tls
+        self.tls_ca = (tls or {}).get("ca_file")
+        self.keyring = prepare_state_dir(state_dir)
+        self.signer_host = agent_node or hostname()
+        self.info = state_dir / "cluster.json"
+        self.server: Any = None
+        self.nats_url = ""
+        self.eventlog: Any = None
+        self.controller: Controller | None = None
+        self.link: AgentLink | None = None
+        self.projector: Projector | None = None
+        self.projecting: asyncio.Task | None = None
+        self.agent: Agent | None = None
+        self.signer: Any = None
+
+    async def start_log(self, nats_url: str | None, nats_port: int | None, listen: str) -> None:
+        """Our own NATS server (unless told to use others) and the event log on it."""
+        from rota.wire import natsauth
+
+        if nats_url is None:
+            hosts = [n.name for n in self.config.nodes] + [self.signer_host]
+            self.server = natsserver.start(self.state_dir / "nats", port=nats_port, tls=self.tls, host=listen,
+                                           authorization=natsauth.authorization_block(self.keyring, hosts))
+            nats_url = self.server.url
+        else:
+            self.echo(f"rota up: the NATS servers at {nats_url} are not rota's own: make sure they enforce rota's "
+                      "roles (`rota keygen --nats-auth FILE --config slurm.conf` writes their authorization block)")
+        self.nats_url = nats_url
+        urls = nats_url.split(",")
+        self.eventlog = await JetStreamLog.connect(urls, replicas=3 if len(urls) >= 3 else 1, keyring=self.keyring,
+                                                   **natsauth.connect_options(self.keyring, None, self.tls_ca))
+
+    async def start_controller(self) -> None:
+        """The controller (serving the API) and its link to the agents."""
+        from rota.controller.views import timetravel_environment
+
+        from .reports import runner
+
+        self.controller = Controller(self.eventlog, config=self.config, keyring=self.keyring, outbox=Outbox(),
+                                     reports=runner(str(self.state_dir / "projections.sqlite")),
+                                     timetravel_env=timetravel_environment(str(self.state_dir)))
+        await self.controller.start()
+        await self.controller.serve(self.eventlog.nc)
+        self.link = AgentLink(self.controller, self.eventlog.nc, node_timeout=self.node_timeout,
+                              keyring=self.keyring)
+        await self.link.start()
+
+    async def start_projection(self, stop: asyncio.Event) -> None:
+        """The SQLite projection (sacct, sinfo), woken by every new event; scheduling goes on without it."""
+        projector = Projector(self.state_dir / "projections.sqlite", self.eventlog)
         try:
             await projector.open()
         except Exception as exc:  # noqa: BLE001 - scheduling goes on; sacct/sinfo say they have no data
-            echo(f"rota up: projections disabled: cannot open {projector.path}: {exc}")
-            projector = None
-        if projector is not None:
-            wake = asyncio.Event()
-            await eventlog.nc.subscribe(f"{SUBJECT_PREFIX}.>", cb=_waker(wake))
-            projecting = asyncio.create_task(projector.follow(stop, wake))
-        if agent_node is not None:
-            node_cfg = next(n for n in config.nodes if n.name == agent_node)
-            opts = dict(agent_options or {})
-            if fake_gpus:   # a fake node (demo, tests): it has what the configuration says
+            self.echo(f"rota up: projections disabled: cannot open {projector.path}: {exc}")
+            return
+        self.projector = projector
+        wake = asyncio.Event()
+        await self.eventlog.nc.subscribe(f"{SUBJECT_PREFIX}.>", cb=_waker(wake))
+        self.projecting = asyncio.create_task(projector.follow(stop, wake))
+
+    async def start_agent_and_signer(self) -> None:
+        """This host's agent (when it is a node) and the local signer every command goes through."""
+        from rota.agents.main import run_signer
+        from rota.wire.paths import socket_in
+
+        if self.agent_node is not None:
+            node_cfg = next(n for n in self.config.nodes if n.name == self.agent_node)
+            opts = dict(self.agent_options or {})
+            if self.fake_gpus:   # a fake node (demo, tests): it has what the configuration says
                 opts.setdefault("cpus", node_cfg.cpus)
                 opts.setdefault("memory", node_cfg.memory)
-            agent = Agent(agent_node, nats_url, state_dir, keyring=keyring, tls_ca=tls_ca, fake_gpus=fake_gpus,
-                          **opts)
-            for line in agent.describe():
-                echo(line)
-            await agent.start()
-        signer = await run_signer(socket_in(str(state_dir)), signer_host, keyring, nats_url, tls_ca, lambda _l: None)
-        _write_public(info, json.dumps({"nats": nats_url, "pid": os.getpid(), "tls_ca": tls_ca,
-                                        "socket": socket_in(str(state_dir))}))
-        cfg = controller.state.config
+            self.agent = Agent(self.agent_node, self.nats_url, self.state_dir, keyring=self.keyring,
+                               tls_ca=self.tls_ca, fake_gpus=self.fake_gpus, **opts)
+            for line in self.agent.describe():
+                self.echo(line)
+            await self.agent.start()
+        sock = socket_in(str(self.state_dir))
+        self.signer = await run_signer(sock, self.signer_host, self.keyring, self.nats_url, self.tls_ca,
+                                       lambda _l: None)
+        _write_public(self.info, json.dumps({"nats": self.nats_url, "pid": os.getpid(), "tls_ca": self.tls_ca,
+                                             "socket": sock}))
+
+    def announce(self) -> None:
+        from rota.wire.paths import socket_in
+
+        assert self.controller is not None
+        state = self.controller.state
+        cfg = state.config
         assert cfg is not None
-        echo(f"rota up: controller leading at {nats_url} (log at sequence {controller.state.seq}); "
-             f"{len(cfg.nodes)} node(s), {sum(n.gpu_count for n in cfg.nodes)} GPU(s), "
-             f"partition(s) {', '.join(p.name for p in cfg.partitions)}; state in {state_dir}")
-        echo(f"rota up: commands reach it through {socket_in(str(state_dir))} (any local user; who they are "
-             "comes from the kernel)")
-        echo("press Ctrl-C to stop")
-        await stop.wait()
-    finally:
+        self.echo(f"rota up: controller leading at {self.nats_url} (log at sequence {state.seq}); "
+                  f"{len(cfg.nodes)} node(s), {sum(n.gpu_count for n in cfg.nodes)} GPU(s), "
+                  f"partition(s) {', '.join(p.name for p in cfg.partitions)}; state in {self.state_dir}")
+        self.echo(f"rota up: commands reach it through {socket_in(str(self.state_dir))} (any local user; who "
+                  "they are comes from the kernel)")
+        self.echo("press Ctrl-C to stop")
+
+    async def stop(self) -> None:
+        """Stop whatever started, in reverse order, each step bounded: Ctrl-C always stops rota up."""
         try:
-            info.unlink()
+            self.info.unlink()
         except FileNotFoundError:
             pass
-        stop.set()
         steps = []
-        if signer is not None:
-            steps.append(("signer", signer.stop()))
-        if agent is not None:
-            steps.append(("agent", agent.stop()))
-        if link is not None:
-            steps.append(("agent link", link.stop()))
-        if projector is not None:
-            steps.append(("projections", _stop_projector(projector, projecting)))
-        steps.append(("snapshot", controller.maybe_snapshot(force=True)))
-        steps.append(("controller", controller.stop()))
-        steps.append(("event log", eventlog.close()))
-        for what, step in steps:   # each bounded: Ctrl-C always stops rota up
+        if self.signer is not None:
+            steps.append(("signer", self.signer.stop()))
+        if self.agent is not None:
+            steps.append(("agent", self.agent.stop()))
+        if self.link is not None:
+            steps.append(("agent link", self.link.stop()))
+        if self.projector is not None:
+            steps.append(("projections", _stop_projector(self.projector, self.projecting)))
+        if self.controller is not None:
+            steps.append(("snapshot", self.controller.maybe_snapshot(force=True)))
+            steps.append(("controller", self.controller.stop()))
+        if self.eventlog is not None:
+            steps.append(("event log", self.eventlog.close()))
+        for what, step in steps:
             log.info("stopping: %s", what)
             try:
                 await asyncio.wait_for(step, timeout=5)
             except Exception as exc:  # noqa: BLE001 - keep stopping the rest
                 log.warning("stopping %s: %s", what, exc or type(exc).__name__)
-        if server is not None:
-            server.stop()
-        if agent is not None and agent.runs:
-            echo(f"rota up: {len(agent.runs)} job(s) still running on {agent.node} "
-                 f"({', '.join(map(str, sorted(agent.runs)[:10]))}); the next `rota up` adopts them")
-        echo("rota up: stopped")
+        if self.server is not None:
+            self.server.stop()
+        if self.agent is not None and self.agent.runs:
+            self.echo(f"rota up: {len(self.agent.runs)} job(s) still running on {self.agent.node} "
+                      f"({', '.join(map(str, sorted(self.agent.runs)[:10]))}); the next `rota up` adopts them")
+        self.echo("rota up: stopped")
 
 
 def _write_public(path: Path, text: str) -> None:

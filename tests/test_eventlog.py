@@ -83,7 +83,7 @@ def test_node_events_have_per_node_subjects():
 
 async def test_the_plain_reader_delivers_exactly_what_nats_py_delivers(tmp_path):
     """Replays read deliveries off a plain connection; they must equal nats-py's, in ranges, in order."""
-    from rota.controller import eventlog
+    from rota.controller import eventlog, streamreader
 
     srv = natsserver.start(tmp_path / "nats")
     lg = await JetStreamLog.connect(srv.url)
@@ -93,8 +93,8 @@ async def test_the_plain_reader_delivers_exactly_what_nats_py_delivers(tmp_path)
                                 headers={"Nats-Msg-Id": f"m{i}", eventlog.TS_HEADER: str(i),
                                          eventlog.ACTOR_HEADER: "alice"})
         for start, end, batch in ((1, 5000, 700), (1234, 4321, 2000), (5000, 5000, 10)):
-            plain = [m async for c in _read_with(lg, eventlog._RawPullReader, start, end, batch) for m in c]
-            nats_py = [m async for c in _read_with(lg, eventlog._PullReader, start, end, batch) for m in c]
+            plain = [m async for c in _read_with(lg, streamreader.RawPullReader, start, end, batch) for m in c]
+            nats_py = [m async for c in _read_with(lg, streamreader.PullReader, start, end, batch) for m in c]
             assert [m[0] for m in plain] == list(range(start, end + 1))
             assert plain == nats_py
         envs = [env async for env in lg.read(4990)]

@@ -48,3 +48,22 @@ def test_the_checker_sees_imports_inside_functions(tmp_path):
     node = ast.parse(code)
     assert any(isinstance(n, ast.ImportFrom) and n.module == "rota.cli" for n in ast.walk(node))
     assert set(ALLOWED) == {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists() and p.name != "tests"}
+
+
+def long_functions(folder: str, limit: int = 60) -> list[str]:
+    """Functions of ``folder`` longer than ``limit`` lines, as 'path:line name (n lines)'."""
+    out = []
+    for path in sorted((ROOT / folder).glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > limit:
+                    out.append(f"{folder}/{path.name}:{node.lineno} {node.name} ({n} lines)")
+    return out
+
+
+def test_the_shell_is_made_of_short_functions_and_the_controller_of_small_files():
+    assert not [f for folder in ("controller", "cli", "projections") for f in long_functions(folder)]
+    big = [p.name for p in (ROOT / "controller").glob("*.py") if len(p.read_text().splitlines()) > 400]
+    assert not big, big
+    assert long_functions("core", limit=20)    # the checker finds long functions where there are some

@@ -354,9 +354,12 @@ def test_a_user_who_cannot_read_the_log_gets_time_travel_from_the_controller(up)
     def rota(argv):
         return app(argv, standalone_mode=False) or 0
 
-    first = up.run("sbatch", "--parsable", "-o", "/dev/null", "--gres=gpu:4", "--wrap", "sleep 2").stdout.strip()
+    first = up.run("sbatch", "--parsable", "-o", "/dev/null", "--gres=gpu:4", "--wrap", "sleep 3").stdout.strip()
+    up.wait(lambda: up.job_state(first) == "RUNNING", what="the first job")
     code, out, err = up.nobody(sbatch.main, "--parsable", "-o", "/dev/null", "--gres=gpu:4", "--wrap", "true")
     mine = out.strip()
+    # a job that starts while mine waits: its cycle is on the log, and saw mine waiting
+    up.run("sbatch", "-o", "/dev/null", "--wrap", "true")
     up.wait(lambda: up.job_state(mine) == "COMPLETED", what="the job")
     code, out, err = up.nobody(rota, "why", mine)
     assert code == 0 and f"job {first}" in out and "[Resources]" in out, (code, out, err)
