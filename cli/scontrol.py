@@ -4,7 +4,9 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import Any
+TYPE_CHECKING = False    # (typing's, without importing typing: the command stays light)
+if TYPE_CHECKING:
+    from typing import Any
 
 from rota.core.hostlist import compress, expand
 from rota.projections import queries

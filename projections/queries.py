@@ -4,8 +4,6 @@ Light (the commands import it): the C module under ``sqlite3``, read-only connec
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 try:   # the C module under ``sqlite3``: sqlite3.dbapi2 also imports datetime for adapters never used here
     import _sqlite3 as sqlite3
 except ImportError:  # pragma: no cover
@@ -22,19 +20,23 @@ def connect(path: str):  # -> sqlite3.Connection
     return conn
 
 
-@dataclass
 class JobQuery:
-    """Which job rows sacct wants (every field optional; empty means no filter)."""
+    """Which job rows sacct wants (every field optional; empty means no filter). A plain class: the
+    commands import this module, and ``dataclasses`` costs them more than everything else here."""
 
-    ids: list[tuple[int, int | None]] = field(default_factory=list)   # (job or array id, array task or None)
-    users: list[str] = field(default_factory=list)                      # names or uids
-    uid: int | None = None            # only this uid's jobs (sacct's default for a user)
-    only_uid: int | None = None       # never anyone else's (PrivateData=jobs)
-    states: list[str] = field(default_factory=list)
-    names: list[str] = field(default_factory=list)
-    partitions: list[str] = field(default_factory=list)
-    start: int | None = None          # active at or after
-    end: int | None = None            # submitted at or before
+    __slots__ = ("ids", "users", "uid", "only_uid", "states", "names", "partitions", "start", "end")
+
+    def __init__(self, *, uid: int | None = None, only_uid: int | None = None, start: int | None = None,
+                 end: int | None = None) -> None:
+        self.ids: list[tuple[int, int | None]] = []    # (job or array id, array task or None)
+        self.users: list[str] = []                     # names or uids
+        self.uid = uid                  # only this uid's jobs (sacct's default for a user)
+        self.only_uid = only_uid        # never anyone else's (PrivateData=jobs)
+        self.states: list[str] = []
+        self.names: list[str] = []
+        self.partitions: list[str] = []
+        self.start = start              # active at or after
+        self.end = end                  # submitted at or before
 
 
 def jobs(conn, q: JobQuery) -> list:
