@@ -4,13 +4,14 @@ from __future__ import annotations
 import os
 import re
 import sys
-TYPE_CHECKING = False    # (typing's, without importing typing: the command stays light)
-if TYPE_CHECKING:
-    from typing import Any
 
 from rota.core.hostlist import compress, expand
 from rota.projections import queries
 from rota.wire.formats import memory, timestamp
+
+TYPE_CHECKING = False    # (typing's, without importing typing: the command stays light)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def _when(t: int | None) -> str:
