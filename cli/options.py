@@ -32,6 +32,11 @@ class Option:
         self.append = append
 
 
+def table(*rows: tuple) -> list[Option]:
+    """An option table from rows ``(short letter or "", "long names", NO|REQUIRED|OPTIONAL, dest[, append])``."""
+    return [Option(short or None, longs, arg, dest, *more) for short, longs, arg, dest, *more in rows]
+
+
 def parse(prog: str, argv: list[str], table: list[Option], *, stop_at_operand: bool = False
           ) -> tuple[dict[str, Any], list[str]]:
     """Read ``argv`` against ``table``: ({dest: value}, operands).

@@ -9,7 +9,7 @@ from rota.core.timefmt import format_duration
 from rota.projections import queries
 from rota.wire.formats import memory, timestamp
 
-from .options import NO, OPTIONAL, REQUIRED, Option, OptionError, parse, unsupported
+from .options import NO, OPTIONAL, REQUIRED, OptionError, parse, unsupported, table
 
 DEFAULT_FORMAT = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
 BRIEF_FORMAT = "JobID,State,ExitCode"
@@ -167,7 +167,7 @@ def parse_time(text: str, now: float) -> int:
         raise Usage(f"sacct: error: Invalid time specification (pos=0): {text}") from None
 
 
-OPTIONS = [Option(sh or None, names, arg, dest, append) for sh, names, arg, dest, append in (
+OPTIONS = table(
     ("A", "accounts", REQUIRED, "!accounts", False), ("X", "allocations", NO, "allocations", False),
     ("L", "allclusters", NO, "allclusters", False), ("a", "allusers", NO, "allusers", False),
     ("", "array", NO, "!array", False), ("x", "associations", REQUIRED, "!associations", False),
@@ -190,7 +190,7 @@ OPTIONS = [Option(sh or None, names, arg, dest, append) for sh, names, arg, dest
     ("", "use-local-uid", NO, "use_local_uid", False), ("v", "verbose", NO, "verbose", False),
     ("V", "version", NO, "version", False), ("W", "wckeys", REQUIRED, "!wckeys", False),
     ("", "whole-hetjob", OPTIONAL, "whole_hetjob", False), ("j", "jobs", REQUIRED, "jobs", True),
-    ("", "yaml", NO, "!yaml", False))]
+    ("", "yaml", NO, "!yaml", False))
 
 
 class _Namespace:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .options import NO, OPTIONAL, REQUIRED, Option, OptionError, parse, unsupported
+from .options import NO, OPTIONAL, REQUIRED, OptionError, parse, unsupported, table
 
 from rota.core.limits import MAX_MEM_MIB, MAX_SCRIPT, MAX_TIME
 
@@ -35,7 +35,7 @@ def parse_mem(value: str) -> int:
 # sbatch's long options (Slurm 22.05), so that prefixes resolve and are ambiguous exactly as there.
 # What rota does not implement is either ignored with a warning (it changes neither what runs nor
 # where) or refused, never silently dropped.
-OPTIONS = [Option(s or None, names, arg, dest) for s, names, arg, dest in (
+OPTIONS = table(
     ("A", "account", REQUIRED, "account"), ("", "acctg-freq", REQUIRED, "~acctg-freq"),
     ("a", "array", REQUIRED, "array"), ("", "batch", REQUIRED, "!batch"), ("", "bb", REQUIRED, "!bb"),
     ("", "bbf", REQUIRED, "!bbf"), ("b", "begin", REQUIRED, "begin"), ("D", "chdir", REQUIRED, "chdir"),
@@ -77,7 +77,7 @@ OPTIONS = [Option(s or None, names, arg, dest) for s, names, arg, dest in (
     ("", "uid", REQUIRED, "!uid"), ("", "usage", NO, "help"), ("", "use-min-nodes", NO, "!use-min-nodes"),
     ("v", "verbose", NO, "~verbose"), ("V", "version", NO, "version"), ("W", "wait", NO, "!wait"),
     ("", "wait-all-nodes", REQUIRED, "~wait-all-nodes"), ("", "wckey", REQUIRED, "~wckey"),
-    ("", "wrap", REQUIRED, "wrap"))]
+    ("", "wrap", REQUIRED, "wrap"))
 USAGE = ("Usage: sbatch [-N nnodes] [-n ntasks] [-c ncpus] [--mem=MB|--mem-per-cpu=MB] [--gres=gpu[:type]:N]\n"
          "              [-t time] [-p partition] [-J jobname] [-o out] [-e err] [-a array] [-d dependency]\n"
          "              [-b begin] [-H] [-w nodes] [-x nodes] [--wrap cmd] [--parsable] [--test-only]\n"

@@ -5,14 +5,14 @@ import os
 import re
 import sys
 
-from .options import NO, REQUIRED, Option, OptionError, parse, unsupported
+from .options import NO, REQUIRED, OptionError, parse, unsupported, table
 
 SIGNALS = {"HUP": 1, "INT": 2, "QUIT": 3, "KILL": 9, "USR1": 10, "USR2": 12, "TERM": 15, "CONT": 18, "STOP": 19}
 _ID = re.compile(r"(\d+)(?:_(\d+|\[[\d,\-]+\]))?")
 
 
 # scancel's options (Slurm 22.05), read as getopt_long reads them (see rota.cli.options)
-OPTIONS = [Option(sh or None, names, arg, dest) for sh, names, arg, dest in (
+OPTIONS = table(
     ("A", "account", REQUIRED, "!account"), ("b", "batch", NO, "~batch"), ("c", "cron", NO, "!cron"),
     ("f", "full", NO, "~full"), ("H", "hurry", NO, "~hurry"), ("i", "interactive", NO, "!interactive"),
     ("M", "clusters", REQUIRED, "!clusters"), ("n", "name jobname", REQUIRED, "name"), ("", "me", NO, "me"),
@@ -20,7 +20,7 @@ OPTIONS = [Option(sh or None, names, arg, dest) for sh, names, arg, dest in (
     ("R", "reservation", REQUIRED, "!reservation"), ("", "sibling", REQUIRED, "!sibling"),
     ("s", "signal", REQUIRED, "signal"), ("t", "state", REQUIRED, "state"), ("u", "user", REQUIRED, "user"),
     ("v", "verbose", NO, "verbose"), ("V", "version", NO, "version"), ("w", "nodelist", REQUIRED, "!nodelist"),
-    ("", "wckey", REQUIRED, "!wckey"), ("h", "help", NO, "help"), ("", "usage", NO, "help"))]
+    ("", "wckey", REQUIRED, "!wckey"), ("h", "help", NO, "help"), ("", "usage", NO, "help"))
 
 
 class _Options:

@@ -10,7 +10,7 @@ from typing import Any
 from rota.core.hostlist import compress, expand
 from rota.projections import queries
 
-from .options import NO, REQUIRED, Option, OptionError, unsupported
+from .options import NO, REQUIRED, OptionError, unsupported, table
 from .options import parse as read_options
 from rota.wire.formats import time_limit, timestamp
 
@@ -168,7 +168,7 @@ def render(spec, groups: list[tuple[queries.Row | None, list[queries.Row]]], hea
 
 
 # sinfo's options (Slurm 22.05), read as getopt_long reads them (see rota.cli.options)
-OPTIONS = [Option(sh or None, names, arg, dest) for sh, names, arg, dest in (
+OPTIONS = table(
     ("a", "all", NO, "all"), ("d", "dead", NO, "!dead"), ("e", "exact", NO, "~exact"),
     ("", "federation", NO, "~federation"), ("h", "noheader", NO, "noheader"), ("", "help", NO, "help"),
     ("", "hide", NO, "~hide"), ("i", "iterate", REQUIRED, "!iterate"), ("", "json", NO, "!json"),
@@ -178,7 +178,7 @@ OPTIONS = [Option(sh or None, names, arg, dest) for sh, names, arg, dest in (
     ("r", "responding", NO, "!responding"), ("R", "list-reasons", NO, "list_reasons"),
     ("s", "summarize", NO, "!summarize"), ("S", "sort", REQUIRED, "!sort"), ("t", "states", REQUIRED, "states"),
     ("T", "reservation", NO, "!reservation"), ("", "usage", NO, "help"), ("v", "verbose", NO, "verbose"),
-    ("V", "version", NO, "version"), ("", "yaml", NO, "!yaml"))]
+    ("V", "version", NO, "version"), ("", "yaml", NO, "!yaml"))
 
 
 class _Options:

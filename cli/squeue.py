@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import sys
 
-from .options import NO, OPTIONAL, REQUIRED, Option, OptionError, parse, unsupported
+from .options import NO, OPTIONAL, REQUIRED, OptionError, parse, unsupported, table
 
-OPTIONS = [Option(s or None, names, arg, dest) for s, names, arg, dest in (
+OPTIONS = table(
     ("A", "account", REQUIRED, "!account"), ("a", "all", NO, "all"), ("r", "array", NO, "array"),
     ("", "array-unique", NO, "!array-unique"), ("", "federation", NO, "~federation"), ("h", "noheader", NO, "noheader"),
     ("", "help", NO, "help"), ("", "hide", NO, "~hide"), ("i", "iterate", REQUIRED, "!iterate"),
@@ -21,7 +21,7 @@ OPTIONS = [Option(s or None, names, arg, dest) for s, names, arg, dest in (
     ("", "sibling", NO, "~sibling"), ("S", "sort", REQUIRED, "!sort"), ("", "start", NO, "start"),
     ("t", "states", REQUIRED, "states"), ("s", "steps", OPTIONAL, "!steps"), ("u", "user", REQUIRED, "users"),
     ("", "usage", NO, "help"), ("v", "verbose", NO, "verbose"), ("V", "version", NO, "version"),
-    ("", "json", NO, "!json"), ("", "yaml", NO, "!yaml"))]
+    ("", "json", NO, "!json"), ("", "yaml", NO, "!yaml"))
 USAGE = ("Usage: squeue [-j jobs] [-u users|--me] [-p partitions] [-t states] [-o format|-O fields] [-l] [-h]\n"
          "              [--start]\n")
 
