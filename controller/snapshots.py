@@ -3,6 +3,7 @@ nearest snapshot at or before a moment + replay of the tail). Every log has a :c
 the JetStream object store, or memory."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Callable, Protocol
 
@@ -11,6 +12,7 @@ import hmac
 from rota.core.state import State, load_snapshot
 
 log = logging.getLogger("rota.snapshots")
+READ_ATTEMPTS = 3          # a snapshot read that fails (a timeout) is tried this often before the log is replayed
 BUCKET = "rota-snapshots"
 SIGNED = b"ROTASNAP1\n"
 
@@ -134,14 +136,20 @@ async def _load(store: Any, name: str, key: bytes | None = None) -> State | None
     reported (the caller then replays from further back), never silently taken for "none"."""
     from nats.js.errors import NotFoundError, ObjectNotFoundError
 
-    try:
-        entry = await store.get(name)
-    except (NotFoundError, ObjectNotFoundError):
-        return None
-    except Exception as exc:  # noqa: BLE001 - a timeout or a broken object: say so
-        log.warning("snapshot %s could not be read (%s: %s): replaying the log instead", name,
-                    type(exc).__name__, exc)
-        return None
+    entry = None
+    for attempt in range(1, READ_ATTEMPTS + 1):
+        try:
+            entry = await store.get(name)
+            break
+        except (NotFoundError, ObjectNotFoundError):
+            return None
+        except Exception as exc:  # noqa: BLE001 - a timeout or a broken object: say so
+            if attempt == READ_ATTEMPTS:
+                log.warning("snapshot %s could not be read (%s: %s, %d tries): replaying the log instead", name,
+                            type(exc).__name__, exc, attempt)
+                return None
+            log.info("snapshot %s not read yet (%s: %s); trying again", name, type(exc).__name__, exc)
+            await asyncio.sleep(0.2 * attempt)
     if entry is None or not entry.data:
         return None
     try:

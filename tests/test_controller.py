@@ -209,3 +209,31 @@ async def test_time_travel_snapshots_are_kept_and_found_by_sequence(js):
     entries = [e async for e in lg.read(1)]
     assert found == fold(entries[:found.seq])          # a snapshot is the state at its sequence
     assert await lg.snapshots.at_or_before(1) is None
+
+
+async def test_a_snapshot_that_cannot_be_read_is_tried_again_then_reported_not_taken_for_none(caplog):
+    from rota.controller import snapshots
+    from rota.core.state import dump_snapshot
+    from rota.core.testing import Harness, make_cluster
+
+    h = Harness(make_cluster(nodes=1, gpus=0))
+    h.submit(hold=True)
+    data = dump_snapshot(h.state)
+
+    class Flaky:
+        def __init__(self, failures):
+            self.failures, self.calls = failures, 0
+
+        async def get(self, name):
+            self.calls += 1
+            if self.calls <= self.failures:
+                raise TimeoutError("nats: timeout")
+            return type("Entry", (), {"data": data})()
+
+    once = Flaky(1)
+    assert await snapshots.latest(once) == h.state and once.calls == 2      # a passing timeout: tried again
+    never = Flaky(99)
+    with caplog.at_level("WARNING", logger="rota.snapshots"):
+        assert await snapshots.latest(never) is None
+    assert never.calls == snapshots.READ_ATTEMPTS
+    assert "could not be read (TimeoutError: nats: timeout, 3 tries): replaying the log instead" in caplog.text
