@@ -23,7 +23,7 @@ from typing import Any
 from rota.core import __version__
 from rota.core import credentials
 from rota.core import events as ev
-from rota.core.orders import Kill, Launch, Order, Signal, Update
+from rota.core.orders import Heartbeat, Kill, Launch, Order, Signal, Update
 from rota.wire import natsconn
 from rota.wire import orders as wire_orders
 from rota.wire import subjects as sj
@@ -186,7 +186,7 @@ class Agent:
     async def _heartbeats(self) -> None:
         subject = f"{sj.HEARTBEAT_PREFIX}.{self.node}"
         while True:
-            body = json.dumps({"running": sorted(self.runs)}).encode()
+            body = Heartbeat(running=tuple(sorted(self.runs))).model_dump_json().encode()
             try:
                 await self.nc.publish(subject, body, headers={CRED_HEADER: self.sign(subject, body)})
             except Exception:  # noqa: BLE001 - reconnecting

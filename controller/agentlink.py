@@ -9,7 +9,6 @@ retried forever ahead of the others: each node has its own sender.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
@@ -19,7 +18,7 @@ from rota.core import commands
 from rota.core import credentials as creds
 from rota.core import effects
 from rota.core import events as ev
-from rota.core.orders import Kill, Launch, Order
+from rota.core.orders import Heartbeat, Kill, Launch, Order
 from rota.core.state import RUNNING
 from rota.wire import orders as wire_orders
 from rota.wire import subjects as sj
@@ -209,10 +208,9 @@ class AgentLink:
             return
         self.last_seen[node] = time.monotonic()
         try:
-            running = json.loads(msg.data).get("running", [])
-            self.agent_running[node] = {j for j in running if isinstance(j, int)}
-        except (ValueError, AttributeError, TypeError):
-            pass
+            self.agent_running[node] = set(Heartbeat.model_validate_json(msg.data).running)
+        except ValueError:
+            pass   # an older agent's or a broken body: it was heard, that is all
 
     async def _monitor(self) -> None:
         """Silent agents: NOT_RESPONDING after half the timeout, DOWN after all of it. Also kills jobs an

@@ -71,6 +71,13 @@ class Signal(Model):
     signal: int
 
 
+class Heartbeat(Model):
+    """What a node's agent says every few seconds besides "I am here": the jobs it runs (the controller
+    kills any the log says ended)."""
+
+    running: tuple[int, ...] = ()
+
+
 Order = Annotated[Union[Launch, Kill, Update, Signal], Field(discriminator="op")]
 """Any order (decoded by its ``op``)."""
 
