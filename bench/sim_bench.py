@@ -21,11 +21,12 @@ from rota.core.schedule import schedule
 from .common import Figure, median_time, print_table, write_json
 from .core_bench import T0, gpus_busy, loaded_state
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def default_traces() -> str:
-    return os.environ.get("ROTA_TRACES") or os.path.normpath(os.path.join(HERE, "..", "..", "shared", "traces"))
+    """Where the whole traces are (``--traces`` or ``ROTA_TRACES``; tests/fixtures/traces/SOURCES.md says
+    where to get them): the repository holds only slices, and whole-trace figures are skipped without them."""
+    return os.environ.get("ROTA_TRACES", "")
 
 
 def simulate_json(trace: str, policy: str, extra: list[str] | None = None) -> dict:
@@ -43,13 +44,13 @@ def run(runs: int, traces: str, quick: bool = False) -> list[Figure]:
         results = [simulate_json(kth, "easy") for _ in range(runs)]
         rate = sorted(r["jobs_per_s"] for r in results)[len(results) // 2]
         figures.append(Figure("simulate KTH-SP2, 28,467 jobs, EASY", rate, "jobs/s", "", None,
-                              "rota simulate ../shared/traces/KTH-SP2-1996-2.1-cln.swf.gz --policy easy",
+                              "rota simulate $ROTA_TRACES/KTH-SP2-1996-2.1-cln.swf.gz --policy easy",
                               f"peak {results[0]['peak_rss_mib']:.0f} MiB, {int(results[0]['cycles'])} cycles"))
     if os.path.exists(philly) and not quick:
         r = simulate_json(philly, "conservative")
         figures.append(Figure("simulate Philly MIX1 in full, 30,940 jobs, conservative", r["jobs_per_s"],
                               "jobs/s", "", None,
-                              "rota simulate ../shared/traces/chronus_philly_MIX1.csv.gz --policy conservative",
+                              "rota simulate $ROTA_TRACES/chronus_philly_MIX1.csv.gz --policy conservative",
                               f"1 run: {r['wall_s']:.0f} s, peak {r['peak_rss_mib']:.0f} MiB, "
                               f"{int(r['cycles'])} cycles, GPU utilisation {r['gpu_util']:.3f}"))
     scale_runs = max(1, min(runs, 3))
