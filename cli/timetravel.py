@@ -221,10 +221,11 @@ def why_text(rep: Any, users: dict[int, str]) -> list[str]:
         end = rep.intervals[-1].end if rep.intervals else rep.submit_time
         state = f" It ended {rep.end_state} without starting." if rep.end_state else " It is still pending."
         out.append(f"{head} was submitted {_t(rep.submit_time)} and had waited {_dur(end - rep.submit_time)}"
-                   f" by the last recorded cycle.{state}")
+                   f" by the last event of the log.{state}")
     if not rep.intervals:
-        out.append("  No scheduling cycle was recorded while it waited (rota logs only cycles that start "
-                   "something), so there is no evaluation to show.")
+        out.append("  The first cycle after its submission started it, before anything else happened: there "
+                   "was no wait to explain." if rep.start_time is not None else
+                   "  The log ends where it was submitted: there is nothing to evaluate yet.")
     story: list[tuple[int, int, list[str]]] = []   # (time, sequence, lines): told in log order
     for iv in rep.intervals:
         story.append((iv.start, iv.first_seq, _interval_lines(iv, rep, users)))
@@ -253,7 +254,8 @@ def why_text(rep: Any, users: dict[int, str]) -> list[str]:
         out.append(f"Replayed from the snapshot at sequence {rep.from_snapshot}.")
     out.append(f"Derived from log sequences {rep.log_range[0]}-{rep.log_range[1]}, the configuration of sequence "
                f"{rep.config_seq}, rota {', '.join(rep.versions) or '?'} (policy {rep.policy}); reasons are "
-               "recomputed at each recorded cycle from the state just before it.")
+               "recomputed at every recorded cycle (from the state just before its decision) and at every change "
+               "of the state between them.")
     return out
 
 
@@ -277,9 +279,11 @@ def _interval_lines(iv: Any, rep: Any, users: dict[int, str]) -> list[str]:
         out.append(f"     In numbers: {iv.detail}.")
     if iv.expected_start:
         out.append(f"     Expected start then: {_t(iv.expected_start)} (a reservation was held for it).")
-    cycles = "1 recorded cycle" if iv.cycles == 1 else f"{iv.cycles} recorded cycles"
-    out.append(f"     Seen at {cycles} (log sequences {iv.first_seq}-{iv.last_seq}); the next recorded evaluation "
-               f"was at {_t(iv.end)}.")
+    seen = [f"{iv.cycles} recorded cycle{'s' if iv.cycles != 1 else ''}"] if iv.cycles else []
+    if iv.derived:
+        seen.append(f"{iv.derived} change{'s' if iv.derived != 1 else ''} of the state between cycles")
+    out.append(f"     Evaluated at {' and '.join(seen)} (log sequences {iv.first_seq}-{iv.last_seq}); it held until "
+               f"{_t(iv.end)}.")
     return out
 
 

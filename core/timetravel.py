@@ -10,6 +10,7 @@ from typing import Any, Iterable, Iterator
 
 from . import events as ev
 from .apply import apply
+from .changes import Changes
 from .schedule import schedule
 from .state import PENDING, RUNNING, TERMINAL_STATES, State
 
@@ -43,6 +44,7 @@ class Interval:
     ahead: tuple[int, ...]
     evaluated: bool
     cycles: int = 1                  # recorded cycles this interval spans
+    derived: int = 0                 # evaluations between recorded cycles (at state changes) it spans
 
     def key(self) -> tuple:
         return (self.reason, self.text, self.blockers, self.ahead, self.evaluated)
@@ -75,12 +77,15 @@ class WhyReport:
 
 
 def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None,
-        state: State | None = None, samples: dict[int, "CycleSample | None"] | None = None) -> WhyReport:
-    """Explain job ``job_id``'s wait: re-run the scheduler in explain mode at every recorded cycle while
-    it was pending (the state just before the cycle's decision), and collect what touched it.
+        state: State | None = None, samples: dict[tuple[int, int | None], "CycleSample | None"] | None = None
+        ) -> WhyReport:
+    """Explain job ``job_id``'s wait: re-run the scheduler in explain mode, focused on the job, at every
+    moment its fate could change while it was pending (see :class:`_Moments`): at each recorded cycle
+    (the state just before its decision) and after every other change of the state (a submit, an end,
+    a drain, a hold...) or moment of time (its begin time), and collect what touched it.
     ``state``: a snapshot taken before the job's submission to start from (``envelopes`` follow it).
-    ``samples``: cycles already evaluated by :func:`cycle_samples` (by log sequence), e.g. by
-    another process over the same envelopes; the others are evaluated here."""
+    ``samples``: evaluations already made by :func:`cycle_samples` (keyed as it keys them), e.g. by
+    another process over the same envelopes; the others are made here."""
     st = state if state is not None else State()
     rep = WhyReport(job_id)
     rep.from_snapshot = st.seq
@@ -88,15 +93,21 @@ def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None
     first_seq = last_seq = 0
     watching_nodes: set[str] = set()
     blockers: set[int] = set()   # every job named as holding what it needed, in any interval
-    for env in envelopes:
-        if at_seq is not None and env.seq > at_seq:
-            break
+    moments = _Moments(job_id)
+    for env, after in moments.walk(envelopes, st, at_seq):
+        if after is not None:        # a moment between recorded cycles, the state as it then was
+            sample = samples[(env.seq, after)] if samples is not None and (env.seq, after) in samples \
+                else evaluate(st, after, job_id)
+            _merge(rep, sample)
+            if rep.intervals:
+                blockers.update(rep.intervals[-1].blockers)
+            continue
         first_seq = first_seq or env.seq
         last_seq = env.seq
         e = env.event
         job = st.jobs.get(job_id)
         if job is not None and job.state == PENDING and isinstance(e, ev.JobsStarted):
-            sample = samples[env.seq] if samples is not None and env.seq in samples \
+            sample = samples[(env.seq, None)] if samples is not None and (env.seq, None) in samples \
                 else cycle_sample(st, e, job_id)
             _merge(rep, sample)
             if rep.intervals:
@@ -105,7 +116,7 @@ def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None
             versions.append(e.version)
         if job is not None and job.state == PENDING:
             _note_action(rep, env, e, job_id, watching_nodes)
-        apply(st, env)
+        moments.apply(st, env)
         if isinstance(e, ev.JobExited) and e.job_id in blockers and e.job_id not in rep.blocker_ends:
             rep.blocker_ends[e.job_id] = env.ts
         if isinstance(e, ev.JobSubmitted) and e.job_id == job_id:
@@ -168,26 +179,97 @@ def cycle_sample(st: State, e: ev.JobsStarted, job_id: int) -> CycleSample | Non
     return CycleSample(iv, past)
 
 
+def evaluate(st: State, now: int, job_id: int) -> CycleSample | None:
+    """The scheduler's view of ``job_id`` at ``now`` from ``st``, as a cycle then would have decided it
+    (the configured policy; nothing was recorded: no cycle started anything); None if it would start."""
+    policy = st.config.scheduler.policy if st.config is not None else None
+    d = schedule(st, now, policy, explain=True, focus=job_id)
+    p = d.pending.get(job_id)
+    if p is None:
+        return None
+    iv = Interval(now, now, st.seq, st.seq, p.reason, p.display, p.detail, p.rank, p.priority, p.start,
+                  p.blockers, p.ahead, p.evaluated, cycles=0, derived=1)
+    return CycleSample(iv, [])
+
+
+class _Moments:
+    """The moments a pending job's evaluation could change, walking a log.
+
+    The scheduler is a pure function of (state, now) and the state changes only at events, so the
+    decision at any moment can be re-derived without a recorded cycle. The moments are every recorded
+    cycle (evaluated from the state just before its decision) and, between them, the end of each run of
+    events with one timestamp that changed the state (a submit, an end, a drain, a hold...), and the
+    job's begin time. A recorded cycle's own changes need no second evaluation: its explain pass already
+    placed the jobs it started.
+    """
+
+    def __init__(self, job_id: int) -> None:
+        self.job_id = job_id
+        self.changed = False
+
+    def walk(self, envelopes: Iterable[ev.Envelope], st: State, at_seq: int | None
+             ) -> Iterator[tuple[ev.Envelope, int | None]]:
+        """(envelope, None) for each envelope, which the caller then applies with :meth:`apply`; and
+        (last envelope applied, now) for each moment to evaluate from the state as it then is."""
+        prev: ev.Envelope | None = None
+        for env in envelopes:
+            if at_seq is not None and env.seq > at_seq:
+                break
+            if prev is not None and env.ts != prev.ts:
+                yield from self._between(prev, st, env.ts)
+            yield env, None
+            prev = env
+            job = st.jobs.get(self.job_id)
+            if job is not None and job.state in TERMINAL_STATES and at_seq is None:
+                return
+        if prev is not None:
+            yield from self._between(prev, st, None)
+
+    def _between(self, prev: ev.Envelope, st: State, next_ts: int | None
+                 ) -> Iterator[tuple[ev.Envelope, int | None]]:
+        job = st.jobs.get(self.job_id)
+        if job is None or job.state != PENDING:
+            self.changed = False
+            return
+        if self.changed:
+            self.changed = False
+            yield prev, prev.ts
+        begin = job.spec.begin
+        if begin is not None and prev.ts < begin and (next_ts is None or begin < next_ts):
+            yield prev, begin
+
+    def apply(self, st: State, env: ev.Envelope) -> None:
+        """Apply ``env`` to ``st``, noting whether it changed anything a later moment must look at."""
+        ch = Changes()
+        apply(st, env, ch)
+        if isinstance(env.event, ev.JobsStarted):
+            self.changed = False        # evaluated as recorded, just before it
+        elif ch.jobs or ch.nodes or ch.config:
+            self.changed = True
+
+
 def cycle_samples(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None,
-                  state: State | None = None, pick: Any = None) -> dict[int, CycleSample | None]:
-    """The samples of the recorded cycles while ``job_id`` was pending (the ``k``-th of them only when
-    ``pick(k)``), by log sequence: the expensive part of :func:`why`, to be shared out."""
+                  state: State | None = None, pick: Any = None) -> dict[tuple[int, int | None], CycleSample | None]:
+    """The evaluations :func:`why` makes while ``job_id`` was pending (the ``k``-th of them only when
+    ``pick(k)``), keyed by (log sequence, None) for a recorded cycle and (log sequence, moment) for the
+    others: the expensive part of :func:`why`, to be shared out."""
     st = state if state is not None else State()
-    out: dict[int, CycleSample | None] = {}
+    out: dict[tuple[int, int | None], CycleSample | None] = {}
     k = 0
-    for env in envelopes:
-        if at_seq is not None and env.seq > at_seq:
-            break
+    moments = _Moments(job_id)
+    for env, after in moments.walk(envelopes, st, at_seq):
+        if after is not None:
+            if pick is None or pick(k):
+                out[(env.seq, after)] = evaluate(st, after, job_id)
+            k += 1
+            continue
         e = env.event
         job = st.jobs.get(job_id)
         if job is not None and job.state == PENDING and isinstance(e, ev.JobsStarted):
             if pick is None or pick(k):
-                out[env.seq] = cycle_sample(st, e, job_id)
+                out[(env.seq, None)] = cycle_sample(st, e, job_id)
             k += 1
-        apply(st, env)
-        job = st.jobs.get(job_id)
-        if job is not None and job.state in TERMINAL_STATES and at_seq is None:
-            break
+        moments.apply(st, env)
     return out
 
 
@@ -197,7 +279,8 @@ def _merge(rep: WhyReport, sample: CycleSample | None) -> None:
     iv = sample.interval
     last = rep.intervals[-1] if rep.intervals else None
     if last is not None and last.key() == iv.key():
-        last.end, last.last_seq, last.cycles = iv.start, iv.first_seq, last.cycles + 1
+        last.end, last.last_seq = iv.start, iv.first_seq
+        last.cycles, last.derived = last.cycles + iv.cycles, last.derived + iv.derived
         last.detail, last.expected_start = iv.detail, iv.expected_start
     else:
         if last is not None:

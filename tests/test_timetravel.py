@@ -63,7 +63,11 @@ def test_why_held_by_the_user_then_blocked_by_a_drained_node():
     h.cycle()                                             # both start now
     assert h.state.jobs[job].state == "RUNNING" and h.state.jobs[late].state == "RUNNING"
     rep = why(h.log, job)
-    assert [iv.reason for iv in rep.intervals] == ["JobHeldUser"]
+    # released while its only node was drained: no cycle was recorded then, and the wait is still explained
+    assert [iv.reason for iv in rep.intervals] == ["JobHeldUser", "ReqNodeNotAvail"]
+    held, drained = rep.intervals
+    assert (held.cycles, drained.cycles, drained.derived) == (1, 0, 1)
+    assert (drained.start, drained.end) == (rep.submit_time + 60, rep.submit_time + 120)
     assert [(a["action"], a.get("node")) for a in rep.actions] == [("node.drained", "gpu01"), ("job.released", None),
                                                                   ("node.resumed", "gpu01")]
     assert rep.actions[0]["reason"] == "fan failure" and rep.start_time == rep.submit_time + 120
@@ -77,7 +81,10 @@ def test_why_as_of_an_earlier_moment():
     h, ids = blocked_then_started()
     start_of_second = next(e.seq for e in h.log if isinstance(e.event, ev.JobExited))
     rep = why(h.log, ids["x"], at_seq=start_of_second)
-    assert [iv.reason for iv in rep.intervals] == ["Priority"] and rep.start_time is None
+    # as of the moment `running` ended (before the cycle that started `first`): `first` would start
+    # then, and `x` would wait for what `first` takes
+    assert [iv.reason for iv in rep.intervals] == ["Priority", "Resources"] and rep.start_time is None
+    assert ids["first"] in rep.intervals[-1].blockers and rep.intervals[-1].derived == 1
 
 
 def random_history(n: int = 300):

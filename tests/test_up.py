@@ -305,6 +305,22 @@ def test_why_and_replay_against_the_running_cluster(up):
     assert r.returncode == 0 and r.stdout.startswith("OK: all"), r.stdout + r.stderr
 
 
+def test_why_explains_a_wait_no_recorded_cycle_saw(up):
+    """Job A holds all 8 GPUs; B (8 GPUs) is submitted once A runs, and waits: the cycles that evaluated
+    B started nothing, so none is on the log. `rota why B` still says why, who held it, and when A ended."""
+    a = run(up, "sbatch", "--parsable", "-o", "/dev/null", "--gres=gpu:8", "--wrap", "sleep 3").stdout.strip()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and "RUNNING" not in run(up, "squeue", "-h", "-j", a, "-o", "%T").stdout:
+        time.sleep(0.1)
+    b = run(up, "sbatch", "--parsable", "-o", "/dev/null", "--gres=gpu:8", "--wrap", "true").stdout.strip()
+    while time.monotonic() < deadline and "COMPLETED" not in run(up, "sacct", "-X", "-n", "-j", b).stdout:
+        time.sleep(0.2)
+    r = run(up, "rota", "why", b)
+    assert r.returncode == 0, r.stderr
+    assert "[Resources]" in r.stdout and f"held by job {a} (" in r.stdout and "which ended" in r.stdout, r.stdout
+    assert "no evaluation" not in r.stdout and "change of the state between cycles" in r.stdout
+
+
 def test_scontrol_show_job_has_slurms_layout(up):
     import re
     import sys as _sys
