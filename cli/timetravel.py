@@ -87,13 +87,17 @@ def forked_map(work: Any, n: int) -> list | None:
 
     if n < 2 or not hasattr(os, "fork"):
         return None
+    import gc
+
     children: list[tuple[int, int]] = []
     results = []
+    gc.freeze()   # the collector would otherwise touch, and so copy, every page the workers share
     try:
         for w in range(n):
             read_end, write_end = os.pipe()
             pid = os.fork()
             if pid == 0:   # a worker: its own copy of everything the parent holds
+                gc.disable()
                 code = 1
                 try:
                     os.close(read_end)
@@ -113,8 +117,10 @@ def forked_map(work: Any, n: int) -> list | None:
             if status != 0 or not data:
                 raise RuntimeError("a worker failed")
             results.append(pickle.loads(data))
+        gc.unfreeze()
         return results
     except (OSError, RuntimeError, pickle.UnpicklingError):
+        gc.unfreeze()
         for pid, read_end in children:
             try:
                 os.close(read_end)

@@ -44,10 +44,12 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         self.cfg = cfg
         self.params = cfg.scheduler
         self.parts = {p.name: p for p in cfg.partitions}
-        self.part_nodes: dict[str, list[Node]] = {
-            p.name: [state.nodes[n] for n in p.nodes if n in state.nodes] for p in cfg.partitions
-        }
-        self.part_shapes = {name: partition_shape(ns) for name, ns in self.part_nodes.items()}
+        if state.part_nodes.keys() == self.parts.keys():    # kept by the reducer with the config
+            self.part_nodes, self.part_shapes = state.part_nodes, state.part_shapes
+        else:
+            self.part_nodes = {p.name: [state.nodes[n] for n in p.nodes if n in state.nodes]
+                               for p in cfg.partitions}
+            self.part_shapes = {name: partition_shape(ns) for name, ns in self.part_nodes.items()}
         self.timelines: dict[str, Timeline] = {}
         if timelines:   # static reasons alone do not need them
             self._build_timelines()
@@ -62,41 +64,43 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         self.prio_ctx = PriorityContext(cfg, sum(n.cpus for n in state.nodes.values()))
 
     def _build_timelines(self) -> None:
-        state, now, jobs = self.state, self.now, self.state.jobs
-        for node in state.nodes.values():
+        now, jobs, explain = self.now, self.state.jobs, self.explain
+        for node in self.state.nodes.values():
             if not node.usable:
                 continue
-            multi = len(set(node.gpu_types)) > 1
+            types = node.gpu_types
+            multi = bool(types) and types.count(types[0]) != len(types)
+            name = node.name
             releases: list[tuple[int, int, int, int, dict[str, int] | None]] = []
+            items: list[tuple[int, int, int, str]] | None = [] if explain else None
             for jid in node.jobs:
                 job = jobs[jid]
-                if job.state != RUNNING or not job.time_limit:
+                limit = job.time_limit
+                if items is not None:
+                    end = job.start_time + limit if limit else INF
+                    items.append((job.start_time, end if end > now else now + 1, jid, "running"))
+                if job.state != RUNNING or not limit:
                     continue   # unlimited jobs never give their resources back
                 for a in job.alloc:
-                    if a.node == node.name:
+                    if a.node == name:
                         by_type: dict[str, int] | None = None
                         if multi:
                             by_type = {}
                             for gi in a.gpus:
-                                t = node.gpu_types[gi]
+                                t = types[gi]
                                 by_type[t] = by_type.get(t, 0) + 1
-                        releases.append((job.start_time + job.time_limit, a.cpus, a.mem, len(a.gpus), by_type))
+                        releases.append((job.start_time + limit, a.cpus, a.mem, len(a.gpus), by_type))
                         break
             free_by_type: dict[str, int] | None = None
             if multi:
                 free_by_type = {}
-                for t, owner in zip(node.gpu_types, node.gpu_owner):
+                for t, owner in zip(types, node.gpu_owner):
                     free_by_type[t] = free_by_type.get(t, 0) + (owner == 0)
-            tl = Timeline(node.name, node.index, node.weight, node.cpus, node.memory, node.gpu_count,
+            tl = Timeline(name, node.index, node.weight, node.cpus, node.memory, len(types),
                           now, node.cpus - node.alloc_cpus, node.memory - node.alloc_mem,
-                          node.free_gpus, free_by_type, releases)
-            if self.explain:
-                tl.items = []
-                for jid in node.jobs:
-                    job = jobs[jid]
-                    end = job.start_time + job.time_limit if job.time_limit else INF
-                    tl.items.append((job.start_time, max(end, now + 1), jid, "running"))
-            self.timelines[node.name] = tl
+                          node.gpu_owner.count(0), free_by_type, releases)
+            tl.items = items
+            self.timelines[name] = tl
 
     # -- eligibility
 

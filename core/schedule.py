@@ -16,7 +16,7 @@ from .priority import job_priority
 from .profile import INF, UNLIMITED_DURATION, ShapeSearch, Timeline
 from .reasons import REQ_NODE_NOT_AVAIL_ALL, Amounts, Reason
 from .request import effective_time_limit
-from .state import RUNNING, Job, State
+from .state import PENDING, RUNNING, Job, State
 from .static_reasons import static_reason
 
 __all__ = ["POLICIES", "REQ_NODE_NOT_AVAIL_ALL", "Decision", "Pending", "Reservation", "schedule"]
@@ -107,19 +107,23 @@ def schedule(state: State, now: int, policy: str | None = None, explain: bool = 
     ready: list[tuple[tuple[int, int, int, int], Job, list[str]]] = []
     default_parts = [default_part.name] if default_part else []
     pending_out, priorities = decision.pending, decision.priorities
-    all_parts, prio_ctx = cy.parts, cy.prio_ctx
+    cut_key = _focus_key(cy, decision, focus, default_parts) if focus is not None else None
+    if cut_key is None and focus is not None:
+        return decision          # held back before ranking: nothing else changes that
+    all_parts = cy.parts
     for jid in state.pending:
         job = jobs[jid]
         parts = list(job.spec.partitions) if job.spec.partitions else list(default_parts)
+        if cut_key is not None and len(parts) == 1 and parts[0] in all_parts \
+                and _rank_key(cy, job, parts) > cut_key:
+            continue             # walked after the focus job, if at all: cannot change it
         why = static_reason(cy, job, parts)
         if why is not None:
             pending_out[jid] = Pending(why, start=why.at)
             continue
-        part0 = all_parts[parts[0]]
-        tier = part0.priority_tier if len(parts) == 1 else max(all_parts[p].priority_tier for p in parts)
-        prio = job_priority(job, now, part0, cy.request(job, parts[0]).total_cpus, prio_ctx)
-        priorities[jid] = prio
-        ready.append(((-tier, -prio, job.submit_seq, jid), job, parts))
+        key = _rank_key(cy, job, parts)
+        priorities[jid] = -key[1]
+        ready.append((key, job, parts))
     ready.sort(key=lambda r: r[0])
     if focus is not None:
         cy.focus = focus
@@ -127,6 +131,45 @@ def schedule(state: State, now: int, policy: str | None = None, explain: bool = 
         ready = ready[: cut + 1] if cut is not None else []
     _walk(cy, decision, ready, policy_now)
     return decision
+
+
+def _focus_key(cy: Cycle, decision: Decision, focus: int, default_parts: list[str]
+               ) -> tuple[int, int, int, int] | None:
+    """The focus job's rank key; None (its reason recorded) when a static reason holds it back."""
+    job = cy.state.jobs.get(focus)
+    if job is None or job.state != PENDING:
+        return None
+    parts = list(job.spec.partitions) if job.spec.partitions else list(default_parts)
+    why = static_reason(cy, job, parts)
+    if why is not None:
+        decision.pending[focus] = Pending(why, start=why.at)
+        return None
+    return _rank_key(cy, job, parts)
+
+
+def _rank_key(cy: Cycle, job: Job, parts: list[str]) -> tuple[int, int, int, int]:
+    """The job's place in priority order (smaller first): PriorityTier, priority, submit order, id."""
+    part0 = cy.parts[parts[0]]
+    tier = part0.priority_tier if len(parts) == 1 else max(cy.parts[p].priority_tier for p in parts)
+    prio = job_priority(job, cy.now, part0, cy.request(job, parts[0]).total_cpus, cy.prio_ctx)
+    return (-tier, -prio, job.submit_seq, job.job_id)
+
+
+def outranked(state: State, now: int, job_id: int, others: list[int]) -> bool:
+    """Whether any of the pending jobs ``others`` would be walked before pending job ``job_id`` at
+    ``now`` (or whether ``job_id`` is held back before ranking, and so cannot be compared)."""
+    cfg = state.config
+    if cfg is None:
+        return True
+    cy = Cycle(state, now, cfg.scheduler.policy, False, timelines=False)
+    default = cfg.default_partition()
+    keys: dict[int, tuple[int, int, int, int] | None] = {}
+    for jid in [job_id, *others]:
+        job = state.jobs[jid]
+        parts = list(job.spec.partitions) if job.spec.partitions else ([default.name] if default else [])
+        keys[jid] = None if static_reason(cy, job, parts) is not None else _rank_key(cy, job, parts)
+    mine = keys[job_id]
+    return mine is None or any(k is not None and k < mine for j, k in keys.items() if j != job_id)
 
 
 def _walk(cy: Cycle, decision: Decision, ready: list, policy: Policy) -> None:

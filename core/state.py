@@ -139,6 +139,7 @@ class State:
     running: dict[int, None] = field(default_factory=dict)
     array_tasks: dict[int, list[int]] = field(default_factory=dict)
     part_shapes: dict[str, PartitionShape] = field(default_factory=dict)
+    part_nodes: dict[str, list[Node]] = field(default_factory=dict, compare=False, repr=False)
     finished: deque[tuple[int, int]] = field(default_factory=deque, compare=False)   # (end time, job id), purge order
     min_job_age: int = 300                  # from the config; 0 keeps finished jobs forever
     # records the reducer could not apply, as (sequence, why): reported by the shell, never stored
@@ -146,11 +147,12 @@ class State:
 
     def refresh_partition_shapes(self) -> None:
         """Recompute each partition's node shape (after a configuration change)."""
-        self.part_shapes = {}
+        self.part_shapes, self.part_nodes = {}, {}
         if self.config is not None:
             self.min_job_age = self.config.scheduler.min_job_age
             for p in self.config.partitions:
-                self.part_shapes[p.name] = partition_shape([self.nodes[n] for n in p.nodes if n in self.nodes])
+                nodes = self.part_nodes[p.name] = [self.nodes[n] for n in p.nodes if n in self.nodes]
+                self.part_shapes[p.name] = partition_shape(nodes)
 
     def rebuild_indexes(self) -> None:
         """Recompute the derived indexes from the primary facts."""

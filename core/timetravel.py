@@ -11,7 +11,7 @@ from typing import Any, Iterable, Iterator
 from . import events as ev
 from .apply import apply
 from .changes import Changes
-from .schedule import schedule
+from .schedule import outranked, schedule
 from .state import PENDING, RUNNING, TERMINAL_STATES, State
 
 
@@ -200,12 +200,14 @@ class _Moments:
     cycle (evaluated from the state just before its decision) and, between them, the end of each run of
     events with one timestamp that changed the state (a submit, an end, a drain, a hold...), and the
     job's begin time. A recorded cycle's own changes need no second evaluation: its explain pass already
-    placed the jobs it started.
+    placed the jobs it started. Nor do submits of jobs ranked below it: the walk stops at the job, so
+    they cannot change what the scheduler says of it.
     """
 
     def __init__(self, job_id: int) -> None:
         self.job_id = job_id
-        self.changed = False
+        self.changed = False                 # something that may change its evaluation
+        self.submitted: list[int] = []       # jobs submitted since, still pending: matter if ranked above
 
     def walk(self, envelopes: Iterable[ev.Envelope], st: State, at_seq: int | None
              ) -> Iterator[tuple[ev.Envelope, int | None]]:
@@ -228,11 +230,11 @@ class _Moments:
     def _between(self, prev: ev.Envelope, st: State, next_ts: int | None
                  ) -> Iterator[tuple[ev.Envelope, int | None]]:
         job = st.jobs.get(self.job_id)
+        changed, submitted = self.changed, self.submitted
+        self.changed, self.submitted = False, []
         if job is None or job.state != PENDING:
-            self.changed = False
             return
-        if self.changed:
-            self.changed = False
+        if changed or (submitted and (self.job_id in submitted or outranked(st, prev.ts, self.job_id, submitted))):
             yield prev, prev.ts
         begin = job.spec.begin
         if begin is not None and prev.ts < begin and (next_ts is None or begin < next_ts):
@@ -243,9 +245,15 @@ class _Moments:
         ch = Changes()
         apply(st, env, ch)
         if isinstance(env.event, ev.JobsStarted):
-            self.changed = False        # evaluated as recorded, just before it
-        elif ch.jobs or ch.nodes or ch.config:
+            self.changed, self.submitted = False, []     # evaluated as recorded, just before it
+        elif ch.nodes or ch.config:
             self.changed = True
+        else:
+            for jid, before in ch.jobs.items():
+                if before.state is None and before.job.state == PENDING:
+                    self.submitted.append(jid)
+                else:
+                    self.changed = True
 
 
 def cycle_samples(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None,
