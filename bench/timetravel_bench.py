@@ -204,15 +204,23 @@ def run(jobs: int, runs: int, cache: str | None = None, cluster: bool = True) ->
                           "<= 1 s", statistics.median(times) <= 1.0, f"python -m rota.bench.timetravel_bench --jobs {jobs}"))
     if cluster:
         figures += cluster_figures(log, snaps, big, mid, runs, jobs)
-    from rota.cli.timetravel import verify_all, workers
+    from rota.cli.timetravel import check_all, workers
+    from rota.core.liveness import DEFAULT_LATENCY
 
     t = time.perf_counter()
-    results = verify_all(log)
+    results, _ = check_all(log, latency=None)
     dt = time.perf_counter() - t
     assert all(d is None for _s, d in results)
-    figures.append(Figure(f"rota verify over the whole log ({len(results):,} cycles)", dt, "s", "", None,
-                          f"python -m rota.bench.timetravel_bench --jobs {jobs}",
+    figures.append(Figure(f"rota verify --no-liveness over the whole log ({len(results):,} cycles)", dt, "s", "",
+                          None, f"python -m rota.bench.timetravel_bench --jobs {jobs}",
                           f"all decisions reproduced; cycles shared among {workers()} forked workers, as `rota verify` does"))
+    t = time.perf_counter()
+    results, late = check_all(log)
+    dt_live = time.perf_counter() - t
+    assert all(d is None for _s, d in results) and not late, late[:3]
+    figures.append(Figure("rota verify, with liveness at every change of the state", dt_live, "s",
+                          f"<= {2 * dt:.0f} s", dt_live <= 2 * dt, f"python -m rota.bench.timetravel_bench --jobs {jobs}",
+                          f"no job left waiting more than {DEFAULT_LATENCY} s; target: twice the recorded cycles alone"))
     return figures
 
 

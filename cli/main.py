@@ -471,29 +471,41 @@ def replay(
 def verify(
     from_seq: int = typer.Option(1, "--from", help="first log sequence to check"),
     to_seq: Optional[int] = typer.Option(None, "--to", help="last log sequence to check"),
+    latency: Optional[int] = typer.Option(None, min=0, help="seconds the controller may take to start a job once "
+                                          "it can start (liveness; default: the controller's promise, with margin)"),
+    no_liveness: bool = typer.Option(False, "--no-liveness", help="only re-run the recorded cycles"),
     log: Optional[str] = typer.Option(None, help="a JSON-lines event log instead of the cluster's"),
     nats: Optional[str] = typer.Option(None, help="NATS servers of the cluster (default: the running rota up)"),
 ) -> None:
-    """Re-run the scheduler at every recorded cycle and check it makes exactly the recorded decisions."""
+    """Re-run the scheduler at every recorded cycle and check it makes exactly the recorded decisions; and
+    at every change of the state between them, that no job the scheduler would start was left waiting."""
     _through_controller("verify", log, nats)
     import time as _time
 
-    from .timetravel import verify_all
+    from rota.core.liveness import DEFAULT_LATENCY
 
+    from .timetravel import check_all
+
+    latency = DEFAULT_LATENCY if latency is None else latency
     envs = _history(log, nats)
     t0 = _time.perf_counter()
-    results = verify_all(envs, from_seq, to_seq)
+    results, late = check_all(envs, from_seq, to_seq, latency=None if no_liveness else latency)
     cycles, bad = len(results), [div for _seq, div in results if div is not None]
     dt = _time.perf_counter() - t0
     for d in bad:
         typer.echo(f"DIVERGES at sequence {d.seq} (cycle {d.cycle}), job {d.job_id}: recorded {d.recorded}; "
                    f"the scheduler now says {d.recomputed}")
+    for x in late:
+        typer.echo(f"LATE: {x.text()}")
     last = to_seq or envs[-1].seq
-    if bad:
-        typer.echo(f"{len(bad)} of {cycles} recorded cycles diverge (sequences {from_seq}-{last}, {dt:.1f} s)")
+    live = "" if no_liveness else (f"; {len(late)} jobs left waiting longer than {latency} s after they could start"
+                                   if late else f"; no job waited more than {latency} s once the scheduler would "
+                                   "start it (liveness checked at every change of the state)")
+    if bad or late:
+        typer.echo(f"{len(bad)} of {cycles} recorded cycles diverge{live} (sequences {from_seq}-{last}, {dt:.1f} s)")
         raise typer.Exit(1)
     typer.echo(f"OK: all {cycles} recorded cycles in sequences {from_seq}-{last} are exactly what the scheduler "
-               f"decides from the state before them ({dt:.1f} s)")
+               f"decides from the state before them{live} ({dt:.1f} s)")
 
 
 @app.command()

@@ -7,6 +7,7 @@ from dataclasses import asdict
 from typing import Any, Iterable
 
 from rota.core import events as ev
+from rota.core.liveness import DEFAULT_LATENCY
 from rota.core.hostlist import compress
 from rota.core.reasons import SENTENCES
 from rota.core.timefmt import format_duration
@@ -157,14 +158,33 @@ def verify_all(envelopes: list[ev.Envelope], from_seq: int = 1, to_seq: int | No
                ) -> list[tuple[int, Any]]:
     """``rota.core.timetravel.verify`` over the range, the cycles shared out among forked workers;
     (sequence, divergence or None) for every recorded cycle, in log order."""
+    return check_all(envelopes, from_seq, to_seq, n, latency=None)[0]
+
+
+def check_all(envelopes: list[ev.Envelope], from_seq: int = 1, to_seq: int | None = None, n: int = 0,
+              latency: int | None = DEFAULT_LATENCY) -> tuple[list[tuple[int, Any]], list[Any]]:
+    """Every recorded cycle re-run (as :func:`verify_all`) and, unless ``latency`` is None, every
+    moment between them checked for a job left waiting (``rota.core.liveness.late_starts``); the
+    evaluations shared out among forked workers, each replaying the log once."""
+    from rota.core.liveness import late_starts, startable
     from rota.core.timetravel import verify
 
+    def work(w: int, n: int) -> tuple[list, dict]:
+        def pick(k: int) -> bool:
+            return k % n == w
+        cycles = list(verify(envelopes, from_seq, to_seq, pick=pick))
+        return cycles, (startable(envelopes, to_seq, pick) if latency is not None else {})
+
     n = n or workers()
-    parts = forked_map(lambda w, n: list(verify(envelopes, from_seq, to_seq, pick=lambda k: k % n == w)), n) \
-        if len(envelopes) >= 2000 else None
+    parts = forked_map(work, n) if len(envelopes) >= 2000 else None
     if parts is None:
-        return list(verify(envelopes, from_seq, to_seq))
-    return sorted((r for part in parts for r in part), key=lambda r: r[0])
+        parts = [work(0, 1)]
+    cycles = sorted((r for part in parts for r in part[0]), key=lambda r: r[0])
+    if latency is None:
+        return cycles, []
+    known = {k: v for part in parts for k, v in part[1].items()}
+    late = [x for x in late_starts(envelopes, latency, to_seq, known) if x.seq >= from_seq]
+    return cycles, late
 
 
 def job_seqs(job_id: int) -> tuple[int, int, bool] | None:

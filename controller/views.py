@@ -250,9 +250,9 @@ class Views:
 
 # the options each time-travel command may be given on another user's behalf (nothing that names a
 # file or another cluster)
-TIMETRAVEL_OPTIONS = {"why": {"--at", "--json"}, "replay": {"--at"}, "verify": {"--from", "--to"},
+TIMETRAVEL_OPTIONS = {"why": {"--at", "--json"}, "replay": {"--at"}, "verify": {"--from", "--to", "--latency", "--no-liveness"},
                       "whatif": {"--set", "--json", "--top"}}
-_FLAGS = {"--json"}
+_FLAGS = {"--json", "--no-liveness"}
 
 
 def _timetravel_argv_problem(command: str, argv: list[str]) -> str | None:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable
 
 from . import events as ev
 from .apply import apply
-from .schedule import schedule
+from .schedule import Decision, schedule
 from .state import State
 
 
@@ -106,6 +106,10 @@ class Simulator:
         if self.record_log:
             self.log.append(env)
 
+    def decide(self, state: State, now: int) -> Decision:
+        """One cycle's decision (the scheduler's own; a subclass may stand in for a faulty controller)."""
+        return schedule(state, now, self.policy)
+
     def run(self, jobs: Iterable[TraceJob], *, stop_when_all_started: bool = False,
             progress: Callable[[int, int], None] | None = None) -> SimResult:
         """Simulate until every job has ended (or started, with ``stop_when_all_started``)."""
@@ -149,7 +153,7 @@ class Simulator:
                     if o is not None:
                         o.end, o.state = now, end_state
             if state.pending:
-                decision = schedule(state, now, self.policy)
+                decision = self.decide(state, now)
                 cycles += 1
                 event = decision.event()
                 if event is not None:

@@ -6,6 +6,7 @@ Everything here is a fold of envelopes: the same log gives the same answers on a
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from heapq import heappop, heappush
 from typing import Any, Iterable, Iterator
 
 from . import events as ev
@@ -80,7 +81,7 @@ def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None
         state: State | None = None, samples: dict[tuple[int, int | None], "CycleSample | None"] | None = None
         ) -> WhyReport:
     """Explain job ``job_id``'s wait: re-run the scheduler in explain mode, focused on the job, at every
-    moment its fate could change while it was pending (see :class:`_Moments`): at each recorded cycle
+    moment its fate could change while it was pending (see :class:`Moments`): at each recorded cycle
     (the state just before its decision) and after every other change of the state (a submit, an end,
     a drain, a hold...) or moment of time (its begin time), and collect what touched it.
     ``state``: a snapshot taken before the job's submission to start from (``envelopes`` follow it).
@@ -93,7 +94,7 @@ def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None
     first_seq = last_seq = 0
     watching_nodes: set[str] = set()
     blockers: set[int] = set()   # every job named as holding what it needed, in any interval
-    moments = _Moments(job_id)
+    moments = Moments(job_id)
     for env, after in moments.walk(envelopes, st, at_seq):
         if after is not None:        # a moment between recorded cycles, the state as it then was
             sample = samples[(env.seq, after)] if samples is not None and (env.seq, after) in samples \
@@ -192,7 +193,7 @@ def evaluate(st: State, now: int, job_id: int) -> CycleSample | None:
     return CycleSample(iv, [])
 
 
-class _Moments:
+class Moments:
     """The moments a pending job's evaluation could change, walking a log.
 
     The scheduler is a pure function of (state, now) and the state changes only at events, so the
@@ -204,10 +205,11 @@ class _Moments:
     they cannot change what the scheduler says of it.
     """
 
-    def __init__(self, job_id: int) -> None:
-        self.job_id = job_id
+    def __init__(self, job_id: int | None) -> None:
+        self.job_id = job_id                 # None: every pending job (what any cycle could start)
         self.changed = False                 # something that may change its evaluation
         self.submitted: list[int] = []       # jobs submitted since, still pending: matter if ranked above
+        self.begins: list[tuple[int, int]] = []   # (begin time, job), every pending job's, when job_id is None
 
     def walk(self, envelopes: Iterable[ev.Envelope], st: State, at_seq: int | None
              ) -> Iterator[tuple[ev.Envelope, int | None]]:
@@ -229,6 +231,9 @@ class _Moments:
 
     def _between(self, prev: ev.Envelope, st: State, next_ts: int | None
                  ) -> Iterator[tuple[ev.Envelope, int | None]]:
+        if self.job_id is None:
+            yield from self._between_all(prev, st, next_ts)
+            return
         job = st.jobs.get(self.job_id)
         changed, submitted = self.changed, self.submitted
         self.changed, self.submitted = False, []
@@ -240,6 +245,25 @@ class _Moments:
         if begin is not None and prev.ts < begin and (next_ts is None or begin < next_ts):
             yield prev, begin
 
+    def _between_all(self, prev: ev.Envelope, st: State, next_ts: int | None
+                     ) -> Iterator[tuple[ev.Envelope, int | None]]:
+        changed = self.changed or bool(self.submitted)
+        self.changed, self.submitted = False, []
+        if not st.pending:
+            return
+        if changed:
+            yield prev, prev.ts
+        begins = self.begins
+        while begins and begins[0][0] <= prev.ts:
+            heappop(begins)
+        last = None
+        while begins and (next_ts is None or begins[0][0] < next_ts):
+            t, jid = heappop(begins)
+            job = st.jobs.get(jid)
+            if t != last and job is not None and job.state == PENDING:
+                last = t
+                yield prev, t
+
     def apply(self, st: State, env: ev.Envelope) -> None:
         """Apply ``env`` to ``st``, noting whether it changed anything a later moment must look at."""
         ch = Changes()
@@ -250,10 +274,14 @@ class _Moments:
             self.changed = True
         else:
             for jid, before in ch.jobs.items():
-                if before.state is None and before.job.state == PENDING:
+                job = before.job
+                if before.state is None and job.state == PENDING:
                     self.submitted.append(jid)
                 else:
                     self.changed = True
+                begin = job.spec.begin
+                if self.job_id is None and job.state == PENDING and begin is not None and begin > env.ts:
+                    heappush(self.begins, (begin, jid))   # a time the job becomes eligible
 
 
 def cycle_samples(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None,
@@ -264,7 +292,7 @@ def cycle_samples(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | N
     st = state if state is not None else State()
     out: dict[tuple[int, int | None], CycleSample | None] = {}
     k = 0
-    moments = _Moments(job_id)
+    moments = Moments(job_id)
     for env, after in moments.walk(envelopes, st, at_seq):
         if after is not None:
             if pick is None or pick(k):
