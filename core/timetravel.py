@@ -223,7 +223,7 @@ class Moments:
                 yield from self._between(prev, st, env.ts)
             yield env, None
             prev = env
-            job = st.jobs.get(self.job_id)
+            job = st.jobs.get(self.job_id) if self.job_id is not None else None
             if job is not None and job.state in TERMINAL_STATES and at_seq is None:
                 return
         if prev is not None:
