@@ -365,12 +365,12 @@ def export(
         typer.echo(f"{Path(parquet) / name}: {rows:,} rows")
 
 
-def _through_controller(command: str, log: Optional[str], nats: Optional[str]) -> None:
-    """A user who cannot read the log (it holds everyone's environments and scripts) gets the same
-    answer from the controller, which runs the command where the log can be read."""
+def _through_controller(command: str, log: Optional[str], nats: Optional[str], needs: str | None = None) -> None:
+    """A user who cannot read the log (it holds everyone's environments and scripts), or the file
+    ``needs`` names, gets the same answer from the controller, which runs the command where it can."""
     from rota.wire.cluster import may_read_log
 
-    if log is not None or nats is not None or may_read_log():
+    if log is not None or nats is not None or (os.access(needs, os.R_OK) if needs else may_read_log()):
         return
     from .client import remote_command
 
@@ -464,6 +464,41 @@ def replay(
     else:
         envs = _history(log, nats)
     for line in replay_views(envs, at_seq, at_time, state):
+        typer.echo(line)
+
+
+@app.command()
+def history(
+    job: int = typer.Argument(..., help="job id"),
+    log: Optional[str] = typer.Option(None, help="a JSON-lines event log instead of the cluster's projection"),
+    nats: Optional[str] = typer.Option(None, help="NATS servers of the cluster (default: the running rota up)"),
+    as_json: bool = typer.Option(False, "--json", help="the intervals as JSON"),
+) -> None:
+    """Job N's pending reasons over time, as kept by the projection (what `rota why` derives, interval
+    for interval, without its evidence)."""
+    from rota.wire.paths import projections_db
+
+    _through_controller("history", log, nats, needs=projections_db())
+    from .timetravel import history_rows, history_text
+
+    if log is not None or nats is not None:
+        from rota.core.reason_history import spans_of
+
+        envs = _history(log, nats)
+        rows = [(s.code, s.start, s.end, s.seq) for s in spans_of(envs, job)]
+        now = envs[-1].ts
+    else:
+        try:
+            rows, now = history_rows(job)
+        except (OSError, ValueError) as exc:
+            _fail(str(exc))
+    if as_json:
+        import json as _json
+
+        typer.echo(_json.dumps({"job_id": job, "intervals": [
+            {"reason": code, "start": start, "end": end, "seq": seq} for code, start, end, seq in rows]}, indent=2))
+        return
+    for line in history_text(job, rows, now):
         typer.echo(line)
 
 

@@ -199,6 +199,39 @@ def job_seqs(job_id: int) -> tuple[int, int, bool] | None:
     return seqs(path, job_id) if os.path.exists(path) else None
 
 
+def history_rows(job_id: int) -> tuple[list[tuple], int]:
+    """A job's reason intervals from the projection, and the time the projection has reached."""
+    import os
+
+    from rota.projections import queries
+    from rota.wire.paths import projections_db
+
+    path = projections_db()
+    if not os.path.exists(path):
+        raise OSError(f"no projection at {path}: is `rota up` running (or ROTA_STATE_DIR set)? "
+                      "`rota history N --log FILE` reads a log instead")
+    try:
+        conn = queries.connect(path)
+        rows = [tuple(r) for r in queries.reason_history(conn, job_id)]
+        now = conn.execute("SELECT value FROM meta WHERE key = 'now'").fetchone()
+    except queries.Error as exc:
+        raise OSError(f"cannot read the projection {path}: {exc}") from None
+    return rows, int(now[0]) if now else 0
+
+
+def history_text(job_id: int, rows: list[tuple], now: int) -> list[str]:
+    """``rota history``: one line per interval."""
+    if not rows:
+        return [f"Job {job_id}: no pending reason recorded (it started at its first evaluation, is not known, "
+                "or the projection has not reached it yet)."]
+    out = [f"Job {job_id}: pending reasons over time", f"  {'REASON':<28} {'FROM':<19}  {'TO':<19}  FOR"]
+    for code, start, end, _seq in rows:
+        until = _t(end) if end is not None else "(still)"
+        out.append(f"  {code:<28} {_t(start):<19}  {until:<19}  {_dur((end if end is not None else now) - start)}")
+    out.append(f"`rota why {job_id}` explains each interval: who held what it needed, and when it expected to start.")
+    return out
+
+
 def parse_at(text: str | None) -> tuple[int | None, int | None]:
     """``--at``: a log sequence (a plain number below 10^9), epoch seconds, or YYYY-MM-DD[THH:MM[:SS]]."""
     if text is None:

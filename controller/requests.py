@@ -110,7 +110,7 @@ class Accounting(Request):
 
 
 class TimeTravel(Request):
-    command: Literal["why", "replay", "verify", "whatif"]
+    command: Literal["why", "replay", "verify", "whatif", "history"]
     argv: tuple[Arg, ...] = Field((), max_length=64)
 
 

@@ -251,7 +251,7 @@ class Views:
 # the options each time-travel command may be given on another user's behalf (nothing that names a
 # file or another cluster)
 TIMETRAVEL_OPTIONS = {"why": {"--at", "--json"}, "replay": {"--at"}, "verify": {"--from", "--to", "--latency", "--no-liveness"},
-                      "whatif": {"--set", "--json", "--top"}}
+                      "whatif": {"--set", "--json", "--top"}, "history": {"--json"}}
 _FLAGS = {"--json", "--no-liveness"}
 
 

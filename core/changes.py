@@ -31,7 +31,7 @@ class Before:
 class Changes:
     """Collected while folding; read afterwards. One instance may span many events (a batch)."""
 
-    __slots__ = ("jobs", "nodes", "config", "reported", "signals", "invalid", "seq")
+    __slots__ = ("jobs", "nodes", "config", "reported", "signals", "invalid", "seq", "touches")
 
     def __init__(self) -> None:
         self.jobs: dict[int, Before] = {}
@@ -41,9 +41,11 @@ class Changes:
         self.signals: dict[int, int] = {}       # cancelled running jobs: the signal to stop them with
         self.invalid: list[tuple[int, str]] = []   # (sequence, what) of events that fit no transition
         self.seq = 0
+        self.touches = 0                        # notes taken (jobs and nodes): whether an event changed anything
 
     def job(self, job: "Job") -> None:
         """Note ``job`` before the current event changes it."""
+        self.touches += 1
         before = self.jobs.get(job.job_id)
         if before is None:
             self.jobs[job.job_id] = Before(job, job.state, job.restarts, job.cancel_by, job.time_limit,
@@ -53,6 +55,7 @@ class Changes:
 
     def new_job(self, job: "Job") -> None:
         """Note a job the current event creates."""
+        self.touches += 1
         if job.job_id not in self.jobs:
             self.jobs[job.job_id] = Before(job, None, 0, None, None, None, self.seq)
         else:
@@ -60,6 +63,7 @@ class Changes:
 
     def node(self, name: str) -> None:
         """Note that the current event changes node ``name`` (its resources, flags or jobs)."""
+        self.touches += 1
         self.nodes[name] = None
 
     def exited(self, job_id: int) -> None:

@@ -155,6 +155,24 @@ def _rank_key(cy: Cycle, job: Job, parts: list[str]) -> tuple[int, int, int, int
     return (-tier, -prio, job.submit_seq, job.job_id)
 
 
+def ranking(state: State, now: int) -> dict[int, int]:
+    """Each pending job's position in priority order at ``now`` as a cycle would walk them (jobs held
+    back before ranking, by a hold, dependency, partition or begin time, are absent)."""
+    cfg = state.config
+    if cfg is None:
+        return {}
+    cy = Cycle(state, now, cfg.scheduler.policy, False, timelines=False)
+    default = cfg.default_partition()
+    keyed = []
+    for jid in state.pending:
+        job = state.jobs[jid]
+        parts = list(job.spec.partitions) if job.spec.partitions else ([default.name] if default else [])
+        if static_reason(cy, job, parts) is None:
+            keyed.append((_rank_key(cy, job, parts), jid))
+    keyed.sort()
+    return {jid: i for i, (_key, jid) in enumerate(keyed)}
+
+
 def outranked(state: State, now: int, job_id: int, others: list[int]) -> bool:
     """Whether any of the pending jobs ``others`` would be walked before pending job ``job_id`` at
     ``now`` (or whether ``job_id`` is held back before ranking, and so cannot be compared)."""

@@ -210,24 +210,37 @@ class Moments:
         self.changed = False                 # something that may change its evaluation
         self.submitted: list[int] = []       # jobs submitted since, still pending: matter if ranked above
         self.begins: list[tuple[int, int]] = []   # (begin time, job), every pending job's, when job_id is None
+        self.prev: ev.Envelope | None = None      # the last envelope walked: its group may not be over
+        # what the moment just yielded is, when job_id is None: only these jobs were submitted (None:
+        # anything may have changed), or these jobs' begin time is reached (None: not a begin time)
+        self.only_submitted: list[int] | None = None
+        self.begun: tuple[int, ...] | None = None
 
-    def walk(self, envelopes: Iterable[ev.Envelope], st: State, at_seq: int | None
+    def walk(self, envelopes: Iterable[ev.Envelope], st: State, at_seq: int | None, settle: bool = True
              ) -> Iterator[tuple[ev.Envelope, int | None]]:
         """(envelope, None) for each envelope, which the caller then applies with :meth:`apply`; and
-        (last envelope applied, now) for each moment to evaluate from the state as it then is."""
-        prev: ev.Envelope | None = None
+        (last envelope applied, now) for each moment to evaluate from the state as it then is.
+        ``settle``: the last run of events is over (the log ends there); else a later walk goes on."""
+        prev = self.prev
         for env in envelopes:
             if at_seq is not None and env.seq > at_seq:
                 break
             if prev is not None and env.ts != prev.ts:
                 yield from self._between(prev, st, env.ts)
             yield env, None
-            prev = env
+            prev = self.prev = env
             job = st.jobs.get(self.job_id) if self.job_id is not None else None
             if job is not None and job.state in TERMINAL_STATES and at_seq is None:
                 return
+        if prev is not None and settle:
+            yield from self.settle(st, None)
+
+    def settle(self, st: State, until: int | None) -> Iterator[tuple[ev.Envelope, int | None]]:
+        """The moments after the last envelope walked, up to ``until`` (None: any), when no more events
+        with its timestamp can come."""
+        prev, self.prev = self.prev, None
         if prev is not None:
-            yield from self._between(prev, st, None)
+            yield from self._between(prev, st, until)
 
     def _between(self, prev: ev.Envelope, st: State, next_ts: int | None
                  ) -> Iterator[tuple[ev.Envelope, int | None]]:
@@ -247,41 +260,65 @@ class Moments:
 
     def _between_all(self, prev: ev.Envelope, st: State, next_ts: int | None
                      ) -> Iterator[tuple[ev.Envelope, int | None]]:
-        changed = self.changed or bool(self.submitted)
+        changed, submitted = self.changed, self.submitted
         self.changed, self.submitted = False, []
-        if not st.pending:
-            return
-        if changed:
-            yield prev, prev.ts
         begins = self.begins
         while begins and begins[0][0] <= prev.ts:
             heappop(begins)
-        last = None
+        if not st.pending:
+            return
+        if changed or submitted:
+            self.only_submitted, self.begun = (None if changed else submitted), None
+            yield prev, prev.ts
         while begins and (next_ts is None or begins[0][0] < next_ts):
-            t, jid = heappop(begins)
-            job = st.jobs.get(jid)
-            if t != last and job is not None and job.state == PENDING:
-                last = t
+            t = begins[0][0]
+            due = []
+            while begins and begins[0][0] == t:
+                jid = heappop(begins)[1]
+                job = st.jobs.get(jid)
+                if job is not None and job.state == PENDING and job.spec.begin == t:
+                    due.append(jid)
+            if due:
+                self.only_submitted, self.begun = None, tuple(sorted(set(due)))
                 yield prev, t
 
-    def apply(self, st: State, env: ev.Envelope) -> None:
-        """Apply ``env`` to ``st``, noting whether it changed anything a later moment must look at."""
-        ch = Changes()
+    def counts_for(self, job_id: int, order: dict[int, int]) -> bool:
+        """Whether the moment just yielded (every job's) is one at which :func:`why` evaluates
+        ``job_id``, given the ranking then (job -> position; jobs held back before ranking absent)."""
+        if self.begun is not None:
+            return job_id in self.begun
+        subs = self.only_submitted
+        if subs is None or job_id in subs:
+            return True
+        mine = order.get(job_id)
+        return mine is None or any(order.get(j, mine) < mine for j in subs)
+
+    def apply(self, st: State, env: ev.Envelope, ch: Changes | None = None) -> None:
+        """Apply ``env`` to ``st`` (noting into ``ch``, which may span many events), noting whether it
+        changed anything a later moment must look at."""
+        ch = ch if ch is not None else Changes()
+        touches = ch.touches
         apply(st, env, ch)
-        if isinstance(env.event, ev.JobsStarted):
+        e = env.event
+        if isinstance(e, ev.JobsStarted):
             self.changed, self.submitted = False, []     # evaluated as recorded, just before it
-        elif ch.nodes or ch.config:
-            self.changed = True
+            return
+        if ch.touches == touches:
+            return
+        job = st.jobs.get(e.job_id) if isinstance(e, ev.JobSubmitted) else None
+        if job is not None and job.state == PENDING:
+            self.submitted.append(job.job_id)
         else:
-            for jid, before in ch.jobs.items():
-                job = before.job
-                if before.state is None and job.state == PENDING:
-                    self.submitted.append(jid)
-                else:
-                    self.changed = True
-                begin = job.spec.begin
-                if self.job_id is None and job.state == PENDING and begin is not None and begin > env.ts:
-                    heappush(self.begins, (begin, jid))   # a time the job becomes eligible
+            self.changed = True
+        if self.job_id is None:
+            self._note_begins(st, e, env.ts)
+
+    def _note_begins(self, st: State, e: Any, ts: int) -> None:
+        """A job submitted (or updated) to begin later becomes eligible then: a moment to look again."""
+        jid = getattr(e, "job_id", None)
+        job = st.jobs.get(jid) if isinstance(jid, int) else None
+        if job is not None and job.state == PENDING and job.spec.begin is not None and job.spec.begin > ts:
+            heappush(self.begins, (job.spec.begin, job.job_id))
 
 
 def cycle_samples(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None,

@@ -20,6 +20,7 @@ from rota.core.changes import Changes
 from rota.core.static_reasons import reasons_now
 from rota.core.state import TERMINAL_STATES, Job, State, dump_snapshot, load_snapshot
 
+from .reasons import ReasonLane
 from .schema import SCHEMA, SCHEMA_VERSION
 
 log = logging.getLogger("rota.projections")
@@ -57,6 +58,7 @@ class Projector:
         self.log = eventlog
         self.snapshot_every = snapshot_every
         self.state = State()
+        self.reasons: ReasonLane | None = None
         self.db: Any = None
         self._last_snapshot = 0
 
@@ -79,6 +81,8 @@ class Projector:
         if rows.get("state"):
             self.state = load_snapshot(rows["state"])
             self._last_snapshot = self.state.seq
+        self.reasons = ReasonLane(self.db, self.log, snapshot_every=self.snapshot_every)
+        await self.reasons.open(rows)
         await self.db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
         await self.db.commit()
 
@@ -139,22 +143,29 @@ class Projector:
         catch-up per ``min_interval``: a quiet log is projected at once, a busy one in batches (each
         catch-up costs a consumer and a connection, whatever it reads)."""
         loop = asyncio.get_running_loop()
-        while not stop.is_set():
-            started = loop.time()
-            try:
-                await self.catch_up()
-            except Exception as exc:  # noqa: BLE001 - the log is briefly unavailable: retry
-                log.warning("projection paused: %s", exc)
-            waiter = wakeup or stop
-            try:
-                await asyncio.wait_for(waiter.wait(), timeout=poll)
-            except asyncio.TimeoutError:
-                pass
-            if wakeup is not None:
-                wakeup.clear()
-            rest = min_interval - (loop.time() - started)
-            if rest > 0 and not stop.is_set():
-                await asyncio.sleep(rest)
+        lane = asyncio.create_task(self.reasons.follow(stop, poll)) if self.reasons is not None else None
+        try:
+            while not stop.is_set():
+                started = loop.time()
+                try:
+                    await self.catch_up()
+                except Exception as exc:  # noqa: BLE001 - the log is briefly unavailable: retry
+                    log.warning("projection paused: %s", exc)
+                waiter = wakeup or stop
+                try:
+                    await asyncio.wait_for(waiter.wait(), timeout=poll)
+                except asyncio.TimeoutError:
+                    pass
+                if wakeup is not None:
+                    wakeup.clear()
+                rest = min_interval - (loop.time() - started)
+                if rest > 0 and not stop.is_set():
+                    await asyncio.sleep(rest)
+        finally:
+            if lane is not None:
+                if not stop.is_set():
+                    lane.cancel()
+                await asyncio.gather(lane, return_exceptions=True)
 
     def _fold(self, chunk: list[ev.Envelope]) -> tuple:
         """Apply a batch to the projector's state; what :meth:`_write` stores for it, taken now (the
@@ -174,7 +185,7 @@ class Projector:
             reason = None
             ended = before.state not in TERMINAL_STATES or before.restarts != job.restarts
             if job.state in TERMINAL_STATES and ended:
-                if not job.alloc:                   # it ended without running: the reason it waited for
+                if not job.alloc:   # it ended without running: what held it back (the history has more)
                     why = reasons.get(job.job_id)
                     reason = why.code if why is not None else None
                 else:
@@ -223,6 +234,8 @@ class Projector:
             await self.db.execute("INSERT OR REPLACE INTO meta VALUES ('state', ?)", (dump_snapshot(self.state),))
             await self.db.commit()
             self._last_snapshot = self.state.seq
+        if self.db is not None and self.reasons is not None:
+            await self.reasons.save_state()
 
     def _node_rows(self) -> list[tuple]:
         cfg = self.state.config

@@ -75,9 +75,16 @@ def jobs(conn, q: JobQuery) -> list:
     if q.end is not None:
         where.append("submit <= ?")
         args.append(q.end)
-    sql = ("SELECT * FROM jobs" + (" WHERE " + " AND ".join(where) if where else "")
+    sql = ("SELECT jobs.*, (SELECT code FROM reasons WHERE reasons.job_id = jobs.job_id ORDER BY start DESC, "
+           "seq DESC LIMIT 1) AS last_reason FROM jobs" + (" WHERE " + " AND ".join(where) if where else "")
            + " ORDER BY COALESCE(array_job_id, job_id), COALESCE(array_task_id, -1), job_id")
     return conn.execute(sql, args).fetchall()
+
+
+def reason_history(conn, job_id: int) -> list:
+    """A job's pending-reason intervals, oldest first (``end_time`` NULL: it still holds)."""
+    return conn.execute("SELECT code, start, end_time, seq FROM reasons WHERE job_id = ? ORDER BY start, seq",
+                        (job_id,)).fetchall()
 
 
 def steps(conn, job_ids: list[int]) -> dict:

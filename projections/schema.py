@@ -1,6 +1,6 @@
 """The SQLite tables the projector maintains (squeue/sinfo/sacct views of the log)."""
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -44,6 +44,12 @@ CREATE TABLE IF NOT EXISTS nodes (
 CREATE TABLE IF NOT EXISTS partitions (
     name TEXT PRIMARY KEY, idx INTEGER, is_default INTEGER, state TEXT, max_time INTEGER,
     default_time INTEGER, nodes TEXT, priority_tier INTEGER, max_nodes INTEGER
+);
+CREATE TABLE IF NOT EXISTS reasons (   -- each job's pending reasons over time, as `rota why` derives them
+    job_id INTEGER, code TEXT, start INTEGER,
+    end_time INTEGER,                -- NULL while it lasts
+    seq INTEGER,                     -- the log sequence it was derived after
+    PRIMARY KEY (job_id, start, seq)
 );
 CREATE TABLE IF NOT EXISTS usage (
     user TEXT, account TEXT, partition TEXT,

@@ -304,3 +304,78 @@ async def test_a_projection_of_an_older_schema_is_set_aside_and_rebuilt(tmp_path
     assert (tmp_path / "p.sqlite.v0").exists()
     con = sqlite3.connect(path)
     assert con.execute("SELECT state FROM jobs WHERE job_id = 23627").fetchone() == ("FAILED",)
+
+
+def random_ops(seed: int, n: int = 60) -> list:
+    import random
+
+    rng = random.Random(seed)
+    kinds = ["submit", "submit", "submit", "cycle", "cycle", "advance", "finish", "cancel", "hold", "release",
+             "drain", "resume", "big"]
+    return [(rng.choice(kinds), rng.randrange(10 ** 6)) for _ in range(n)]
+
+
+async def project_reasons(path, log, stop_at: int | None = None) -> Projector:
+    lg = MemoryLog()
+    lg.entries = list(log if stop_at is None else log[:stop_at])
+    p = Projector(path, lg, snapshot_every=7)
+    await p.open()
+    await p.catch_up()
+    assert p.reasons is not None
+    await p.reasons.catch_up()
+    if stop_at is None:     # the log is over: its last second has passed
+        await p.reasons.settle(log[-1].ts + 10 ** 6)
+    return p
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_the_projected_reason_history_is_what_why_derives(tmp_path, seed):
+    from rota.core.reason_history import spans_of
+
+    from test_reason_history import history
+
+    h = history(random_ops(seed))
+    path = tmp_path / "p.sqlite"
+    p = await project_reasons(path, h.log)
+    await p.save_state()
+    await p.close()
+    # and across a restart from the stored states, half way
+    p1 = await project_reasons(tmp_path / "q.sqlite", h.log, stop_at=len(h.log) // 2)
+    await p1.save_state()
+    await p1.close()
+    p2 = await project_reasons(tmp_path / "q.sqlite", h.log)
+    await p2.close()
+    for db in (path, tmp_path / "q.sqlite"):
+        conn = sqlite3.connect(db)
+        for jid in sorted(h.state.jobs):
+            rows = [(c, s, e if e is not None else h.now) for c, s, e in conn.execute(
+                "SELECT code, start, end_time FROM reasons WHERE job_id = ? ORDER BY start, seq", (jid,))]
+            assert rows == [(s.code, s.start, s.end) for s in spans_of(h.log, jid)], (db, jid)
+
+
+async def test_sacct_shows_the_last_pending_reason_and_rota_history_lists_them(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    h = Harness(make_cluster(nodes=1, gpus=4, policy="easy"))
+    a = h.submit(user="ann", gpus_per_node=4, time_limit=100)
+    h.cycle()
+    b = h.submit(user="bob", gpus_per_node=4, time_limit=100)      # waits for `a`: no cycle is recorded
+    h.advance(30)
+    h.put(ev.JobCancelled(job_id=b, by_uid=0))
+    path = tmp_path / "projections.sqlite"
+    p = await project_reasons(path, h.log)
+    await p.close()
+    monkeypatch.setenv("ROTA_PROJECTIONS", str(path))
+    out, err = io.StringIO(), io.StringIO()
+    assert sacct.run(["-X", "-n", "-P", "-j", f"{a},{b}", "-o", "JobID,State,Reason"], out, err, db=str(path)) == 0
+    assert out.getvalue().splitlines() == [f"{a}|RUNNING|None", f"{b}|CANCELLED by 0|Resources"]
+    r = subprocess.run([sys.executable, "-m", "rota.cli.main", "history", str(b)], capture_output=True, text=True,
+                       env={**__import__("os").environ, "ROTA_PROJECTIONS": str(path)})
+    assert r.returncode == 0, r.stderr
+    assert "Resources" in r.stdout and " 30s" in r.stdout, r.stdout
+    log_file = tmp_path / "log.jsonl"
+    log_file.write_bytes(b"".join(ev.encode_envelope(e) + b"\n" for e in h.log))
+    r = subprocess.run([sys.executable, "-m", "rota.cli.main", "history", str(b), "--log", str(log_file), "--json"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and '"reason": "Resources"' in r.stdout, r.stdout + r.stderr

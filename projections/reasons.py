@@ -1,0 +1,125 @@
+"""The reason-history lane of the projection: each job's pending-reason intervals (``reasons`` table).
+
+Deriving them re-runs the scheduler at every moment ``rota why`` evaluates (about what the controller
+spent deciding), so it runs beside the job rows, not in their way: its own state, checkpoint and
+snapshot in the same database, its folds in a worker thread, in small batches, so neither the rows nor
+the controller sharing the process wait for it. Its rows are idempotent (keyed by job, start and
+sequence): a batch written twice after a crash writes the same rows.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any
+
+from rota.core import events as ev
+from rota.core.reason_history import ReasonHistory, Span
+from rota.core.state import State, dump_snapshot, load_snapshot
+
+log = logging.getLogger("rota.projections")
+
+_UPSERT_SPAN = "INSERT OR REPLACE INTO reasons VALUES (?, ?, ?, ?, ?)"
+BATCH = 500          # events folded per step: a few hundred scheduler runs at most
+
+
+def span_rows(spans: list[Span]) -> list[tuple]:
+    """``reasons`` table rows."""
+    return [(s.job_id, s.code, s.start, s.end, s.seq) for s in spans]
+
+
+class ReasonLane:
+    """Follows the log into the ``reasons`` table of the projection open on ``db``."""
+
+    def __init__(self, db: Any, eventlog: Any, *, snapshot_every: int = 20_000) -> None:
+        self.db = db
+        self.log = eventlog
+        self.snapshot_every = snapshot_every
+        self.state = State()
+        self.history = ReasonHistory()
+        self._last_snapshot = 0
+        self._lock = threading.Lock()      # the state is folded in a worker thread
+
+    async def open(self, meta: dict) -> None:
+        """Resume from the lane's stored state (``meta``: the projection's meta table)."""
+        if meta.get("reasons_state"):
+            self.state = load_snapshot(meta["reasons_state"])
+            self._last_snapshot = self.state.seq
+            spans = await self.db.execute_fetchall("SELECT job_id, code, start, seq FROM reasons WHERE end_time IS NULL")
+            self.history.resume(self.state, [Span(*r) for r in spans])
+
+    @property
+    def seq(self) -> int:
+        return self.state.seq
+
+    async def catch_up(self, to_seq: int | None = None) -> int:
+        """Fold everything the log holds past the lane's checkpoint; returns the number of events."""
+        n = 0
+        async for chunk in self.log.read_batches(self.state.seq + 1, to_seq):
+            chunk = [env for env in chunk if env.seq > self.state.seq]
+            for i in range(0, len(chunk), BATCH):
+                part = chunk[i:i + BATCH]
+                spans, snapshot = await asyncio.to_thread(self._fold, part)
+                await self._write(spans, snapshot)
+                n += len(part)
+        return n
+
+    def _fold(self, part: list[ev.Envelope]) -> tuple[list[tuple], bytes | None]:
+        with self._lock:
+            self.history.fold(self.state, part)
+            snapshot = None
+            if self.state.seq - self._last_snapshot >= self.snapshot_every:
+                snapshot = dump_snapshot(self.state)
+                self._last_snapshot = self.state.seq
+            return span_rows(self.history.take()), snapshot
+
+    def _settle(self, now: int) -> list[tuple]:
+        with self._lock:
+            if now <= self.state.now:
+                return []
+            self.history.settle(self.state, now)
+            return span_rows(self.history.take())
+
+    def _snapshot(self) -> tuple[int, bytes | None]:
+        with self._lock:
+            seq = self.state.seq
+            return seq, (dump_snapshot(self.state) if seq != self._last_snapshot else None)
+
+    async def _write(self, spans: list[tuple], snapshot: bytes | None) -> None:
+        db = self.db
+        if spans:
+            await db.executemany(_UPSERT_SPAN, spans)
+        await db.execute("INSERT OR REPLACE INTO meta VALUES ('reasons_seq', ?)", (self.state.seq,))
+        if snapshot is not None:
+            await db.execute("INSERT OR REPLACE INTO meta VALUES ('reasons_state', ?)", (snapshot,))
+        await db.commit()
+
+    async def settle(self, now: int) -> None:
+        """The clock has passed the last event's second: no more events with its timestamp can come,
+        so the reasons at that moment (and at begin times reached since) are recorded."""
+        spans = await asyncio.to_thread(self._settle, now)
+        if spans:
+            await self.db.executemany(_UPSERT_SPAN, spans)
+            await self.db.commit()
+
+    async def follow(self, stop: asyncio.Event, poll: float = 1.0) -> None:
+        """Keep the lane up to date until ``stop`` is set."""
+        while not stop.is_set():
+            try:
+                await self.catch_up()
+                await self.settle(int(time.time()) - 1)
+            except Exception as exc:  # noqa: BLE001 - the log is briefly unavailable: retry
+                log.warning("reason history paused: %s", exc)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=poll)
+            except asyncio.TimeoutError:
+                pass
+
+    async def save_state(self) -> None:
+        """Store the lane's state with its checkpoint (on shutdown: a fast restart)."""
+        seq, snapshot = await asyncio.to_thread(self._snapshot)
+        if snapshot is not None:
+            await self.db.execute("INSERT OR REPLACE INTO meta VALUES ('reasons_state', ?)", (snapshot,))
+            await self.db.commit()
+            self._last_snapshot = seq

@@ -1,0 +1,83 @@
+"""The reason history the projection keeps equals what `why` derives from the log, job for job."""
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rota.core import events as ev
+from rota.core.reason_history import spans_of
+from rota.core.state import PENDING, RUNNING
+from rota.core.testing import Harness, make_cluster
+from rota.core.timetravel import why
+
+OPS = st.lists(st.tuples(st.sampled_from(["submit", "submit", "submit", "cycle", "cycle", "advance", "finish",
+                                          "cancel", "hold", "release", "drain", "resume", "big"]),
+                         st.integers(0, 1_000_000)), min_size=5, max_size=40)
+
+
+def history(ops: list[tuple[str, int]]) -> Harness:
+    """A random history: submits of various sizes (some held, some to begin later), cycles that are
+    or are not recorded, ends, cancels, holds, drains and resumes, on two 4-GPU nodes."""
+    h = Harness(make_cluster(nodes=2, gpus=4, policy="easy"))
+    for op, r in ops:
+        st_ = h.state
+        pending = sorted(j for j in st_.pending)
+        running = sorted(st_.running)
+        if op in ("submit", "big"):
+            gpus = 4 if op == "big" else 1 + r % 4
+            h.submit(user=f"u{r % 3}", gpus_per_node=gpus, nodes=2 if op == "big" and r % 2 else 1,
+                     time_limit=60 * (1 + r % 10), hold=r % 7 == 0, begin=h.now + 30 if r % 11 == 0 else None)
+        elif op == "cycle":
+            h.cycle()
+        elif op == "advance":
+            h.advance(1 + r % 120)
+        elif op == "finish" and running:
+            h.finish(running[r % len(running)])
+        elif op == "cancel" and pending:
+            h.put(ev.JobCancelled(job_id=pending[r % len(pending)]), actor="root")
+        elif op in ("hold", "release") and pending:
+            jid = pending[r % len(pending)]
+            held = st_.jobs[jid].hold is not None
+            if op == "hold" and not held:
+                h.put(ev.JobHeld(job_id=jid, admin=False), actor="root")
+            elif op == "release" and held:
+                h.put(ev.JobReleased(job_id=jid), actor="root")
+        elif op == "drain":
+            node = f"gpu0{1 + r % 2}"
+            if not st_.nodes[node].drain:
+                h.put(ev.NodeDrained(node=node, reason="test", by="root"), actor="root")
+        elif op == "resume":
+            node = f"gpu0{1 + r % 2}"
+            if st_.nodes[node].drain:
+                h.put(ev.NodeResumed(node=node, by="root"), actor="root")
+    return h
+
+
+def why_by_code(log: list[ev.Envelope], job_id: int) -> list[tuple[str, int, int]]:
+    merged: list[list] = []
+    for iv in why(log, job_id).intervals:
+        if merged and merged[-1][0] == iv.reason:
+            merged[-1][2] = iv.end
+        else:
+            merged.append([iv.reason, iv.start, iv.end])
+    return [tuple(m) for m in merged]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(OPS)
+def test_history_equals_why_for_every_job(ops):
+    h = history(ops)
+    for jid in sorted(h.state.jobs):
+        spans = [(s.code, s.start, s.end) for s in spans_of(h.log, jid)]
+        assert spans == why_by_code(h.log, jid), (jid, h.state.jobs[jid].state)
+
+
+def test_a_job_that_waited_on_resources_then_priority_then_ran():
+    h = Harness(make_cluster(nodes=1, gpus=4, policy="easy"))
+    a = h.submit(user="ann", gpus_per_node=4, time_limit=100)
+    h.cycle()
+    b = h.submit(user="bob", gpus_per_node=4, time_limit=100)       # waits for A: no cycle recorded
+    h.advance(100)
+    h.finish(a)
+    h.cycle()
+    spans = list(spans_of(h.log, b))
+    assert [(s.code, s.start, s.end) for s in spans] == [("Resources", h.now - 100, h.now)]
+    assert h.state.jobs[b].state == RUNNING and h.state.jobs[a].state != PENDING
