@@ -150,7 +150,7 @@ def demo(
         with open(log, "wb") as fh:
             for env in h.log:
                 fh.write(encode_envelope(env) + b"\n")
-        typer.echo(f"\nthe demo's log: {log} ({len(h.log)} events); try: rota why 9 --log {log}")
+        typer.echo(f"\nthe demo's log: {log} ({len(h.log)} events); try: rota why 8 --log {log}")
 
 
 @app.command()

@@ -304,9 +304,9 @@ def why_text(rep: Any, users: dict[int, str]) -> list[str]:
                                             f"(sequence {a['seq']})."]))
     for _t0, _seq, lines in sorted(story, key=lambda x: (x[0], x[1])):
         out += lines
-    moved = [(t, s) for t, s in rep.estimates if s]
-    if len(moved) > 1:
-        out.append("  How its expected start moved: " + "; ".join(f"at {_t(t)}: {_t(s)}" for t, s in moved) + ".")
+    if len(rep.estimates) > 1:
+        out.append("  How its expected start moved: " + "; ".join(
+            f"at {_t(t)}: {_t(s) if s else 'none (no reservation could be placed)'}" for t, s in rep.estimates) + ".")
     if rep.start_time is not None:
         out.append(f"  It started at {_t(rep.start_time)} (sequence {rep.start_seq}).")
     if rep.from_snapshot:
@@ -329,11 +329,22 @@ def _interval_lines(iv: Any, rep: Any, users: dict[int, str]) -> list[str]:
         more = f" and {len(iv.ahead) - 8} more" if len(iv.ahead) > 8 else ""
         out.append(f"     It was number {iv.rank} in priority order (priority {iv.priority})"
                    + (f"; ahead of it, competing for the same nodes: {ahead}{more}." if ahead else "."))
-    if iv.blockers:
+    def held(jobs: list[int]) -> str:
         ends = [f"job {j} ({users.get(j, '?')})" + (f", which ended {_t(rep.blocker_ends[j])}"
-                                                     if j in rep.blocker_ends else "") for j in iv.blockers[:8]]
-        more = f" and {len(iv.blockers) - 8} more" if len(iv.blockers) > 8 else ""
-        out.append(f"     What it needs was held by {'; '.join(ends)}{more}.")
+                                                     if j in rep.blocker_ends else "") for j in jobs[:8]]
+        return "; ".join(ends) + (f" and {len(jobs) - 8} more" if len(jobs) > 8 else "")
+
+    decisive = [j for j in iv.decisive if j in iv.blockers]
+    others = [j for j in iv.blockers if j not in decisive]
+    if decisive and iv.expected_start:
+        due = "; ".join(f"job {j} ({users.get(j, '?')})" + (f", which in fact ended {_t(rep.blocker_ends[j])}"
+                                                            if j in rep.blocker_ends else "") for j in decisive)
+        out.append(f"     It waited for {due}: the expected start {_t(iv.expected_start)} is when "
+                   f"{'that job reaches its' if len(decisive) == 1 else 'those jobs reach their'} time limit.")
+        if others:
+            out.append(f"     Also on those nodes, ending sooner but not freeing enough on their own: {held(others)}.")
+    elif iv.blockers:
+        out.append(f"     What it needs was held by {held(iv.blockers)}.")
     if iv.detail:
         out.append(f"     In numbers: {iv.detail}.")
     if iv.expected_start:

@@ -70,7 +70,7 @@ class Reason:
     limit: int | None = None      # the bound it meets
     at: int | None = None         # a moment (BeginTime)
     needs: Amounts | None = None  # what it needs (per node)
-    free: Amounts | None = None   # what is free for it (the freest usable node; usable nodes)
+    free: Amounts | None = None   # what is free for it (the freest usable node, and how many nodes fit now)
     note: str = ""                # a fact without numbers (why Priority: a blocked partition, a test limit)
 
     @property
@@ -114,10 +114,13 @@ class Reason:
             return f"{self.asked} tasks running, array limit %{self.limit}"
         if self.needs is not None and self.free is not None:
             n, f = self.needs, self.free
-            need = f"{n.nodes} node(s) with {n.cpus} CPUs, {n.mem} MiB"
+            need = f"{n.cpus} CPUs, {n.mem} MiB"
             if n.gpus:
                 need += f", {n.gpus} GPU(s)" + (f" of type {n.gpu_type}" if n.gpu_type else "")
-            return (f"needs {need}; the freest usable node now has {f.cpus} CPUs, {f.mem} MiB, "
+            if n.nodes > 1:     # a multi-node job: how many nodes could hold a share, not the freest one
+                return (f"needs {n.nodes} nodes with {need} each; {f.nodes} of the {self.limit} usable nodes "
+                        "could hold that now")
+            return (f"needs 1 node with {need}; the freest usable node now has {f.cpus} CPUs, {f.mem} MiB, "
                     f"{f.gpus} GPU(s) free")
         return self.note
 

@@ -48,6 +48,7 @@ class Pending:
     evaluated: bool = True           # False when the cycle stopped before testing it
     blockers: tuple[int, ...] = ()   # jobs (running or reserved) holding what it needs
     ahead: tuple[int, ...] = ()      # higher-priority pending jobs competing for its nodes
+    decisive: tuple[int, ...] = ()   # of those, the ones whose end (by their limit) is its expected start
 
     @property
     def reason(self) -> str:
@@ -316,18 +317,27 @@ def _explain_pending(cy: Cycle, job: Job, parts: list[str], pend: Pending,
     pname = parts[0]
     req = cy.request(job, pname)
     tls, _ = cy.eligible(job.spec, pname)
-    best_free = max((tl.free_at(cy.now) for tl in tls), key=lambda f: (f[2], f[0], f[1]), default=(0, 0, 0))
+    now = cy.now
+    best_free = max((tl.free_at(now) for tl in tls), key=lambda f: (f[2], f[0], f[1]), default=(0, 0, 0))
+    fit = 0            # nodes that could hold one node's share now (after what higher-ranked jobs hold)
+    for tl in tls:
+        c, m, g = (tl.cap_c if req.whole_cpus else req.cpus, tl.cap_m if req.whole_mem else req.mem,
+                   tl.cap_g if req.whole_gpus else req.gpus)
+        fit += tl.fits_at(c, m, g, tl.gpu_array(req.gpu_type), 1, now)
     pend.why = replace(pend.why, needs=Amounts(req.nnodes, req.cpus, req.mem, req.gpus, req.gpu_type),
-                       free=Amounts(1, *best_free))
+                       free=Amounts(fit, *best_free), limit=len(tls))
     until = pend.start if pend.start is not None else INF
     blockers: list[int] = []
     ahead: list[int] = []
+    decisive: list[int] = []   # those whose end is its expected start: what it really waits for
     if resv is not None:   # only what stands on the nodes it is waiting for
         tls = [cy.timelines[n] for n in resv.nodes]
     for tl in tls:
         for (s, e, jid, kind) in tl.items or ():
-            if jid == job.job_id or s >= until or e <= cy.now:
+            if jid == job.job_id or s >= until or e <= now:
                 continue
+            if e == until and jid not in decisive:
+                decisive.append(jid)
             if kind == "resv":
                 if jid not in ahead:
                     ahead.append(jid)
@@ -335,3 +345,4 @@ def _explain_pending(cy: Cycle, job: Job, parts: list[str], pend: Pending,
                 blockers.append(jid)
     pend.blockers = tuple(sorted(blockers))
     pend.ahead = tuple(sorted(ahead))
+    pend.decisive = tuple(sorted(decisive))

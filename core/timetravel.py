@@ -46,6 +46,8 @@ class Interval:
     evaluated: bool
     cycles: int = 1                  # recorded cycles this interval spans
     derived: int = 0                 # evaluations between recorded cycles (at state changes) it spans
+    decisive: tuple[int, ...] = ()   # blockers whose end (by their limit) is the expected start (the latest)
+    at_cycle: bool = True            # its first evaluation was a recorded cycle (else a moment between)
 
     def key(self) -> tuple:
         return (self.reason, self.text, self.blockers, self.ahead, self.evaluated)
@@ -164,7 +166,7 @@ def cycle_sample(st: State, e: ev.JobsStarted, job_id: int) -> CycleSample | Non
     if p is None:
         return None
     iv = Interval(e.now, e.now, st.seq + 1, st.seq + 1, p.reason, p.display, p.detail, p.rank, p.priority,
-                  p.start, p.blockers, p.ahead, p.evaluated)
+                  p.start, p.blockers, p.ahead, p.evaluated, decisive=p.decisive)
     past: list[dict] = []
     res = d.reservations.get(job_id)
     if res is not None:
@@ -189,7 +191,7 @@ def evaluate(st: State, now: int, job_id: int) -> CycleSample | None:
     if p is None:
         return None
     iv = Interval(now, now, st.seq, st.seq, p.reason, p.display, p.detail, p.rank, p.priority, p.start,
-                  p.blockers, p.ahead, p.evaluated, cycles=0, derived=1)
+                  p.blockers, p.ahead, p.evaluated, cycles=0, derived=1, decisive=p.decisive, at_cycle=False)
     return CycleSample(iv, [])
 
 
@@ -354,7 +356,7 @@ def _merge(rep: WhyReport, sample: CycleSample | None) -> None:
     if last is not None and last.key() == iv.key():
         last.end, last.last_seq = iv.start, iv.first_seq
         last.cycles, last.derived = last.cycles + iv.cycles, last.derived + iv.derived
-        last.detail, last.expected_start = iv.detail, iv.expected_start
+        last.detail, last.expected_start, last.decisive = iv.detail, iv.expected_start, iv.decisive
     else:
         if last is not None:
             last.end = iv.start

@@ -81,3 +81,31 @@ def test_a_job_that_waited_on_resources_then_priority_then_ran():
     spans = list(spans_of(h.log, b))
     assert [(s.code, s.start, s.end) for s in spans] == [("Resources", h.now - 100, h.now)]
     assert h.state.jobs[b].state == RUNNING and h.state.jobs[a].state != PENDING
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(OPS)
+def test_every_interval_says_what_the_scheduler_decides_at_its_moment(ops):
+    """Each interval of `why` is the scheduler's own verdict at the moment it begins (reason, blockers,
+    what it waits for, expected start), re-derived here from the state replayed to that moment; and
+    the expected starts listed as they moved are those of the intervals."""
+    from rota.core.schedule import schedule
+    from rota.core.timetravel import replay_to
+
+    h = history(ops)
+    for jid in sorted(h.state.jobs):
+        rep = why(h.log, jid)
+        for iv in rep.intervals:
+            if iv.at_cycle:      # a recorded cycle: the state just before it, under its policy
+                env = next(e for e in h.log if e.seq == iv.first_seq)
+                st, policy = replay_to(h.log, at_seq=iv.first_seq - 1), env.event.policy
+            else:
+                st, policy = replay_to(h.log, at_seq=iv.first_seq), None
+            p = schedule(st, iv.start, policy, explain=True).pending[jid]
+            assert (p.reason, p.blockers, p.ahead) == (iv.reason, iv.blockers, iv.ahead)
+            assert set(p.decisive) <= set(p.blockers) | set(p.ahead)
+            assert p.start is None or p.start > iv.start
+            in_force = [s for t, s in rep.estimates if t <= iv.start]
+            assert (iv.start, p.start) in rep.estimates or (in_force and in_force[-1] == p.start)
+        starts = [s for _t, s in rep.estimates]
+        assert all(a != b for a, b in zip(starts, starts[1:]))       # listed as it moved, not repeated

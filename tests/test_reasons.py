@@ -141,9 +141,12 @@ def test_reasons_are_a_closed_ranked_set_with_sentences_and_numbers():
     down, limit = Reason("PartitionDown", about="a"), Reason("PartitionTimeLimit", about="b", asked=9000, limit=7200)
     assert most_severe([limit, down]) is down and most_severe([]) is None
     assert limit.numbers() == "time limit 9000s exceeds partition b MaxTime 7200s"
-    r = Reason("Resources", needs=Amounts(2, 8, 1000, 1, "a100"), free=Amounts(1, 4, 500, 0))
-    assert r.numbers() == ("needs 2 node(s) with 8 CPUs, 1000 MiB, 1 GPU(s) of type a100; the freest usable "
-                           "node now has 4 CPUs, 500 MiB, 0 GPU(s) free")
+    r = Reason("Resources", needs=Amounts(2, 8, 1000, 1, "a100"), free=Amounts(1, 4, 500, 0), limit=3)
+    assert r.numbers() == ("needs 2 nodes with 8 CPUs, 1000 MiB, 1 GPU(s) of type a100 each; 1 of the 3 usable "
+                           "nodes could hold that now")
+    r = Reason("Resources", needs=Amounts(1, 8, 1000, 1), free=Amounts(0, 4, 500, 0), limit=3)
+    assert r.numbers() == "needs 1 node with 8 CPUs, 1000 MiB, 1 GPU(s); the freest usable node now has 4 CPUs, " \
+                          "500 MiB, 0 GPU(s) free"
     assert Reason("ReqNodeNotAvail", text="ReqNodeNotAvail, UnavailableNodes:gpu04").display.endswith("gpu04")
 
 
