@@ -182,3 +182,25 @@ def test_why_and_verify_shared_out_among_processes_say_exactly_what_one_process_
         single = list(verify(envs))
         assert verify_all(envs, n=2) == single and len(single) == len(cycles)
     assert [seq for seq, d in verify_all(tampered, n=3) if d is not None][0] == log[victim].seq
+
+
+def test_the_demo_log_tells_the_story_the_demo_narrates():
+    from rota.cli.demo import T0, run_demo
+    from rota.core.liveness import late_starts
+
+    lines: list[str] = []
+    h = run_demo(lines.append)
+    drains = [(e.ts, type(e.event).__name__) for e in h.log if isinstance(e.event, (ev.NodeDrained, ev.NodeResumed))]
+    assert drains == [(T0 + 3600, "NodeDrained"), (T0 + 5 * 3600, "NodeResumed")]
+    assert any(line.strip().startswith("t+1:00  gpu04 drained") for line in lines)
+    assert any(line.strip().startswith("t+5:00  gpu04 resumed") for line in lines)
+    for job in h.state.jobs.values():
+        if job.end_time and job.start_time:
+            assert job.end_time - job.start_time <= job.time_limit, job.spec.name   # nobody outlives its limit
+    assert all(d is None for _s, d in verify(h.log)) and late_starts(h.log) == []
+    rep = why(h.log, 8)
+    spans = [(iv.reason, iv.start - T0, iv.end - T0) for iv in rep.intervals]
+    assert ("ReqNodeNotAvail", 3600, 5 * 3600) in spans
+    first = rep.intervals[0]
+    assert first.decisive == (1,) and first.expected_start == h.state.jobs[1].start_time + 4 * 3600
+    assert "1 of the 4 usable nodes could hold that now" in first.detail
