@@ -202,5 +202,5 @@ def test_the_demo_log_tells_the_story_the_demo_narrates():
     spans = [(iv.reason, iv.start - T0, iv.end - T0) for iv in rep.intervals]
     assert ("ReqNodeNotAvail", 3600, 5 * 3600) in spans
     first = rep.intervals[0]
-    assert first.decisive == (1,) and first.expected_start == h.state.jobs[1].start_time + 4 * 3600
+    assert first.decisive == (1,) and first.expected_start == T0 + 4 * 3600   # job 1 started at T0, limit 4 h
     assert "1 of the 4 usable nodes could hold that now" in first.detail
