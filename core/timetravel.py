@@ -90,64 +90,157 @@ def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None
     ``samples``: evaluations already made by :func:`cycle_samples` (keyed as it keys them), e.g. by
     another process over the same envelopes; the others are made here."""
     st = state if state is not None else State()
-    rep = WhyReport(job_id)
-    rep.from_snapshot = st.seq
-    versions: list[str] = []
+    story = _Story(job_id, st.seq)
+    exits: dict[int, list[int]] = {}
     first_seq = last_seq = 0
-    watching_nodes: set[str] = set()
-    blockers: set[int] = set()   # every job named as holding what it needed, in any interval
     moments = Moments(job_id)
     for env, after in moments.walk(envelopes, st, at_seq):
         if after is not None:        # a moment between recorded cycles, the state as it then was
             sample = samples[(env.seq, after)] if samples is not None and (env.seq, after) in samples \
                 else evaluate(st, after, job_id)
-            _merge(rep, sample)
-            if rep.intervals:
-                blockers.update(rep.intervals[-1].blockers)
+            story.sample(sample)
             continue
-        first_seq = first_seq or env.seq
-        last_seq = env.seq
+        first_seq, last_seq = first_seq or env.seq, env.seq
         e = env.event
-        job = st.jobs.get(job_id)
-        if job is not None and job.state == PENDING and isinstance(e, ev.JobsStarted):
-            sample = samples[(env.seq, None)] if samples is not None and (env.seq, None) in samples \
-                else cycle_sample(st, e, job_id)
-            _merge(rep, sample)
-            if rep.intervals:
-                blockers.update(rep.intervals[-1].blockers)
-        if isinstance(e, ev.ControllerStarted) and e.version not in versions:
-            versions.append(e.version)
-        if job is not None and job.state == PENDING:
-            _note_action(rep, env, e, job_id, watching_nodes)
+        if isinstance(e, ev.JobsStarted) and story.pending(st):
+            story.sample(samples[(env.seq, None)] if samples is not None and (env.seq, None) in samples
+                         else cycle_sample(st, e, job_id))
+        story.before(st, env)
         moments.apply(st, env)
-        if isinstance(e, ev.JobExited) and e.job_id in blockers and e.job_id not in rep.blocker_ends:
-            rep.blocker_ends[e.job_id] = env.ts
-        if isinstance(e, ev.JobSubmitted) and e.job_id == job_id:
-            j = st.jobs[job_id]
-            rep.name, rep.user, rep.partition = j.spec.name, j.spec.user, j.partition
-            rep.submit_time, rep.submit_seq = env.ts, env.seq
-            part = st.partition(j.partition)
-            watching_nodes = set(part.nodes) if part is not None else set()
+        if isinstance(e, ev.JobExited):
+            exits.setdefault(e.job_id, []).append(env.ts)
+        if story.after(st, env) and at_seq is None:
+            break   # nothing later changes its story
+    return story.report(st, (first_seq, last_seq), exits)
+
+
+_ACTIONS = (ev.JobHeld, ev.JobReleased, ev.JobUpdated, ev.NodeDrained, ev.NodeDown, ev.NodeResumed, ev.HealthFault,
+            ev.ClusterConfigured, ev.ControllerStarted)
+
+
+def why_all(envelopes: Iterable[ev.Envelope], job_ids: Iterable[int] | None = None) -> dict[int, WhyReport]:
+    """:func:`why` for many jobs (every job submitted in the log when ``job_ids`` is None) in one walk of
+    the whole log: the scheduler runs once per moment for all the jobs it concerns (explaining every
+    pending job) instead of once per job. Each report is the one :func:`why` gives."""
+    wanted = None if job_ids is None else set(job_ids)
+    st = State()
+    stories: dict[int, _Story] = {}
+    live: dict[int, _Story] = {}          # stories not over yet
+    ended_at: dict[int, int] = {}         # story -> the last sequence of its story
+    exits: dict[int, list[int]] = {}
+    moments = Moments(None)
+    for env, now in moments.walk(envelopes, st, None):
+        if now is not None or isinstance(env.event, ev.JobsStarted):
+            _sample_all(st, env, now, moments, [s for jid, s in live.items() if jid in st.pending])
+            if now is not None:
+                continue
+        e = env.event
+        if isinstance(e, _ACTIONS):
+            for story in live.values():
+                story.before(st, env)
+        ch = Changes()
+        moments.apply(st, env, ch)
+        if isinstance(e, ev.JobSubmitted) and (wanted is None or e.job_id in wanted) and e.job_id not in stories:
+            stories[e.job_id] = live[e.job_id] = _Story(e.job_id, 0)
+        if isinstance(e, ev.JobExited):
+            exits.setdefault(e.job_id, []).append(env.ts)
+        for jid in [jid for jid in ch.jobs if jid in live]:
+            if live[jid].after(st, env):
+                del live[jid]
+                ended_at[jid] = env.seq
+    last = st.seq
+    return {jid: story.report(st, (1, ended_at.get(jid, last)), exits) for jid, story in stories.items()}
+
+
+def _sample_all(st: State, env: ev.Envelope, now: int | None, moments: "Moments", waiting: list["_Story"]) -> None:
+    """One explain pass for every waiting story the moment concerns (a recorded cycle: all of them)."""
+    if not waiting:
+        return
+    e = env.event
+    if now is None:
+        assert isinstance(e, ev.JobsStarted)
+        d = schedule(st, e.now, e.policy, explain=True)
+        for story in waiting:
+            story.sample(_sample(d, st, e.now, story.job_id, e))
+        return
+    d = schedule(st, now, explain=True)
+    order = {jid: i for i, jid in enumerate(d.order)}
+    for story in waiting:
+        if moments.counts_for(story.job_id, order):
+            story.sample(_sample(d, st, now, story.job_id, None))
+
+
+class _Story:
+    """One job's :class:`WhyReport`, built while the log is walked: its samples merged into intervals,
+    and what happened around it (actions, its start or end)."""
+
+    def __init__(self, job_id: int, from_snapshot: int) -> None:
+        self.job_id = job_id
+        self.rep = WhyReport(job_id)
+        self.rep.from_snapshot = from_snapshot
+        self.versions: list[str] = []
+        self.watching: set[str] = set()     # its partition's nodes: their drains and resumes touch it
+        self.named: dict[int, int] = {}     # every job named as holding what it needed -> when first named
+        self.ended: int | None = None       # when it ended (its story ends there)
+
+    def pending(self, st: State) -> bool:
+        job = st.jobs.get(self.job_id)
+        return job is not None and job.state == PENDING
+
+    def sample(self, sample: "CycleSample | None") -> None:
+        rep = self.rep
+        _merge(rep, sample)
+        if sample is not None:
+            for b in sample.interval.blockers:
+                self.named.setdefault(b, sample.interval.start)
+
+    def before(self, st: State, env: ev.Envelope) -> None:
+        """Before ``env`` (an action, or a controller's start) is applied."""
+        e = env.event
+        if isinstance(e, ev.ControllerStarted) and e.version not in self.versions:
+            self.versions.append(e.version)
+        if self.pending(st):
+            _note_action(self.rep, env, e, self.job_id, self.watching)
+
+    def after(self, st: State, env: ev.Envelope) -> bool:
+        """After ``env`` (which touched the job) is applied; True once the job has ended."""
+        rep, e, job_id = self.rep, env.event, self.job_id
         job = st.jobs.get(job_id)
-        if job is not None and rep.start_time is None and job.state == RUNNING:
+        if job is None:
+            return False
+        if isinstance(e, ev.JobSubmitted) and e.job_id == job_id:
+            rep.name, rep.user, rep.partition = job.spec.name, job.spec.user, job.partition
+            rep.submit_time, rep.submit_seq = env.ts, env.seq
+            part = st.partition(job.partition)
+            self.watching = set(part.nodes) if part is not None else set()
+        if rep.start_time is None and job.state == RUNNING:
             rep.start_time, rep.start_seq = job.start_time, env.seq
             rep.nodes = tuple(a.node for a in job.alloc)
             rep.backfilled = job.backfilled
             rep.partition = job.partition
             if rep.intervals:
                 rep.intervals[-1].end = job.start_time
-        if job is not None and job.state in TERMINAL_STATES:
+        if job.state in TERMINAL_STATES:
             rep.end_state = job.state
-            if at_seq is None:
-                break   # nothing later changes its story
-    rep.found = rep.submit_seq > 0
-    rep.log_range = (first_seq, last_seq)
-    rep.config_seq = st.config_seq
-    rep.versions = tuple(versions)
-    rep.policy = st.config.scheduler.policy if st.config is not None else ""
-    if rep.intervals and rep.start_time is None:
-        rep.intervals[-1].end = st.now
-    return rep
+            self.ended = st.now
+            return True
+        return False
+
+    def report(self, st: State, log_range: tuple[int, int], exits: dict[int, list[int]]) -> WhyReport:
+        """The report, with each blocker's end: its first after it was named."""
+        rep = self.rep
+        for b, named in self.named.items():
+            end = next((t for t in exits.get(b, ()) if t >= named), None)
+            if end is not None:
+                rep.blocker_ends[b] = end
+        rep.found = rep.submit_seq > 0
+        rep.log_range = log_range
+        rep.config_seq = st.config_seq
+        rep.versions = tuple(self.versions)
+        rep.policy = st.config.scheduler.policy if st.config is not None else ""
+        if rep.intervals and rep.start_time is None:
+            rep.intervals[-1].end = self.ended if self.ended is not None else st.now
+        return rep
 
 
 @dataclass
@@ -161,38 +254,41 @@ class CycleSample:
 def cycle_sample(st: State, e: ev.JobsStarted, job_id: int) -> CycleSample | None:
     """Re-run the cycle ``e`` records, from ``st`` (the state just before it), focused on ``job_id``;
     None when the job starts in it (no wait to record, no reservation to place others around)."""
-    d = schedule(st, e.now, e.policy, explain=True, focus=job_id)
-    p = d.pending.get(job_id)
-    if p is None:
-        return None
-    iv = Interval(e.now, e.now, st.seq + 1, st.seq + 1, p.reason, p.display, p.detail, p.rank, p.priority,
-                  p.start, p.blockers, p.ahead, p.evaluated, decisive=p.decisive)
-    past: list[dict] = []
-    res = d.reservations.get(job_id)
-    if res is not None:
-        ranked_before, reserved = set(d.order), set(res.nodes)
-        for s in e.starts:
-            owner = s.array_job_id or s.job_id
-            # a backfilled job ranked below this one, on nodes of its reservation: placed around it
-            if s.backfilled and owner != job_id and owner not in ranked_before and \
-                    reserved.intersection(a.node for a in s.alloc):
-                past.append({"time": e.now, "seq": st.seq + 1, "job_id": s.job_id,
-                             "user": st.jobs[owner].spec.user, "ends_by": e.now + s.time_limit,
-                             "reserved_start": res.start})
-    return CycleSample(iv, past)
+    return _sample(schedule(st, e.now, e.policy, explain=True, focus=job_id), st, e.now, job_id, e)
 
 
 def evaluate(st: State, now: int, job_id: int) -> CycleSample | None:
     """The scheduler's view of ``job_id`` at ``now`` from ``st``, as a cycle then would have decided it
     (the configured policy; nothing was recorded: no cycle started anything); None if it would start."""
     policy = st.config.scheduler.policy if st.config is not None else None
-    d = schedule(st, now, policy, explain=True, focus=job_id)
+    return _sample(schedule(st, now, policy, explain=True, focus=job_id), st, now, job_id, None)
+
+
+def _sample(d: Any, st: State, now: int, job_id: int, e: ev.JobsStarted | None) -> CycleSample | None:
+    """What decision ``d`` (from ``st`` at ``now``; recorded as ``e``, or None between cycles) says of
+    ``job_id``; None when it starts the job."""
     p = d.pending.get(job_id)
     if p is None:
         return None
-    iv = Interval(now, now, st.seq, st.seq, p.reason, p.display, p.detail, p.rank, p.priority, p.start,
-                  p.blockers, p.ahead, p.evaluated, cycles=0, derived=1, decisive=p.decisive, at_cycle=False)
-    return CycleSample(iv, [])
+    if e is None:
+        iv = Interval(now, now, st.seq, st.seq, p.reason, p.display, p.detail, p.rank, p.priority, p.start,
+                      p.blockers, p.ahead, p.evaluated, cycles=0, derived=1, decisive=p.decisive, at_cycle=False)
+        return CycleSample(iv, [])
+    iv = Interval(now, now, st.seq + 1, st.seq + 1, p.reason, p.display, p.detail, p.rank, p.priority,
+                  p.start, p.blockers, p.ahead, p.evaluated, decisive=p.decisive)
+    past: list[dict] = []
+    res = d.reservations.get(job_id)
+    if res is not None:
+        ranked_before, reserved = set(d.order[:d.order.index(job_id)]), set(res.nodes)
+        for s in e.starts:
+            owner = s.array_job_id or s.job_id
+            # a backfilled job ranked below this one, on nodes of its reservation: placed around it
+            if s.backfilled and owner != job_id and owner not in ranked_before and \
+                    reserved.intersection(a.node for a in s.alloc):
+                past.append({"time": now, "seq": st.seq + 1, "job_id": s.job_id,
+                             "user": st.jobs[owner].spec.user, "ends_by": now + s.time_limit,
+                             "reserved_start": res.start})
+    return CycleSample(iv, past)
 
 
 class Moments:

@@ -317,7 +317,7 @@ def test_why_explains_a_wait_no_recorded_cycle_saw(up):
         time.sleep(0.2)
     r = run(up, "rota", "why", b)
     assert r.returncode == 0, r.stderr
-    assert "[Resources]" in r.stdout and f"held by job {a} (" in r.stdout and "which ended" in r.stdout, r.stdout
+    assert "[Resources]" in r.stdout and f"It waited for job {a} (root), which in fact ended" in r.stdout, r.stdout
     assert "no evaluation" not in r.stdout and "change of the state between cycles" in r.stdout
 
 
