@@ -15,6 +15,7 @@ events, as the controller keeps them; `why` and `replay --at` start from the nea
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
@@ -224,6 +225,38 @@ def run(jobs: int, runs: int, cache: str | None = None, cluster: bool = True) ->
     return figures
 
 
+def trace_figures(traces: str, runs: int) -> list[Figure]:
+    """`why` for every job of the whole KTH-SP2 trace that waited (the trace replayed into a log under
+    EASY, as the site ran it), in one walk (``why_all``): jobs/s, and each timeline checked against the log."""
+    import gzip
+    import os
+
+    from rota.core.timetravel import why_all
+    from rota.core.traces import read_swf, swf_cluster
+
+    path = os.path.join(traces, "KTH-SP2-1996-2.1-cln.swf.gz")
+    if not traces or not os.path.exists(path):
+        print(f"(no whole KTH-SP2 trace under --traces/ROTA_TRACES {traces!r}: trace-scale why skipped)")
+        return []
+    with gzip.open(path, "rt") as fh:
+        trace = read_swf(fh, source=path)
+    log = Simulator(swf_cluster(trace.max_procs), "easy", record_log=True).run(trace.jobs).log
+    times, reports = [], {}
+    for _ in range(runs):
+        t = time.perf_counter()
+        reports = why_all(log)
+        times.append(time.perf_counter() - t)
+    waited = [r for r in reports.values() if r.start_time is not None and r.start_time > r.submit_time]
+    gapless = sum(1 for r in waited if r.intervals and r.intervals[0].start == r.submit_time
+                  and r.intervals[-1].end == r.start_time
+                  and all(a.end == b.start for a, b in zip(r.intervals, r.intervals[1:])))
+    dt = statistics.median(times)
+    return [Figure(f"rota why for all {len(waited):,} jobs of KTH-SP2 that waited ({len(log):,}-event log, EASY)",
+                   len(waited) / dt, "jobs/s", "", None, "python -m rota.bench.timetravel_bench --traces DIR",
+                   f"{dt:.1f} s in one walk; {gapless:,} of {len(waited):,} timelines start at the submit, end at "
+                   "the start and have no gaps")]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=355_000)
@@ -231,8 +264,12 @@ def main() -> None:
     ap.add_argument("--no-cluster", action="store_true", help="skip the commands against a NATS-held log")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--traces", default=os.environ.get("ROTA_TRACES", ""),
+                    help="directory of the whole traces (default $ROTA_TRACES) for the trace-scale figure")
+    ap.add_argument("--only-traces", action="store_true", help="only the trace-scale figure")
     args = ap.parse_args()
-    figures = run(args.jobs, args.runs, args.cache, not args.no_cluster)
+    figures = [] if args.only_traces else run(args.jobs, args.runs, args.cache, not args.no_cluster)
+    figures += trace_figures(args.traces, args.runs)
     print_table(figures, "rota time-travel benchmark (medians)")
     write_json(figures, args.json)
 

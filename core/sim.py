@@ -88,8 +88,10 @@ class Simulator:
     def __init__(self, config: ev.ClusterConfig, policy: str | None = None, *,
                  record_log: bool = True, kill_at_limit: bool = True, start_time: int = 0,
                  sample_every: int = 0) -> None:
-        self.config = config
         self.policy = policy or config.scheduler.policy
+        if self.policy != config.scheduler.policy:   # the log's configuration says what the cycles ran under
+            config = config.model_copy(update={"scheduler": config.scheduler.model_copy(update={"policy": self.policy})})
+        self.config = config
         self.record_log = record_log
         self.kill_at_limit = kill_at_limit
         self.state = State()
