@@ -306,7 +306,8 @@ def why_text(rep: Any, users: dict[int, str]) -> list[str]:
         out += lines
     if len(rep.estimates) > 1:
         out.append("  How its expected start moved: " + "; ".join(
-            f"at {_t(t)}: {_t(s) if s else 'none (no reservation could be placed)'}" for t, s in rep.estimates) + ".")
+            f"at {_t(t)}: " + (f"{_t(s)}" + (" (estimate)" if est else " (reserved)") if s else "none")
+            for t, s, est in rep.estimates) + ".")
     if rep.start_time is not None:
         out.append(f"  It started at {_t(rep.start_time)} (sequence {rep.start_seq}).")
     if rep.from_snapshot:
@@ -347,7 +348,10 @@ def _interval_lines(iv: Any, rep: Any, users: dict[int, str]) -> list[str]:
         out.append(f"     What it needs was held by {held(iv.blockers)}.")
     if iv.detail:
         out.append(f"     In numbers: {iv.detail}.")
-    if iv.expected_start:
+    if iv.expected_start and iv.estimated:
+        out.append(f"     Estimated start then: {_t(iv.expected_start)} (an estimate, not a reservation: the plan with "
+                   "every waiting job placed in priority order where it fits, each running job using its whole limit).")
+    elif iv.expected_start:
         out.append(f"     Expected start then: {_t(iv.expected_start)} (a reservation was held for it).")
     seen = [f"{iv.cycles} recorded cycle{'s' if iv.cycles != 1 else ''}"] if iv.cycles else []
     if iv.derived:

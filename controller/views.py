@@ -50,6 +50,7 @@ class Views:
         self._view_cache: tuple[tuple, list[dict]] | None = None
         self._queue_cache: tuple[list[dict], bytes] | None = None
         self._squeue_cache: tuple[list[dict] | None, dict[bytes, tuple[int | None, bytes]]] = (None, {})
+        self._plan_cache: tuple[int, dict[int, int]] | None = None
         self._timetravel = asyncio.Semaphore(2)
         self._timetravel_users: set[int] = set()
 
@@ -84,6 +85,11 @@ class Views:
             view = [j for j in full if j["uid"] == caller.uid]
             clean["_uid"] = caller.uid
         now = int(self.c.now())
+        if clean.get("start"):   # jobs without a reservation: the plan's estimate, as Slurm's backfill plan gives one
+            estimates = self.start_estimates()
+            view = [j if j["expected_start"] or j["state"] != "PENDING" else
+                    {**j, "expected_start": estimates.get(j["array_job_id"] or j["job_id"])} for j in view]
+            clean["_seq"] = self.c.state.seq      # the plan may change where the queue's rows do not
         if self._squeue_cache[0] is not full:
             self._squeue_cache = (full, {})
         key = orjson.dumps(clean)
@@ -112,6 +118,17 @@ class Views:
         key = (c.state.seq, id(c.last_decision[1]) if c.last_decision else None)
         self._view_cache = (key, view)
         return view
+
+    def start_estimates(self) -> dict[int, int]:
+        """Each pending job's estimated start from the current plan (:func:`rota.core.schedule.plan`),
+        made once per state of the cluster; a start the plan puts now (the policy does not) is left out."""
+        from rota.core.schedule import plan
+
+        c = self.c
+        if self._plan_cache is None or self._plan_cache[0] != c.state.seq:
+            now = int(max(c.now(), c.state.now))
+            self._plan_cache = (c.state.seq, {j: t for j, t in plan(c.state, now).items() if t > now})
+        return self._plan_cache[1]
 
     def _decision(self) -> Any:
         """The last cycle's decision (reasons as slurmctld shows them); a fresh pass when jobs arrived since."""

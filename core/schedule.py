@@ -90,15 +90,15 @@ class Decision:
 
 
 def schedule(state: State, now: int, policy: str | None = None, explain: bool = False,
-             focus: int | None = None) -> Decision:
+             focus: int | None = None, window: int | None = None) -> Decision:
     """Decide which pending jobs start at ``now`` and when the others expect to start.
 
     ``focus`` (with ``explain``): only that job's situation is wanted (``rota why``): the walk stops
     after it (lower-priority jobs cannot change it) and only it is explained. The decision is then
-    partial: use it to explain, never to act."""
+    partial: use it to explain, never to act. ``window``: the backfill window instead of the configured one."""
     cfg = state.config
     pol = policy or (cfg.scheduler.policy if cfg is not None else "conservative")
-    policy_now = make_policy(pol, now, cfg.scheduler.bf_window if cfg is not None else 0)
+    policy_now = make_policy(pol, now, window if window is not None else cfg.scheduler.bf_window if cfg is not None else 0)
     decision = Decision(now=now, policy=pol, cycle=state.cycle + 1)
     if cfg is None or not state.pending:
         return decision
@@ -146,6 +146,21 @@ def _focus_key(cy: Cycle, decision: Decision, focus: int, default_parts: list[st
         decision.pending[focus] = Pending(why, start=why.at)
         return None
     return _rank_key(cy, job, parts)
+
+
+PLAN_WINDOW = 10 * 365 * 86400     # the plan looks this far ahead: in practice, without limit
+
+
+def plan(state: State, now: int, focus: int | None = None) -> dict[int, int]:
+    """An estimated start for each pending job (only ``focus`` and those ahead of it, when given) from the
+    current plan: every job placed in priority order at the earliest time it fits, as conservative
+    backfill places them, beyond any backfill window, assuming every running job uses its whole time
+    limit. Jobs held back before ranking (holds, dependencies...) have none."""
+    d = schedule(state, now, "conservative", focus=focus, window=PLAN_WINDOW)
+    out = {r.job_id: r.start for r in d.reservations.values()}
+    for s in d.starts:
+        out.setdefault(s.array_job_id or s.job_id, now)
+    return out
 
 
 def _rank_key(cy: Cycle, job: Job, parts: list[str]) -> tuple[int, int, int, int]:

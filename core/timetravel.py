@@ -12,7 +12,7 @@ from typing import Any, Iterable, Iterator
 from . import events as ev
 from .apply import apply
 from .changes import Changes
-from .schedule import outranked, schedule
+from .schedule import outranked, plan, schedule
 from .state import PENDING, RUNNING, TERMINAL_STATES, State
 
 
@@ -48,6 +48,7 @@ class Interval:
     derived: int = 0                 # evaluations between recorded cycles (at state changes) it spans
     decisive: tuple[int, ...] = ()   # blockers whose end (by their limit) is the expected start (the latest)
     at_cycle: bool = True            # its first evaluation was a recorded cycle (else a moment between)
+    estimated: bool = False          # expected_start is the plan's estimate (no reservation was held for it)
 
     def key(self) -> tuple:
         return (self.reason, self.text, self.blockers, self.ahead, self.evaluated)
@@ -67,7 +68,8 @@ class WhyReport:
     backfilled: bool = False
     end_state: str | None = None
     intervals: list[Interval] = field(default_factory=list)
-    estimates: list[tuple[int, int | None]] = field(default_factory=list)   # (time, expected start) when it moved
+    # (time, expected start, whether only estimated from the plan) each time it moved
+    estimates: list[tuple[int, int | None, bool]] = field(default_factory=list)
     backfilled_past: list[dict] = field(default_factory=list)    # jobs started around it, checked against it
     actions: list[dict] = field(default_factory=list)            # holds, releases, drains, updates that touched it
     blocker_ends: dict[int, int] = field(default_factory=dict)   # blocking job -> when it ended
@@ -160,14 +162,16 @@ def _sample_all(st: State, env: ev.Envelope, now: int | None, moments: "Moments"
     if now is None:
         assert isinstance(e, ev.JobsStarted)
         d = schedule(st, e.now, e.policy, explain=True)
+        planned = _Plan(st, e.now)
         for story in waiting:
-            story.sample(_sample(d, st, e.now, story.job_id, e))
+            story.sample(_sample(d, st, e.now, story.job_id, e, planned))
         return
     d = schedule(st, now, explain=True)
     order = {jid: i for i, jid in enumerate(d.order)}
+    planned = _Plan(st, now)
     for story in waiting:
         if moments.counts_for(story.job_id, order):
-            story.sample(_sample(d, st, now, story.job_id, None))
+            story.sample(_sample(d, st, now, story.job_id, None, planned))
 
 
 class _Story:
@@ -264,18 +268,41 @@ def evaluate(st: State, now: int, job_id: int) -> CycleSample | None:
     return _sample(schedule(st, now, policy, explain=True, focus=job_id), st, now, job_id, None)
 
 
-def _sample(d: Any, st: State, now: int, job_id: int, e: ev.JobsStarted | None) -> CycleSample | None:
+class _Plan:
+    """The plan's estimated starts at one moment, made once and only when a job without a reservation
+    asks (:func:`rota.core.schedule.plan`)."""
+
+    def __init__(self, st: State, now: int, focus: int | None = None) -> None:
+        self.st, self.now, self.focus = st, now, focus
+        self.starts: dict[int, int] | None = None
+
+    def of(self, job_id: int) -> int | None:
+        if self.starts is None:
+            self.starts = plan(self.st, self.now, self.focus)
+        return self.starts.get(job_id)
+
+
+def _sample(d: Any, st: State, now: int, job_id: int, e: ev.JobsStarted | None,
+            planned: _Plan | None = None) -> CycleSample | None:
     """What decision ``d`` (from ``st`` at ``now``; recorded as ``e``, or None between cycles) says of
-    ``job_id``; None when it starts the job."""
+    ``job_id``; None when it starts the job. A job waiting for resources or priority without a
+    reservation gets an estimated start from the plan (``planned``, else made for it)."""
     p = d.pending.get(job_id)
     if p is None:
         return None
+    start, estimated = p.start, False
+    if start is None and p.reason in ("Resources", "Priority"):
+        start = (planned or _Plan(st, now, job_id)).of(job_id)
+        if start is not None and start <= now:
+            start = None     # the plan would start it now where the policy does not: no honest estimate
+        estimated = start is not None
     if e is None:
-        iv = Interval(now, now, st.seq, st.seq, p.reason, p.display, p.detail, p.rank, p.priority, p.start,
-                      p.blockers, p.ahead, p.evaluated, cycles=0, derived=1, decisive=p.decisive, at_cycle=False)
+        iv = Interval(now, now, st.seq, st.seq, p.reason, p.display, p.detail, p.rank, p.priority, start,
+                      p.blockers, p.ahead, p.evaluated, cycles=0, derived=1, decisive=p.decisive, at_cycle=False,
+                      estimated=estimated)
         return CycleSample(iv, [])
     iv = Interval(now, now, st.seq + 1, st.seq + 1, p.reason, p.display, p.detail, p.rank, p.priority,
-                  p.start, p.blockers, p.ahead, p.evaluated, decisive=p.decisive)
+                  start, p.blockers, p.ahead, p.evaluated, decisive=p.decisive, estimated=estimated)
     past: list[dict] = []
     res = d.reservations.get(job_id)
     if res is not None:
@@ -453,12 +480,13 @@ def _merge(rep: WhyReport, sample: CycleSample | None) -> None:
         last.end, last.last_seq = iv.start, iv.first_seq
         last.cycles, last.derived = last.cycles + iv.cycles, last.derived + iv.derived
         last.detail, last.expected_start, last.decisive = iv.detail, iv.expected_start, iv.decisive
+        last.estimated = iv.estimated
     else:
         if last is not None:
             last.end = iv.start
         rep.intervals.append(replace(iv))   # merged into later: never the sample's own object
-    if not rep.estimates or rep.estimates[-1][1] != iv.expected_start:
-        rep.estimates.append((iv.start, iv.expected_start))
+    if not rep.estimates or rep.estimates[-1][1:] != (iv.expected_start, iv.estimated):
+        rep.estimates.append((iv.start, iv.expected_start, iv.estimated))
     rep.backfilled_past.extend(sample.backfilled_past)
 
 

@@ -237,3 +237,29 @@ async def test_a_snapshot_that_cannot_be_read_is_tried_again_then_reported_not_t
         assert await snapshots.latest(never) is None
     assert never.calls == snapshots.READ_ATTEMPTS
     assert "could not be read (TimeoutError: nats: timeout, 3 tries): replaying the log instead" in caplog.text
+
+
+async def test_squeue_start_gives_a_reservation_or_the_plans_estimate(js):
+    """Under EASY only the first waiting job holds a reservation; the others get an estimated start from
+    the plan (every job placed in priority order where it fits), not N/A."""
+    import orjson
+
+    from rota.core.auth import ROOT
+
+    c = Controller(await js(), config=make_cluster(nodes=1, gpus=4, policy="easy"), clock=Clock())
+    await c.start()
+    for name in ("running", "first", "second"):
+        r = await c.handle("submit", {"rid": name, "spec": spec(name=name, gpus_per_node=4, time_limit=600)})
+        assert r["ok"]
+    assert (await c.cycle()) is not None
+    reply = orjson.loads(c.views.squeue_reply({"start": True, "format": "%i %S"}, ROOT))
+    starts = dict(line.split() for line in reply["text"].splitlines()[1:])
+    t0 = 1_800_000_000
+    assert starts == {"2": _iso(t0 + 600), "3": _iso(t0 + 1200)}     # reserved; estimated behind it
+    assert c.views.start_estimates() == {2: t0 + 600, 3: t0 + 1200}   # the plan agrees with the reservation
+
+
+def _iso(t: int) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S")

@@ -37,7 +37,7 @@ def test_why_priority_then_resources_then_started():
     assert (first.end - first.start, second.end - second.start) == (600, 600)
     assert rep.start_time == rep.submit_time + 1200 and rep.nodes == ("gpu01",)
     assert rep.blocker_ends[ids["running"]] == rep.submit_time + 600
-    assert rep.estimates == [(rep.submit_time, rep.submit_time + 1200)]   # the estimate held
+    assert rep.estimates == [(rep.submit_time, rep.submit_time + 1200, False)]   # reserved, and it held
     assert rep.log_range == (1, len(h.log)) and rep.config_seq == 1
 
 
