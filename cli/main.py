@@ -556,7 +556,7 @@ def whatif(
     import json as _json
     from dataclasses import asdict
 
-    from rota.core.timetravel import whatif as compare
+    from rota.core.whatif import whatif as compare
 
     settings = {}
     for item in set_:
@@ -571,22 +571,10 @@ def whatif(
     if as_json:
         typer.echo(_json.dumps(asdict(res), indent=2))
         return
-    typer.echo(f"replayed {res.replayed} jobs (recorded submits and run times); under the recorded settings "
-               f"{res.baseline_matches_history} start exactly when they did")
-    skipped = ", ".join(f"{v} {k}" for k, v in res.skipped.items() if v)
-    if skipped:
-        typer.echo(f"not modelled: {skipped}")
-    typer.echo(f"{'figure':<22} {'recorded settings':>18} {'with ' + ' '.join(set_):>24}")
-    for k in ("avg_wait", "avg_bsld", "util", "gpu_util", "makespan", "backfilled"):
-        if k in res.baseline:
-            typer.echo(f"{k:<22} {res.baseline[k]:>18,.2f} {res.changed.get(k, 0):>24,.2f}")
-    ranked = sorted(res.per_job, key=lambda j: j["change"])
-    gains = [j for j in ranked if j["change"] < 0][:top]
-    losses = [j for j in reversed(ranked) if j["change"] > 0][:top]
-    for title, rows in (("waits less", gains), ("waits more", losses)):
-        if rows:
-            typer.echo(f"{title}: " + ", ".join(f"job {j['job_id']} ({j['user']}) {j['change']:+,d} s" for j in rows))
-    typer.echo("by user (mean change of wait): " + ", ".join(f"{u} {c:+,.0f} s" for u, c in res.by_user.items()))
+    from .timetravel import whatif_text
+
+    for line in whatif_text(res, set_, top):
+        typer.echo(line)
 
 
 @app.command()

@@ -1,4 +1,4 @@
-"""``rota why | replay | verify | whatif``: time travel over the log (a JSON-lines file or the cluster's)."""
+"""``rota why | replay | verify | whatif | history``: time travel over the log (a JSON-lines file or the cluster's)."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -387,4 +387,26 @@ def replay_views(envelopes: Iterable[ev.Envelope], at_seq: int | None, at_time: 
     for n in st.nodes.values():
         out.append(f"{n.name:<10} {n.display_state().lower():<10} {f'{n.alloc_cpus}/{n.cpus}':>10} "
                    f"{f'{n.gpu_count - n.free_gpus}/{n.gpu_count}':>10} {n.reason or ''}")
+    return out
+
+
+def whatif_text(res: Any, set_: list[str], top: int) -> list[str]:
+    """``rota whatif``: how close the baseline is, the figures side by side, who gains and who loses."""
+    inputs = ", ".join(f"{n} {kind}" for kind, n in res.inputs.items())
+    out = [f"replayed the log's inputs ({inputs}), re-deciding every start, with a cycle at each recorded cycle "
+           f"and {res.latency} s after every change (the cycle latency measured on the log)",
+           f"under the recorded settings {res.baseline_matches_history} of the {res.replayed} jobs that ran start "
+           f"exactly when they did (mean difference {res.baseline_error:.1f} s)"]
+    out.append(f"{'figure':<22} {'recorded settings':>18} {'with ' + ' '.join(set_):>24}")
+    for k in ("jobs", "avg_wait", "avg_bsld", "util", "gpu_util", "makespan", "backfilled"):
+        if k in res.baseline or k in res.changed:
+            out.append(f"{k:<22} {res.baseline.get(k, 0):>18,.2f} {res.changed.get(k, 0):>24,.2f}")
+    ranked = sorted(res.per_job, key=lambda j: j["change"])
+    gains = [j for j in ranked if j["change"] < 0][:top]
+    losses = [j for j in reversed(ranked) if j["change"] > 0][:top]
+    for title, rows in (("waits less", gains), ("waits more", losses)):
+        if rows:
+            out.append(f"{title}: " + ", ".join(f"job {j['job']} ({j['user']}) {j['change']:+,d} s" for j in rows))
+    if res.by_user:
+        out.append("by user (mean change of wait): " + ", ".join(f"{u} {c:+,.0f} s" for u, c in res.by_user.items()))
     return out

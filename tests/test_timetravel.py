@@ -6,7 +6,8 @@ import sys
 from rota.core import events as ev
 from rota.core.sim import Simulator, TraceJob
 from rota.core.testing import Harness, make_cluster
-from rota.core.timetravel import replay_to, verify, whatif, why
+from rota.core.timetravel import replay_to, verify, why
+from rota.core.whatif import whatif
 
 
 def blocked_then_started() -> tuple[Harness, dict[str, int]]:
@@ -204,3 +205,54 @@ def test_the_demo_log_tells_the_story_the_demo_narrates():
     first = rep.intervals[0]
     assert first.decisive == (1,) and first.expected_start == T0 + 4 * 3600   # job 1 started at T0, limit 4 h
     assert "1 of the 4 usable nodes could hold that now" in first.detail
+
+
+def eventful_history() -> Harness:
+    """A controller-like history (a cycle after every change) with what real clusters log besides submits:
+    an array with a throttle, a dependency, cancels of a pending and of a running job, a hold and its
+    release, a drain and a resume, a node failure."""
+    h = Harness(make_cluster(nodes=2, gpus=4, policy="easy"))
+
+    def then(event, actor="root"):
+        h.put(event, actor=actor)
+        h.cycle()
+
+    def at(seconds):
+        h.advance(seconds)
+        for jid in sorted(h.state.running):      # jobs end 100 s after they start, the long one at 900 s
+            job = h.state.jobs[jid]
+            if job.start_time + (900 if job.spec.name == "long" else 100) <= h.now:
+                h.finish(jid, elapsed=h.now - job.start_time)
+        h.cycle()
+
+    arr = h.submit(name="arr", gpus_per_node=1, array="0-5%2", time_limit=300)
+    first = h.submit(name="first", gpus_per_node=2, time_limit=300)
+    h.submit(name="after-first", gpus_per_node=2, time_limit=300, dependency=f"afterok:{first}")
+    long = h.submit(name="long", gpus_per_node=4, time_limit=1800)
+    doomed = h.submit(name="doomed", gpus_per_node=4, time_limit=300)
+    held = h.submit(name="held", gpus_per_node=1, time_limit=300, hold=True)
+    h.cycle()
+    at(50)
+    then(ev.JobCancelled(job_id=doomed, by_uid=0))
+    at(60)
+    then(ev.NodeDrained(node="gpu02", reason="fan", by="root"))
+    at(100)
+    then(ev.JobReleased(job_id=held))
+    at(100)
+    then(ev.NodeResumed(node="gpu02", by="root"))
+    then(ev.JobCancelled(job_id=long, by_uid=0))
+    for _ in range(10):
+        at(100)
+    assert not h.state.pending and not h.state.running and arr
+    return h
+
+
+def test_whatif_replays_cancels_drains_holds_arrays_and_dependencies_exactly():
+    h = eventful_history()
+    res = whatif(h.log, {})
+    assert res.inputs["job.cancelled"] == 2 and res.inputs["node.drained"] == 1 and res.inputs["job.released"] == 1
+    assert res.replayed == res.baseline_matches_history == 10   # 6 array tasks, first, after-first, long, held
+    assert res.baseline == res.changed and all(j["change"] == 0 for j in res.per_job)
+    assert {j["job"] for j in res.per_job} >= {"1_0", "1_5", "2", "3", "4", "6"}
+    fifo = whatif(h.log, {"policy": "conservative"})
+    assert fifo.replayed == 10 and fifo.changed["jobs"] == 10

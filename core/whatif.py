@@ -1,0 +1,269 @@
+"""What if the cluster had run under other settings (pure): replay a log's inputs, re-deciding every start.
+
+The inputs are everything the scheduler does not decide: submits, cancels, holds and releases, updates,
+requeues, node registrations, drains, resumes, failures and configuration changes, each at the time it
+was logged (a cancel of a job that has already ended changes nothing, as the reducer says), and each
+job's real run (its time from start to end on the log, so launch delays are in it, with how it ended,
+so dependencies resolve as they did). The scheduler's starts and the ends they cause are re-derived:
+a cycle runs at every recorded cycle's moment and after every change, delayed by the cycle latency
+measured on the log (its 90th percentile). Under the recorded settings this reproduces the history;
+how closely is reported.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from . import events as ev
+from .apply import apply
+from .schedule import schedule
+from .sim import JobOutcome, SimResult
+from .state import RUNNING, State
+
+Key = tuple[int, int | None]          # (job id, None) or (array id, task index)
+_DECIDED = (ev.JobsStarted, ev.JobExited)
+
+
+@dataclass
+class Run:
+    """One recorded run of a job: how long from start to end on the log, and how it ended."""
+
+    seconds: int
+    exited: ev.JobExited
+
+
+@dataclass
+class Recorded:
+    """A log's inputs: its first configuration, the events no scheduler decides, each job's runs, the
+    recorded (submit, start, end) of every job, the cycle moments and the measured cycle latency."""
+
+    config: ev.ClusterConfig
+    inputs: list[ev.Envelope]
+    runs: dict[Key, list[Run]]
+    outcomes: dict[Key, tuple[int, int, int]]
+    cycles: list[tuple[int, int]]                 # (moment, log sequence) of each recorded cycle
+    latency: int
+    counts: dict[str, int] = field(default_factory=dict)   # inputs by kind, for the report
+
+
+def key_of(job: Any) -> Key:
+    """A job's identity across replays: its id, or its array's id and task index (tasks get new ids)."""
+    if job.array_job_id is not None and job.array_task_id is not None and job.array_job_id != job.job_id:
+        return (job.array_job_id, job.array_task_id)
+    return (job.job_id, job.array_task_id if job.array_job_id == job.job_id else None)
+
+
+def key_text(key: Key) -> str:
+    return str(key[0]) if key[1] is None else f"{key[0]}_{key[1]}"
+
+
+def recorded_inputs(envelopes: Iterable[ev.Envelope]) -> Recorded:
+    """Split a log into inputs and decisions; measure each run and the cycle latency."""
+    st = State()
+    config: ev.ClusterConfig | None = None
+    inputs: list[ev.Envelope] = []
+    runs: dict[Key, list[Run]] = {}
+    outcomes: dict[Key, list[int]] = {}
+    cycles: list[tuple[int, int]] = []
+    delays: list[int] = []
+    last_input = None
+    counts: dict[str, int] = {}
+    for env in envelopes:
+        e = env.event
+        if isinstance(e, ev.ClusterConfigured) and config is None:
+            config = e.config
+        if isinstance(e, ev.JobsStarted):
+            cycles.append((e.now, env.seq))
+            if last_input is not None:
+                delays.append(max(0, e.now - last_input))
+        elif isinstance(e, ev.JobExited):
+            job = st.jobs.get(e.job_id)
+            if job is not None and job.state == RUNNING:
+                runs.setdefault(key_of(job), []).append(Run(max(0, env.ts - job.start_time), e))
+            last_input = env.ts      # a change a cycle follows, too
+        else:
+            inputs.append(env)
+            counts[e.type] = counts.get(e.type, 0) + 1
+            last_input = env.ts
+        apply(st, env)
+        if isinstance(e, ev.JobSubmitted):
+            outcomes[(e.job_id, None)] = [env.ts, -1, -1]
+        elif isinstance(e, (ev.JobsStarted, ev.JobExited)):
+            for job in _touched(st, e):
+                out = outcomes.setdefault(key_of(job), [job.submit_time, -1, -1])
+                if isinstance(e, ev.JobsStarted) and out[1] < 0:
+                    out[1] = job.start_time
+                if isinstance(e, ev.JobExited):
+                    out[2] = env.ts
+    if config is None:
+        raise ValueError("the log has no cluster configuration")
+    # most cycles come this soon after a change: later ones add starts the history made no sooner
+    latency = sorted(delays)[(len(delays) * 9) // 10] if delays else 0
+    return Recorded(config, inputs, runs, {k: (v[0], v[1], v[2]) for k, v in outcomes.items()}, cycles, latency,
+                    counts)
+
+
+def _touched(st: State, e: Any) -> list[Any]:
+    if isinstance(e, ev.JobsStarted):
+        return [st.jobs[s.job_id] for s in e.starts if s.job_id in st.jobs]
+    job = st.jobs.get(e.job_id)
+    return [job] if job is not None else []
+
+
+def apply_settings(config: ev.ClusterConfig, settings: dict[str, str]) -> ev.ClusterConfig:
+    """``scheduler.policy=easy``, ``scheduler.bf_window=3600``, ``priority.age=1000`` ... on a config."""
+    data = config.model_dump(mode="json")
+    for key, value in settings.items():
+        parts = key.split(".")
+        if len(parts) == 1:
+            parts = ["scheduler", parts[0]]
+        target = data
+        for p in parts[:-1]:
+            if not isinstance(target, dict) or p not in target:
+                raise ValueError(f"unknown setting {key!r}")
+            target = target[p]
+        if not isinstance(target, dict) or parts[-1] not in target:
+            raise ValueError(f"unknown setting {key!r}: {parts[-1]!r} is not a field of {'.'.join(parts[:-1])}")
+        old = target[parts[-1]]
+        target[parts[-1]] = int(value) if isinstance(old, int) and not isinstance(old, bool) and \
+            value.lstrip("-").isdecimal() else (value.lower() in ("1", "true", "yes") if isinstance(old, bool) else value)
+    return ev.ClusterConfig.model_validate(data)
+
+
+# heap items: (time, order, tiebreak, kind, payload); at one time: ends, then inputs and recorded cycles
+# in log order, then the cycles that follow changes
+_END, _LOGGED, _AFTER = 0, 1, 2
+
+
+def replay(rec: Recorded, settings: dict[str, str]) -> tuple[SimResult, dict[int, Key]]:
+    """Re-run the recorded inputs under ``settings`` (none: the recorded ones): each job's outcome, and
+    the identity (:func:`key_of`) of each job id that ran."""
+    st = State()
+    heap: list[tuple] = []
+    for env in rec.inputs:
+        heapq.heappush(heap, (env.ts, _LOGGED, env.seq, "input", env))
+    for now, seq in rec.cycles:
+        heapq.heappush(heap, (now, _LOGGED, seq, "cycle", None))
+    seq = 0
+    used: dict[Key, int] = {}
+    outcomes: dict[int, JobOutcome] = {}
+    trace_id: dict[Key, int] = {}
+    keys: dict[int, Key] = {}
+
+    def put(ts: int, event: Any) -> None:
+        nonlocal seq
+        seq += 1
+        apply(st, ev.Envelope(seq=seq, ts=ts, actor="whatif", idem=f"w{seq}", event=event))
+
+    pending_cycle_at: set[int] = set()
+    cycles = 0
+    while heap:
+        t, _order, tie, kind, payload = heapq.heappop(heap)
+        if kind == "input":
+            e = payload.event
+            if isinstance(e, ev.ClusterConfigured):
+                e = e.model_copy(update={"config": apply_settings(e.config, settings)})
+            put(t, e)
+            if isinstance(e, ev.JobCancelled):
+                _stop_cancelled(st, e, t, heap)
+        elif kind == "end":
+            job_id, restarts, exited = payload
+            job = st.jobs.get(job_id)
+            if job is None or job.state != RUNNING or job.restarts != restarts:
+                continue     # it already ended (cancelled, its node failed) or this run was requeued
+            put(t, exited.model_copy(update={"job_id": job_id, "elapsed": t - job.start_time}))
+            o = outcomes.get(job_id)
+            if o is not None:
+                o.end, o.state = t, exited.state
+        else:
+            pending_cycle_at.discard(t)
+            if not st.pending:
+                continue
+            cycles += 1
+            d = schedule(st, t)
+            event = d.event()
+            if event is None:
+                continue
+            put(t, event)
+            for s in event.starts:
+                job = st.jobs[s.job_id]
+                k = key_of(job)
+                keys[s.job_id] = k
+                runs = rec.runs.get(k, [])
+                n = used.get(k, 0)
+                used[k] = n + 1
+                if n < len(runs):
+                    run = runs[n]
+                else:    # it never ran (or ran fewer times) in the history: it holds its nodes its whole limit
+                    run = Run(s.time_limit or 0, ev.JobExited(job_id=s.job_id, state="TIMEOUT"))
+                heapq.heappush(heap, (t + run.seconds, _END, 0, "end", (s.job_id, job.restarts, run.exited)))
+                tid = trace_id.setdefault(k, len(trace_id) + 1)
+                outcomes[s.job_id] = JobOutcome(s.job_id, tid, job.submit_time, start=t, runtime=run.seconds,
+                                                cpus=sum(a.cpus for a in s.alloc),
+                                                gpus=sum(len(a.gpus) for a in s.alloc), state="RUNNING",
+                                                backfilled=s.backfilled)
+            continue
+        after = t + rec.latency
+        if after not in pending_cycle_at:
+            pending_cycle_at.add(after)
+            heapq.heappush(heap, (after, _AFTER, 0, "cycle", None))
+    cfg = st.config or rec.config
+    result = SimResult(cfg.scheduler.policy, sum(n.cpus for n in cfg.nodes), sum(n.gpu_count for n in cfg.nodes),
+                       outcomes, cycles, state=st)
+    return result, keys
+
+
+def _stop_cancelled(st: State, e: ev.JobCancelled, t: int, heap: list[tuple]) -> None:
+    """A cancel of running work: it ends now, as its agent reports once it has stopped it."""
+    targets = [e.job_id] if e.tasks is None else []
+    if e.tasks is not None:
+        wanted = set(e.tasks)
+        targets = [j for j in st.array_tasks.get(e.job_id, ()) if st.jobs[j].array_task_id in wanted]
+    elif e.job_id in st.array_tasks:
+        targets += list(st.array_tasks[e.job_id])
+    for jid in targets:
+        job = st.jobs.get(jid)
+        if job is not None and job.state == RUNNING:
+            heapq.heappush(heap, (t, _END, 0, "end", (jid, job.restarts, ev.JobExited(
+                job_id=jid, state="CANCELLED", signal=e.signal))))
+
+
+@dataclass
+class WhatIf:
+    baseline: dict[str, float]
+    changed: dict[str, float]
+    per_job: list[dict]                # job, user, wait before/after
+    by_user: dict[str, float]          # user -> mean change of wait (s): negative = gains
+    inputs: dict[str, int]             # the inputs replayed, by kind
+    baseline_matches_history: int      # jobs whose replayed start under the recorded settings is the recorded one
+    replayed: int                      # jobs that started in history
+    baseline_error: float              # mean |replayed start - recorded start| under the recorded settings (s)
+    latency: int                       # the cycle latency measured on the log and used (s)
+
+
+def whatif(envelopes: Iterable[ev.Envelope], settings: dict[str, str]) -> WhatIf:
+    """Replay the recorded inputs under the recorded settings (the baseline, checked against history) and
+    under the changed ones; compare per job and in aggregate."""
+    rec = recorded_inputs(envelopes)
+    apply_settings(rec.config, settings)          # a bad setting is refused before any replay
+    (base, base_keys), (after, after_keys) = replay(rec, {}), replay(rec, settings)
+    b = {base_keys[o.job_id]: o for o in base.outcomes.values()}
+    a = {after_keys[o.job_id]: o for o in after.outcomes.values()}
+    owner = {env.event.job_id: env.event.spec.user for env in rec.inputs if isinstance(env.event, ev.JobSubmitted)}
+    users = {k: owner.get(k[0], "") for k in b}
+    ran = {k: v for k, v in rec.outcomes.items() if v[1] >= 0}
+    same = sum(1 for k, v in ran.items() if k in b and b[k].start == v[1])
+    errors = [abs(b[k].start - v[1]) for k, v in ran.items() if k in b]
+    per_job: list[dict] = []
+    by_user: dict[str, list[int]] = {}
+    for k in sorted(b, key=lambda k: (k[0], -1 if k[1] is None else k[1])):
+        if k not in a:
+            continue
+        wb, wa = b[k].start - b[k].submit, a[k].start - a[k].submit
+        user = users.get(k, "")
+        per_job.append({"job": key_text(k), "user": user, "wait_before": wb, "wait_after": wa, "change": wa - wb})
+        by_user.setdefault(user, []).append(wa - wb)
+    return WhatIf(base.metrics(), after.metrics(), per_job, {u: sum(v) / len(v) for u, v in sorted(by_user.items())},
+                  dict(sorted(rec.counts.items())), same, len(ran),
+                  sum(errors) / len(errors) if errors else 0.0, rec.latency)
