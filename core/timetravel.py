@@ -93,7 +93,7 @@ def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None
     another process over the same envelopes; the others are made here."""
     st = state if state is not None else State()
     story = _Story(job_id, st.seq)
-    exits: dict[int, list[int]] = {}
+    exits: dict[int, list[tuple[int, int]]] = {}      # job -> (time, sequence) of each of its ends
     first_seq = last_seq = 0
     moments = Moments(job_id)
     for env, after in moments.walk(envelopes, st, at_seq):
@@ -110,7 +110,7 @@ def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None
         story.before(st, env)
         moments.apply(st, env)
         if isinstance(e, ev.JobExited):
-            exits.setdefault(e.job_id, []).append(env.ts)
+            exits.setdefault(e.job_id, []).append((env.ts, env.seq))
         if story.after(st, env) and at_seq is None:
             break   # nothing later changes its story
     return story.report(st, (first_seq, last_seq), exits)
@@ -129,7 +129,7 @@ def why_all(envelopes: Iterable[ev.Envelope], job_ids: Iterable[int] | None = No
     stories: dict[int, _Story] = {}
     live: dict[int, _Story] = {}          # stories not over yet
     ended_at: dict[int, int] = {}         # story -> the last sequence of its story
-    exits: dict[int, list[int]] = {}
+    exits: dict[int, list[tuple[int, int]]] = {}
     moments = Moments(None)
     for env, now in moments.walk(envelopes, st, None):
         if now is not None or isinstance(env.event, ev.JobsStarted):
@@ -145,7 +145,7 @@ def why_all(envelopes: Iterable[ev.Envelope], job_ids: Iterable[int] | None = No
         if isinstance(e, ev.JobSubmitted) and (wanted is None or e.job_id in wanted) and e.job_id not in stories:
             stories[e.job_id] = live[e.job_id] = _Story(e.job_id, 0)
         if isinstance(e, ev.JobExited):
-            exits.setdefault(e.job_id, []).append(env.ts)
+            exits.setdefault(e.job_id, []).append((env.ts, env.seq))
         for jid in [jid for jid in ch.jobs if jid in live]:
             if live[jid].after(st, env):
                 del live[jid]
@@ -230,11 +230,11 @@ class _Story:
             return True
         return False
 
-    def report(self, st: State, log_range: tuple[int, int], exits: dict[int, list[int]]) -> WhyReport:
-        """The report, with each blocker's end: its first after it was named."""
+    def report(self, st: State, log_range: tuple[int, int], exits: dict[int, list[tuple[int, int]]]) -> WhyReport:
+        """The report, with each blocker's end: its first after it was named, within the story."""
         rep = self.rep
         for b, named in self.named.items():
-            end = next((t for t in exits.get(b, ()) if t >= named), None)
+            end = next((t for t, seq in exits.get(b, ()) if t >= named and seq <= log_range[1]), None)
             if end is not None:
                 rep.blocker_ends[b] = end
         rep.found = rep.submit_seq > 0
