@@ -152,7 +152,9 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         if s is None:
             tls, _ = self.eligible(spec, part)
             seed = self.seeds.get(base_key)
-            if seed is None:
+            if seed is None and self.focus == job.job_id:
+                pass          # the focus job is the last search of this cycle: nothing to share
+            elif seed is None:
                 base = ShapeSearch(tls, req.cpus, req.mem, req.gpus, req.gpu_type, req.whole_cpus,
                                    req.whole_mem, req.whole_gpus, 1, req.nnodes, self.now, INF)
                 seed = self.seeds[base_key] = base.seed()

@@ -248,7 +248,8 @@ def _walk(cy: Cycle, decision: Decision, ready: list, policy: Policy) -> None:
                 resources_given.update(parts)
             pend = Pending(why, rank=rank, priority=prio)
             if policy.blocked(parts, best.start if best is not None else None) and best is not None:
-                pend.start = _reserve(decision, jid, task, best).start
+                # the focus job is the last walked: nothing is placed after it, its nodes need no booking
+                pend.start = _reserve(decision, jid, task, best, book=cy.focus != jid).start
             if cy.explain and cy.focus in (None, jid):
                 _explain_pending(cy, job, parts, pend, decision.reservations.get(jid))
             decision.pending[jid] = pend
@@ -286,14 +287,15 @@ def _earliest(cy: Cycle, job: Job, parts: list[str], policy: Policy) -> _Place |
     return best
 
 
-def _reserve(decision: Decision, job_id: int, task: int | None, place: _Place) -> Reservation:
-    """Hold ``place`` for the job: later jobs are placed around it."""
+def _reserve(decision: Decision, job_id: int, task: int | None, place: _Place, book: bool = True) -> Reservation:
+    """Hold ``place`` for the job: later jobs are placed around it (``book``: on its nodes' timelines)."""
     t, d, s = place.start, place.duration, place.search
     resv = Reservation(job_id, t, t + d, tuple(tl.name for tl in place.timelines), place.partition, task)
-    for tl in place.timelines:
-        c, m, g = s.request_on(tl)
-        tl.reserve(t, t + d, c, m, g, s.gtype, job_id, "resv")
-    s.placed(t)
+    if book:
+        for tl in place.timelines:
+            c, m, g = s.request_on(tl)
+            tl.reserve(t, t + d, c, m, g, s.gtype, job_id, "resv")
+        s.placed(t)
     decision.reservations[job_id] = resv
     return resv
 
