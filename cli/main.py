@@ -442,8 +442,7 @@ def why(
             for s in e.event.starts:
                 if s.array_job_id is not None:
                     users[s.job_id] = users.get(s.array_job_id, "?")
-    for line in why_text(rep, users):
-        typer.echo(line)
+    sys.stdout.write("".join(line + "\n" for line in why_text(rep, users)))   # one write: a long story
 
 
 @app.command()

@@ -95,7 +95,7 @@ def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None
     story = _Story(job_id, st.seq)
     exits: dict[int, list[tuple[int, int]]] = {}      # job -> (time, sequence) of each of its ends
     first_seq = last_seq = 0
-    moments = Moments(job_id)
+    moments = Moments(job_id, known=samples)
     for env, after in moments.walk(envelopes, st, at_seq):
         if after is not None:        # a moment between recorded cycles, the state as it then was
             sample = samples[(env.seq, after)] if samples is not None and (env.seq, after) in samples \
@@ -330,8 +330,9 @@ class Moments:
     they cannot change what the scheduler says of it.
     """
 
-    def __init__(self, job_id: int | None) -> None:
+    def __init__(self, job_id: int | None, known: dict | None = None) -> None:
         self.job_id = job_id                 # None: every pending job (what any cycle could start)
+        self.known = known                   # the moments already found (and evaluated) by an earlier walk
         self.changed = False                 # something that may change its evaluation
         self.submitted: list[int] = []       # jobs submitted since, still pending: matter if ranked above
         self.begins: list[tuple[int, int]] = []   # (begin time, job), every pending job's, when job_id is None
@@ -377,11 +378,18 @@ class Moments:
         self.changed, self.submitted = False, []
         if job is None or job.state != PENDING:
             return
-        if changed or (submitted and (self.job_id in submitted or outranked(st, prev.ts, self.job_id, submitted))):
+        if changed or (submitted and self._outranked(st, prev, submitted)):
             yield prev, prev.ts
         begin = job.spec.begin
         if begin is not None and prev.ts < begin and (next_ts is None or begin < next_ts):
             yield prev, begin
+
+    def _outranked(self, st: State, prev: ev.Envelope, submitted: list[int]) -> bool:
+        """Whether the jobs just submitted (or the job itself) make a moment for the job."""
+        if self.known is not None:   # an earlier walk of the same envelopes decided it: reuse its verdict
+            return (prev.seq, prev.ts) in self.known
+        assert self.job_id is not None
+        return self.job_id in submitted or outranked(st, prev.ts, self.job_id, submitted)
 
     def _between_all(self, prev: ev.Envelope, st: State, next_ts: int | None
                      ) -> Iterator[tuple[ev.Envelope, int | None]]:
