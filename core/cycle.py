@@ -2,7 +2,7 @@
 requests, searches and their caches, and the GPUs picked so far."""
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Iterable, NamedTuple
 
 from . import events as ev
 from .priority import PriorityContext
@@ -32,11 +32,27 @@ class FilterKey(NamedTuple):
     gpu_type: str | None
 
 
+class NodeBases:
+    """What each usable node's timeline is built from (its free amounts, its running jobs' releases and
+    items), kept between the cycles of a walk over a changing state (time travel), and dropped for the
+    nodes each change touches (:meth:`touched`): only changed nodes are read again."""
+
+    __slots__ = ("of",)
+
+    def __init__(self) -> None:
+        self.of: dict[str, tuple] = {}
+
+    def touched(self, names: Iterable[str]) -> None:
+        for name in names:
+            self.of.pop(name, None)
+
+
 class Cycle:
     """What one scheduling cycle knows and caches: the state, partitions, node timelines, requests,
 searches and verdicts (keys named by :class:`SearchKey`)."""
 
-    def __init__(self, state: State, now: int, policy: str, explain: bool, timelines: bool = True) -> None:
+    def __init__(self, state: State, now: int, policy: str, explain: bool, timelines: bool = True,
+                 bases: NodeBases | None = None) -> None:
         cfg = state.config
         assert cfg is not None
         self.state, self.now, self.policy, self.explain = state, now, policy, explain
@@ -52,7 +68,7 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
             self.part_shapes = {name: partition_shape(ns) for name, ns in self.part_nodes.items()}
         self.timelines: dict[str, Timeline] = {}
         if timelines:   # static reasons alone do not need them
-            self._build_timelines()
+            self._build_timelines(bases)
         self.filters: dict[FilterKey, tuple[list[Timeline], list[Node]]] = {}
         self.searches: dict[tuple[SearchKey, int, int], ShapeSearch] = {}   # (key, duration, horizon)
         self.seeds: dict[SearchKey, list[tuple]] = {}
@@ -63,44 +79,57 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         self.next_id = state.next_job_id
         self.prio_ctx = PriorityContext(cfg, sum(n.cpus for n in state.nodes.values()))
 
-    def _build_timelines(self) -> None:
-        now, jobs, explain = self.now, self.state.jobs, self.explain
+    def _build_timelines(self, bases: NodeBases | None) -> None:
+        now, explain = self.now, self.explain
+        kept = bases.of if bases is not None else None
         for node in self.state.nodes.values():
             if not node.usable:
                 continue
-            types = node.gpu_types
-            multi = bool(types) and types.count(types[0]) != len(types)
             name = node.name
-            releases: list[tuple[int, int, int, int, dict[str, int] | None]] = []
-            items: list[tuple[int, int, int, str]] | None = [] if explain else None
-            for jid in node.jobs:
-                job = jobs[jid]
-                limit = job.time_limit
-                if items is not None:
-                    end = job.start_time + limit if limit else INF
-                    items.append((job.start_time, end if end > now else now + 1, jid, "running"))
-                if job.state != RUNNING or not limit:
-                    continue   # unlimited jobs never give their resources back
-                for a in job.alloc:
-                    if a.node == name:
-                        by_type: dict[str, int] | None = None
-                        if multi:
-                            by_type = {}
-                            for gi in a.gpus:
-                                t = types[gi]
-                                by_type[t] = by_type.get(t, 0) + 1
-                        releases.append((job.start_time + limit, a.cpus, a.mem, len(a.gpus), by_type))
-                        break
-            free_by_type: dict[str, int] | None = None
-            if multi:
-                free_by_type = {}
-                for t, owner in zip(types, node.gpu_owner):
-                    free_by_type[t] = free_by_type.get(t, 0) + (owner == 0)
-            tl = Timeline(name, node.index, node.weight, node.cpus, node.memory, len(types),
-                          now, node.cpus - node.alloc_cpus, node.memory - node.alloc_mem,
-                          node.gpu_owner.count(0), free_by_type, releases)
-            tl.items = items
+            base = kept.get(name) if kept is not None else None
+            if base is None:
+                base = self._node_base(node)
+                if kept is not None:
+                    kept[name] = base
+            free_c, free_m, free_g, free_by_type, releases, items = base
+            tl = Timeline(name, node.index, node.weight, node.cpus, node.memory, len(node.gpu_types),
+                          now, free_c, free_m, free_g, free_by_type, list(releases))
+            if explain:
+                tl.items = [(s, e if e > now else now + 1, jid, "running") for s, e, jid in items]
             self.timelines[name] = tl
+
+    def _node_base(self, node: Node) -> tuple:
+        """(free CPUs, MiB, GPUs, free GPUs by type or None, releases by time, (start, end, job) items)."""
+        jobs = self.state.jobs
+        types = node.gpu_types
+        multi = bool(types) and types.count(types[0]) != len(types)
+        name = node.name
+        releases: list[tuple[int, int, int, int, dict[str, int] | None]] = []
+        items: list[tuple[int, int, int]] = []
+        for jid in node.jobs:
+            job = jobs[jid]
+            limit = job.time_limit
+            items.append((job.start_time, job.start_time + limit if limit else INF, jid))
+            if job.state != RUNNING or not limit:
+                continue   # unlimited jobs never give their resources back
+            for a in job.alloc:
+                if a.node == name:
+                    by_type: dict[str, int] | None = None
+                    if multi:
+                        by_type = {}
+                        for gi in a.gpus:
+                            t = types[gi]
+                            by_type[t] = by_type.get(t, 0) + 1
+                    releases.append((job.start_time + limit, a.cpus, a.mem, len(a.gpus), by_type))
+                    break
+        releases.sort(key=lambda r: r[0])
+        free_by_type: dict[str, int] | None = None
+        if multi:
+            free_by_type = {}
+            for t, owner in zip(types, node.gpu_owner):
+                free_by_type[t] = free_by_type.get(t, 0) + (owner == 0)
+        return (node.cpus - node.alloc_cpus, node.memory - node.alloc_mem, node.gpu_owner.count(0), free_by_type,
+                tuple(releases), tuple(items))
 
     # -- eligibility
 

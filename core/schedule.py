@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from . import events as ev
-from .cycle import Cycle
+from .cycle import Cycle, NodeBases
 from .policies import POLICIES, Policy, make_policy
 from .priority import job_priority
 from .profile import INF, UNLIMITED_DURATION, ShapeSearch, Timeline
@@ -90,19 +90,20 @@ class Decision:
 
 
 def schedule(state: State, now: int, policy: str | None = None, explain: bool = False,
-             focus: int | None = None, window: int | None = None) -> Decision:
+             focus: int | None = None, window: int | None = None, bases: NodeBases | None = None) -> Decision:
     """Decide which pending jobs start at ``now`` and when the others expect to start.
 
     ``focus`` (with ``explain``): only that job's situation is wanted (``rota why``): the walk stops
     after it (lower-priority jobs cannot change it) and only it is explained. The decision is then
-    partial: use it to explain, never to act. ``window``: the backfill window instead of the configured one."""
+    partial: use it to explain, never to act. ``window``: the backfill window instead of the configured one.
+    ``bases``: node timelines' inputs kept from earlier cycles of a walk (see :class:`NodeBases`)."""
     cfg = state.config
     pol = policy or (cfg.scheduler.policy if cfg is not None else "conservative")
     policy_now = make_policy(pol, now, window if window is not None else cfg.scheduler.bf_window if cfg is not None else 0)
     decision = Decision(now=now, policy=pol, cycle=state.cycle + 1)
     if cfg is None or not state.pending:
         return decision
-    cy = Cycle(state, now, pol, explain)
+    cy = Cycle(state, now, pol, explain, bases=bases)
     jobs = state.jobs
     default_part = cfg.default_partition()
     ready: list[tuple[tuple[int, int, int, int], Job, list[str]]] = []

@@ -12,6 +12,7 @@ from typing import Any, Iterable, Iterator
 from . import events as ev
 from .apply import apply
 from .changes import Changes
+from .cycle import NodeBases
 from .schedule import outranked, plan, schedule
 from .state import PENDING, RUNNING, TERMINAL_STATES, State
 
@@ -96,17 +97,18 @@ def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None
     exits: dict[int, list[tuple[int, int]]] = {}      # job -> (time, sequence) of each of its ends
     first_seq = last_seq = 0
     moments = Moments(job_id, known=samples)
+    bases = moments.bases
     for env, after in moments.walk(envelopes, st, at_seq):
         if after is not None:        # a moment between recorded cycles, the state as it then was
             sample = samples[(env.seq, after)] if samples is not None and (env.seq, after) in samples \
-                else evaluate(st, after, job_id)
+                else evaluate(st, after, job_id, bases)
             story.sample(sample)
             continue
         first_seq, last_seq = first_seq or env.seq, env.seq
         e = env.event
         if isinstance(e, ev.JobsStarted) and story.pending(st):
             story.sample(samples[(env.seq, None)] if samples is not None and (env.seq, None) in samples
-                         else cycle_sample(st, e, job_id))
+                         else cycle_sample(st, e, job_id, bases))
         story.before(st, env)
         moments.apply(st, env)
         if isinstance(e, ev.JobExited):
@@ -255,17 +257,18 @@ class CycleSample:
     backfilled_past: list[dict]
 
 
-def cycle_sample(st: State, e: ev.JobsStarted, job_id: int) -> CycleSample | None:
+def cycle_sample(st: State, e: ev.JobsStarted, job_id: int, bases: NodeBases | None = None) -> CycleSample | None:
     """Re-run the cycle ``e`` records, from ``st`` (the state just before it), focused on ``job_id``;
-    None when the job starts in it (no wait to record, no reservation to place others around)."""
-    return _sample(schedule(st, e.now, e.policy, explain=True, focus=job_id), st, e.now, job_id, e)
+    None when the job starts in it (no wait to record, no reservation to place others around).
+    ``bases``: the nodes' timeline inputs kept along the walk (:class:`Moments` keeps them current)."""
+    return _sample(schedule(st, e.now, e.policy, explain=True, focus=job_id, bases=bases), st, e.now, job_id, e)
 
 
-def evaluate(st: State, now: int, job_id: int) -> CycleSample | None:
+def evaluate(st: State, now: int, job_id: int, bases: NodeBases | None = None) -> CycleSample | None:
     """The scheduler's view of ``job_id`` at ``now`` from ``st``, as a cycle then would have decided it
     (the configured policy; nothing was recorded: no cycle started anything); None if it would start."""
     policy = st.config.scheduler.policy if st.config is not None else None
-    return _sample(schedule(st, now, policy, explain=True, focus=job_id), st, now, job_id, None)
+    return _sample(schedule(st, now, policy, explain=True, focus=job_id, bases=bases), st, now, job_id, None)
 
 
 class _Plan:
@@ -333,6 +336,7 @@ class Moments:
     def __init__(self, job_id: int | None, known: dict | None = None) -> None:
         self.job_id = job_id                 # None: every pending job (what any cycle could start)
         self.known = known                   # the moments already found (and evaluated) by an earlier walk
+        self.bases = NodeBases()             # node timelines' inputs, dropped for each node a change touches
         self.changed = False                 # something that may change its evaluation
         self.submitted: list[int] = []       # jobs submitted since, still pending: matter if ranked above
         self.begins: list[tuple[int, int]] = []   # (begin time, job), every pending job's, when job_id is None
@@ -429,10 +433,18 @@ class Moments:
     def apply(self, st: State, env: ev.Envelope, ch: Changes | None = None) -> None:
         """Apply ``env`` to ``st`` (noting into ``ch``, which may span many events), noting whether it
         changed anything a later moment must look at."""
-        ch = ch if ch is not None else Changes()
+        own = ch is None
+        ch = Changes() if ch is None else ch
         touches = ch.touches
         apply(st, env, ch)
         e = env.event
+        if own and ch.touches:
+            bases = self.bases
+            bases.touched(ch.nodes)
+            for before in ch.jobs.values():       # a running job's limit may change without touching its node
+                bases.touched(a.node for a in before.job.alloc)
+        elif not own:
+            self.bases.of.clear()                 # a batch-wide report cannot say what this event touched
         if isinstance(e, ev.JobsStarted):
             self.changed, self.submitted = False, []     # evaluated as recorded, just before it
             return
@@ -466,14 +478,14 @@ def cycle_samples(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | N
     for env, after in moments.walk(envelopes, st, at_seq):
         if after is not None:
             if pick is None or pick(k):
-                out[(env.seq, after)] = evaluate(st, after, job_id)
+                out[(env.seq, after)] = evaluate(st, after, job_id, moments.bases)
             k += 1
             continue
         e = env.event
         job = st.jobs.get(job_id)
         if job is not None and job.state == PENDING and isinstance(e, ev.JobsStarted):
             if pick is None or pick(k):
-                out[(env.seq, None)] = cycle_sample(st, e, job_id)
+                out[(env.seq, None)] = cycle_sample(st, e, job_id, moments.bases)
             k += 1
         moments.apply(st, env)
     return out
