@@ -143,12 +143,14 @@ class Projector:
         catch-up per ``min_interval``: a quiet log is projected at once, a busy one in batches (each
         catch-up costs a consumer and a connection, whatever it reads)."""
         loop = asyncio.get_running_loop()
-        lane = asyncio.create_task(self.reasons.follow(stop, poll)) if self.reasons is not None else None
+        lane: asyncio.Task | None = None
         try:
             while not stop.is_set():
                 started = loop.time()
                 try:
                     await self.catch_up()
+                    if lane is None and self.reasons is not None:   # the rows first: the history follows them
+                        lane = asyncio.create_task(self.reasons.follow(stop, poll))
                 except Exception as exc:  # noqa: BLE001 - the log is briefly unavailable: retry
                     log.warning("projection paused: %s", exc)
                 waiter = wakeup or stop
