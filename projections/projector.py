@@ -148,8 +148,9 @@ class Projector:
             while not stop.is_set():
                 started = loop.time()
                 try:
-                    await self.catch_up()
-                    if lane is None and self.reasons is not None:   # the rows first: the history follows them
+                    n = await self.catch_up()
+                    if lane is None and self.reasons is not None and n < 1000:
+                        # the rows first: the history follows once they have caught up with the log
                         lane = asyncio.create_task(self.reasons.follow(stop, poll))
                 except Exception as exc:  # noqa: BLE001 - the log is briefly unavailable: retry
                     log.warning("projection paused: %s", exc)
