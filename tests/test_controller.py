@@ -263,3 +263,33 @@ def _iso(t: int) -> str:
     import datetime as dt
 
     return dt.datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+async def test_verify_finds_a_start_the_controller_skipped(js):
+    """A controller with a bug (its cycles skip job 2 for two minutes) writes a log whose every recorded
+    cycle is still the scheduler's own decision; the liveness check of `verify` finds the skipped start."""
+    from rota.core.liveness import late_starts
+    from rota.core.timetravel import verify
+
+    class SkipsJob2(Controller):
+        async def cycle(self):
+            if 2 in self.state.pending and self.clock.t < 1_800_000_120:
+                return None
+            return await super().cycle()
+
+    lg = await js()
+    c = SkipsJob2(lg, config=make_cluster(nodes=1, gpus=4), clock=Clock())
+    await c.start()
+    assert (await c.handle("submit", {"rid": "a", "spec": spec(name="a", gpus_per_node=2)}))["ok"]
+    assert await c.cycle() is not None                       # job 1 starts
+    assert (await c.handle("submit", {"rid": "b", "spec": spec(name="b", gpus_per_node=2)}))["ok"]
+    for _ in range(3):                                       # cycles every 30 s: the bug skips job 2
+        c.clock.t += 30
+        assert await c.cycle() is None
+    c.clock.t += 30
+    assert (await c.cycle()) is not None                     # the bug's window is over: job 2 starts
+    log = [e async for e in lg.read(1)]
+    assert all(d is None for _s, d in verify(log))
+    (late,) = late_starts(log)
+    assert (late.job_id, late.could_start, late.waited_until, late.outcome) == (2, 1_800_000_000, 1_800_000_120,
+                                                                                "started")
