@@ -135,7 +135,8 @@ def _send(ns: "_Options", targets: list[tuple[int, list[int] | None]], sig: int,
             body["tasks"] = tasks
         # Slurm: --signal only signals the job (it is not cancelled unless the signal ends it)
         reply = request("signal" if ns.signal is not None else "cancel", body)
-        if not reply.get("ok") and reply.get("code") not in ("no_job",):
+        # Slurm 22.05 is silent (exit 0) for a job it no longer knows and for one that has already ended
+        if not reply.get("ok") and reply.get("code") not in ("no_job", "finished"):
             err.write(f"scancel: error: Kill job error on job id {jid}: {reply['error'][0]}\n")
             code = 1
     return code

@@ -94,16 +94,21 @@ class Node:
 
     def display_state(self) -> str:
         """Slurm-like state, e.g. IDLE, MIXED, ALLOCATED, DRAINING, DRAINED, DOWN."""
+        if self.drain and not self.down and not self.awaiting_agent:
+            return "DRAINING" if self.jobs else "DRAINED"
+        return self.base_state()
+
+    def base_state(self) -> str:
+        """Slurm's base state, without flags such as DRAIN: DOWN, UNKNOWN, IDLE, MIXED or ALLOCATED.
+        ALLOCATED means every CPU is allocated: a node whose GPUs are all taken but CPUs are not is MIXED,
+        as in Slurm."""
         if self.down:
             return "DOWN"
         if self.awaiting_agent:
             return "UNKNOWN"
-        if self.drain:
-            return "DRAINING" if self.jobs else "DRAINED"
         if not self.jobs:
             return "IDLE"
-        full = self.alloc_cpus >= self.cpus or (self.gpu_owner and 0 not in self.gpu_owner)
-        return "ALLOCATED" if full else "MIXED"
+        return "ALLOCATED" if self.alloc_cpus >= self.cpus else "MIXED"
 
 
 def node_from_config(cfg: NodeConfig, index: int, agents: bool = False) -> Node:

@@ -253,7 +253,7 @@ class Projector:
         return [(n.name, n.index, n.display_state(), n.reason, n.reason_by, n.reason_time, n.cpus, n.alloc_cpus,
                  n.memory, n.alloc_mem, n.gpu_count, n.gpu_count - n.free_gpus, gres.get(n.name, ""),
                  ",".join(n.features), ",".join(parts.get(n.name, [])), n.boot_time, ",".join(map(str, n.jobs)),
-                 _base_state(n), int(n.drain), int(n.not_responding), n.weight, n.last_busy)
+                 n.base_state(), int(n.drain), int(n.not_responding), n.weight, n.last_busy)
                 for n in self.state.nodes.values()]
 
     def _partition_rows(self) -> list[tuple]:
@@ -262,18 +262,6 @@ class Projector:
             return []
         return [(p.name, i, int(p.default), p.state, p.max_time, p.default_time, ",".join(p.nodes), p.priority_tier,
                  p.max_nodes) for i, p in enumerate(cfg.partitions)]
-
-
-def _base_state(n: Any) -> str:
-    """Slurm's base node state (flags such as DRAIN and NOT_RESPONDING are separate columns)."""
-    if n.down:
-        return "DOWN"
-    if n.awaiting_agent:
-        return "UNKNOWN"
-    if not n.jobs:
-        return "IDLE"
-    full = n.alloc_cpus >= n.cpus or (n.gpu_owner and 0 not in n.gpu_owner)
-    return "ALLOCATED" if full else "MIXED"
 
 
 def _batch_step(job: Job) -> tuple:

@@ -227,3 +227,15 @@ def test_min_job_age_zero_keeps_finished_jobs():
     h.advance(100_000)
     h.put(ev.NodeDrained(node="gpu02", reason="x", by="root"))
     assert h.state.jobs[jid].state == "COMPLETED" and not h.state.ended
+
+
+def test_a_node_with_all_its_gpus_taken_but_cpus_free_is_mixed_as_in_slurm():
+    h = Harness(make_cluster(nodes=1, gpus=8, cpus=64))
+    h.submit(gpus_per_node=8, cpus_per_task=4)
+    h.cycle()
+    node = h.state.nodes["gpu01"]
+    assert node.free_gpus == 0 and node.alloc_cpus < node.cpus
+    assert node.display_state() == node.base_state() == "MIXED"
+    h.submit(cpus_per_task=60, gpus_per_node=0)
+    h.cycle()
+    assert node.alloc_cpus == node.cpus and node.display_state() == "ALLOCATED"
