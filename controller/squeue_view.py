@@ -156,6 +156,17 @@ def order(job: dict) -> tuple:
 STATE_NAMES = {"PD": "PENDING", "R": "RUNNING", "CG": "COMPLETING", "S": "SUSPENDED", "CF": "CONFIGURING"}
 
 
+def requested_ids(text: str) -> set[int] | str:
+    """The job ids of ``squeue -j`` (an array task counts as its array), or the first item that is not one."""
+    ids = set()
+    for item in text.split(","):
+        base = item.split("_")[0]
+        if not base.isdecimal():
+            return item
+        ids.add(int(base))
+    return ids
+
+
 def answer(jobs: list[dict], request: dict, now: int) -> dict:
     """squeue's output for ``request`` (what the command line asked) over the queue view ``jobs``.
 
@@ -164,14 +175,12 @@ def answer(jobs: list[dict], request: dict, now: int) -> dict:
     """
     wanted_ids = request.get("jobs")
     if wanted_ids:
-        ids = set()
-        for item in wanted_ids.split(","):
-            base = item.split("_")[0]
-            if not base.isdecimal():
-                return {"ok": False, "error": [f"squeue: error: Invalid job id: {item}"], "code": "invalid"}
-            ids.add(int(base))
+        ids = requested_ids(wanted_ids)
+        if isinstance(ids, str):
+            return {"ok": False, "error": [f"squeue: error: Invalid job id: {ids}"], "code": "invalid"}
         jobs = [j for j in jobs if j["job_id"] in ids or j["array_job_id"] in ids]
-        if not jobs and len(ids) == 1:
+        # a job that has just ended (the controller still holds it) gets the header alone, as in Slurm
+        if not jobs and len(ids) == 1 and not set(request.get("_ended") or ()) & ids:
             return {"ok": False, "error": ["slurm_load_jobs error: Invalid job id specified"], "code": "no_job"}
     if request.get("users"):
         users = set(request["users"].split(","))

@@ -16,6 +16,7 @@ from rota.core import commands, events as ev
 from rota.core.apply import apply
 from rota.core.auth import Caller
 from rota.core.schedule import schedule
+from rota.core.state import TERMINAL_STATES
 
 log = logging.getLogger("rota.controller.views")
 
@@ -75,7 +76,7 @@ class Views:
         more often than the queue changes) and, for output with running jobs' times, the same second."""
         import orjson
 
-        from .squeue_view import answer
+        from .squeue_view import answer, requested_ids
 
         clean = {k: v for k, v in sorted(request.items()) if v not in (None, False)}
         full = view = self.queue_view()
@@ -85,6 +86,13 @@ class Views:
             view = [j for j in full if j["uid"] == caller.uid]
             clean["_uid"] = caller.uid
         now = int(self.c.now())
+        if clean.get("jobs"):       # which of the jobs asked for have ended but are still held (a header, no error)
+            ids = requested_ids(clean["jobs"])
+            jobs = self.c.state.jobs
+            if isinstance(ids, set):
+                mine_only = private_jobs(self.c.state, caller)
+                clean["_ended"] = sorted(i for i in ids if i in jobs and jobs[i].state in TERMINAL_STATES
+                                         and (not mine_only or jobs[i].spec.uid == caller.uid))
         if clean.get("start"):   # jobs without a reservation: the plan's estimate, as Slurm's backfill plan gives one
             estimates = self.start_estimates()
             view = [j if j["expected_start"] or j["state"] != "PENDING" else

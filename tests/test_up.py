@@ -449,3 +449,8 @@ def test_whatif_on_a_real_clusters_log_reproduces_its_history(up):
     assert "avg_wait" in r.stdout and "start exactly when they did" in r.stdout, r.stdout
     r = run(up, "scancel", ids[0])       # already ended: Slurm 22.05 says nothing and exits 0
     assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+    r = run(up, "squeue", "-j", ids[0])  # just ended: the header alone, exit 0
+    assert r.returncode == 0 and r.stdout.split() == ["JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "NODES",
+                                                      "NODELIST(REASON)"], r.stdout + r.stderr
+    r = run(up, "squeue", "-j", "999999")
+    assert r.returncode == 1 and "Invalid job id specified" in r.stderr
