@@ -15,7 +15,7 @@ from typing import Any
 from rota.core import commands, events as ev
 from rota.core.apply import apply
 from rota.core.auth import Caller
-from rota.core.schedule import schedule
+from rota.core.schedule import priority_of, schedule
 from rota.core.state import TERMINAL_STATES
 
 log = logging.getLogger("rota.controller.views")
@@ -187,7 +187,8 @@ class Views:
             "job_id": job.job_id, "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
             "spec": job.spec.model_dump(mode="json", exclude={"script", "env"}), "state": job.state,
             "reason": p.reason if p is not None else None, "expected_start": p.start if p is not None else None,
-            "priority": p.priority if p is not None else 0, "hold": job.hold, "partition": job.partition,
+            "priority": (p.priority or priority_of(state, int(max(self.c.now(), state.now)), job_id)) if p is not None
+            else 0, "hold": job.hold, "partition": job.partition,
             "submit_time": job.submit_time, "eligible_time": job.eligible_time, "start_time": job.start_time,
             "end_time": job.end_time, "time_limit": job.time_limit, "exit_code": job.exit_code, "signal": job.signal,
             "restarts": job.restarts, "nodes": [a.node for a in job.alloc], "alloc_cpus": sum(a.cpus for a in job.alloc),

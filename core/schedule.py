@@ -190,6 +190,21 @@ def ranking(state: State, now: int) -> dict[int, int]:
     return {jid: i for i, (_key, jid) in enumerate(keyed)}
 
 
+def priority_of(state: State, now: int, job_id: int) -> int:
+    """A pending job's priority at ``now`` as a cycle computes it, even while a dependency or a begin time
+    keeps it out of the ranking (0 while it is held, as Slurm shows a held job)."""
+    cfg = state.config
+    job = state.jobs.get(job_id)
+    if cfg is None or job is None:
+        return 0
+    default = cfg.default_partition()
+    parts = list(job.spec.partitions) if job.spec.partitions else ([default.name] if default else [])
+    cy = Cycle(state, now, cfg.scheduler.policy, False, timelines=False)
+    if not parts or parts[0] not in cy.parts:
+        return 0
+    return -_rank_key(cy, job, parts)[1]
+
+
 def outranked(state: State, now: int, job_id: int, others: list[int]) -> bool:
     """Whether any of the pending jobs ``others`` would be walked before pending job ``job_id`` at
     ``now`` (or whether ``job_id`` is held back before ranking, and so cannot be compared)."""

@@ -293,3 +293,17 @@ async def test_verify_finds_a_start_the_controller_skipped(js):
     (late,) = late_starts(log)
     assert (late.job_id, late.could_start, late.waited_until, late.outcome) == (2, 1_800_000_000, 1_800_000_120,
                                                                                 "started")
+
+
+async def test_scontrol_show_job_gives_a_waiting_jobs_real_priority_and_0_only_when_held(js):
+    from rota.core.auth import ROOT
+
+    c = Controller(await js(), config=CFG, clock=Clock())
+    await c.start()
+    await c.handle("submit", {"rid": "a", "spec": spec(name="a", gpus_per_node=1)})
+    await c.cycle()
+    await c.handle("submit", {"rid": "b", "spec": spec(name="b", dependency="afterok:1")})
+    await c.handle("submit", {"rid": "c", "spec": spec(name="c", hold=True)})
+    waiting, held = c.views.job(2, ROOT), c.views.job(3, ROOT)
+    assert waiting["reason"] == "Dependency" and waiting["priority"] > 0
+    assert held["reason"] == "JobHeldUser" and held["priority"] == 0
