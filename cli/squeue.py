@@ -15,15 +15,15 @@ OPTIONS = table(
     ("", "help", NO, "help"), ("", "hide", NO, "~hide"), ("i", "iterate", REQUIRED, "!iterate"),
     ("j", "jobs", OPTIONAL, "jobs"), ("", "local", NO, "local"), ("l", "long", NO, "long"),
     ("L", "licenses", REQUIRED, "!licenses"), ("M", "clusters", REQUIRED, "!clusters"), ("", "me", NO, "me"),
-    ("n", "name", REQUIRED, "!name"), ("", "noconvert", NO, "noconvert"), ("w", "nodelist", REQUIRED, "!nodelist"),
+    ("n", "name", REQUIRED, "names"), ("", "noconvert", NO, "noconvert"), ("w", "nodelist", REQUIRED, "nodelist"),
     ("o", "format", REQUIRED, "format"), ("O", "Format", REQUIRED, "Format"), ("p", "partition", REQUIRED, "partitions"),
     ("P", "priority", NO, "!priority"), ("q", "qos", REQUIRED, "!qos"), ("R", "reservation", REQUIRED, "!reservation"),
     ("", "sibling", NO, "~sibling"), ("S", "sort", REQUIRED, "!sort"), ("", "start", NO, "start"),
     ("t", "states", REQUIRED, "states"), ("s", "steps", OPTIONAL, "!steps"), ("u", "user", REQUIRED, "users"),
     ("", "usage", NO, "help"), ("v", "verbose", NO, "verbose"), ("V", "version", NO, "version"),
     ("", "json", NO, "!json"), ("", "yaml", NO, "!yaml"))
-USAGE = ("Usage: squeue [-j jobs] [-u users|--me] [-p partitions] [-t states] [-o format|-O fields] [-l] [-h]\n"
-         "              [--start]\n")
+USAGE = ("Usage: squeue [-j jobs] [-u users|--me] [-p partitions] [-t states] [-n names] [-w nodes]\n"
+         "              [-o format|-O fields] [-l] [-h] [--start]\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     if o.get("jobs") is True:
         o.pop("jobs")
     request = {k: v for k, v in o.items() if k in ("jobs", "users", "partitions", "states", "format", "Format",
-                                                   "noheader", "long", "start", "me")}
+                                                   "noheader", "long", "start", "me", "names", "nodelist")}
     from .client import NoCluster, request as send
 
     try:

@@ -102,6 +102,8 @@ class Squeue(Request):
     long: bool = False
     start: bool = False
     me: bool = False                 # the caller's own jobs (its uid, from the credential)
+    names: Filter | None = None      # -n: job names
+    nodelist: Filter | None = None   # -w: jobs running on any of these nodes (a hostlist)
 
 
 class Accounting(Request):

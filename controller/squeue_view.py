@@ -182,6 +182,18 @@ def answer(jobs: list[dict], request: dict, now: int) -> dict:
         # a job that has just ended (the controller still holds it) gets the header alone, as in Slurm
         if not jobs and len(ids) == 1 and not set(request.get("_ended") or ()) & ids:
             return {"ok": False, "error": ["slurm_load_jobs error: Invalid job id specified"], "code": "no_job"}
+    if request.get("names"):
+        names = set(request["names"].split(","))
+        jobs = [j for j in jobs if j["name"] in names]
+    if request.get("nodelist"):
+        from rota.core.hostlist import expand
+
+        try:
+            wanted_nodes = set(expand(request["nodelist"]))
+        except ValueError as exc:
+            return {"ok": False, "error": [f"squeue: error: Invalid node name {request['nodelist']}: {exc}"],
+                    "code": "invalid"}
+        jobs = [j for j in jobs if wanted_nodes.intersection(j["nodes"])]
     if request.get("users"):
         users = set(request["users"].split(","))
         jobs = [j for j in jobs if j["user"] in users or str(j.get("uid")) in users]

@@ -365,6 +365,12 @@ def test_squeue_start_and_named_format(up):
     assert f"{hog:<8}   RUNNING" in r.stdout
     r = run(up, "squeue", "-O", "Nonsense")
     assert r.returncode == 1 and r.stderr == "squeue: error: Invalid job format specification: Nonsense\n"
+    assert run(up, "squeue", "-h", "-o", "%i", "-w", "gpu[01-02]").stdout.split() == [hog]   # -w: on these nodes
+    assert run(up, "squeue", "-h", "-o", "%i", "-w", "gpu03").stdout == ""
+    assert sorted(run(up, "squeue", "-h", "-o", "%i", "-n", "wrap,other").stdout.split()) == sorted([hog, wait])   # -n
+    assert run(up, "squeue", "-h", "-n", "nothing").stdout == ""
+    r = run(up, "squeue", "-w", "gpu[0")
+    assert r.returncode == 1 and "Invalid node name" in r.stderr and "Traceback" not in r.stderr
     run(up, "scancel", hog)
 
 
