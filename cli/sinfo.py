@@ -18,6 +18,7 @@ DEFAULT = "%#P %.5a %.10l %.6D %.6t %N"
 NODE_DEFAULT = "%#N %.6D %#P %6t"
 REASONS = "%20E %9u %19H %N"
 LONG = "%#P %.5a %.10l %.10s %.4r %.8h %.10g %.6D %.11T %N"
+SUMMARIZE = "%9P %.5a %.10l %.16F  %N"
 NODE_LONG = "%#N %.6D %#P %11T %.4c %.8z %.6m %.8d %.6w %.8f %20E"
 
 # Slurm orders groups by state value, flags included (DRAIN 0x200, NOT_RESPONDING 0x800), highest first.
@@ -28,7 +29,7 @@ HEADERS = {"P": "PARTITION", "a": "AVAIL", "l": "TIMELIMIT", "D": "NODES", "t": 
            "N": "NODELIST", "E": "REASON", "u": "USER", "H": "TIMESTAMP", "G": "GRES", "c": "CPUS",
            "m": "MEMORY", "f": "AVAIL_FEATURES", "z": "S:C:T", "d": "TMP_DISK", "w": "WEIGHT", "s": "JOB_SIZE",
            "r": "ROOT", "h": "OVERSUBSCRIBE", "g": "GROUPS", "C": "CPUS(A/I/O/T)", "O": "CPU_LOAD", "n": "HOSTNAMES",
-           "e": "FREE_MEM", "R": "PARTITION"}
+           "e": "FREE_MEM", "R": "PARTITION", "F": "NODES(A/I/O/T)"}
 _SPEC = re.compile(r"%(#?)(\.?)(\d*)([A-Za-z])")
 
 
@@ -88,6 +89,10 @@ def field(code: str, part: queries.Row | None, nodes: list[queries.Row], node_or
         return n["gres"] or "(null)"
     if code == "c":
         return str(n["cpus"])
+    if code == "F":      # nodes allocated (or mixed) / idle / other (down, drained, unknown) / total
+        alloc = sum(1 for x in nodes if x["base"] in ("ALLOCATED", "MIXED"))
+        idle = sum(1 for x in nodes if x["base"] == "IDLE" and not x["drain"])
+        return f"{alloc}/{idle}/{len(nodes) - alloc - idle}/{len(nodes)}"
     if code == "C":
         alloc = sum(x["alloc_cpus"] for x in nodes)
         total = sum(x["cpus"] for x in nodes)
@@ -176,7 +181,7 @@ OPTIONS = table(
     ("n", "nodes", REQUIRED, "nodes"), ("", "noconvert", NO, "noconvert"), ("N", "Node", NO, "Node"),
     ("o", "format", REQUIRED, "format"), ("O", "Format", REQUIRED, "!Format"), ("p", "partition", REQUIRED, "partition"),
     ("r", "responding", NO, "!responding"), ("R", "list-reasons", NO, "list_reasons"),
-    ("s", "summarize", NO, "!summarize"), ("S", "sort", REQUIRED, "!sort"), ("t", "states", REQUIRED, "states"),
+    ("s", "summarize", NO, "summarize"), ("S", "sort", REQUIRED, "!sort"), ("t", "states", REQUIRED, "states"),
     ("T", "reservation", NO, "!reservation"), ("", "usage", NO, "help"), ("v", "verbose", NO, "verbose"),
     ("V", "version", NO, "version"), ("", "yaml", NO, "!yaml"))
 
@@ -200,7 +205,7 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
         return 1
     ns = _Options(values)
     if ns.help:
-        out.write("Usage: sinfo [-N] [-l] [-R] [-o format] [-h] [-p partition] [-n nodes] [-t states]\n")
+        out.write("Usage: sinfo [-N] [-l] [-s] [-R] [-o format] [-h] [-p partition] [-n nodes] [-t states]\n")
         return 0
     if ns.version:
         out.write("slurm 22.05 (rota)\n")
@@ -279,11 +284,14 @@ def _by_node(ns: _Options, nodes: list, parts: list) -> list[str]:
 
 
 def _by_partition(ns: _Options, nodes: list, parts: list) -> list[str]:
-    """Plain ``sinfo``: a line per partition and node state."""
-    spec = parse(ns.format or (LONG if ns.long else DEFAULT))
+    """Plain ``sinfo``: a line per partition and node state (``-s``: a line per partition)."""
+    spec = parse(ns.format or (SUMMARIZE if ns.summarize else LONG if ns.long else DEFAULT))
     rows = []
     for p in parts:
         members = set((p["nodes"] or "").split(","))
+        if ns.summarize:
+            rows.append((p, [n for n in nodes if n["name"] in members]))
+            continue
         grouped: dict[tuple, list] = {}
         for n in nodes:
             if n["name"] in members:

@@ -178,6 +178,16 @@ async def test_sinfo_matches_slurm(tmp_path, monkeypatch):
     out = io.StringIO()
     assert sinfo.run([], out, io.StringIO()) == 0
     assert out.getvalue().splitlines() == block.output
+    out = io.StringIO()                       # -s: a line per partition, nodes allocated/idle/other/total
+    assert sinfo.run(["-s"], out, io.StringIO()) == 0
+    assert [line.split() for line in out.getvalue().splitlines()] == [
+        ["PARTITION", "AVAIL", "TIMELIMIT", "NODES(A/I/O/T)", "NODELIST"],
+        ["short*", "up", "1:00:00", "0/4/0/4", "gpu[01-04]"], ["long", "up", "7-00:00:00", "0/4/0/4", "gpu[01-04]"]]
+    monkeypatch.setenv("ROTA_PROJECTIONS", str(path))   # the drain history: one allocated, one drained
+    out = io.StringIO()
+    assert sinfo.run(["-s", "-h", "-p", "short"], out, io.StringIO()) == 0
+    a, i, o, t = map(int, out.getvalue().split()[3].split("/"))
+    assert t == a + i + o and o >= 1
 
 
 async def test_squeue_rows_match_slurm_reasons_and_layout():
