@@ -270,7 +270,12 @@ def config_check(
         _fail(f"cannot read {exc.filename}: {exc.strerror}")
     cfg, diags = check_config(text, file, gres_text, gres or "gres.conf")
     for d in diags:
-        typer.echo(str(d), err=True)
+        if d.severity != "ignored":
+            typer.echo(str(d), err=True)
+    ignored = [d for d in diags if d.severity == "ignored"]
+    if ignored:
+        typer.echo(f"{file}: {len(ignored)} Slurm setting(s) rota does not use, ignored: "
+                   + ", ".join(f"{d.message.split()[0]} (line {d.line})" for d in ignored), err=True)
     if cfg is None:
         errors = sum(1 for d in diags if d.severity == "error")
         typer.echo(f"{file}: {errors} error(s); the configuration was not accepted", err=True)

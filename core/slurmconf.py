@@ -55,14 +55,46 @@ IGNORED_KEYS = {
     "priorityflags", "prioritydecayhalflife", "prioritycalcperiod", "priorityusageresetperiod",
     "defmempercpu", "defmempernode", "maxmempercpu", "overtimelimit", "messagetimeout", "include",
     "cgroupplugin", "launchparameters", "slurmdparameters", "schedulertimeslice",
+    # the rest of Slurm 22.05's slurm.conf(5): a site's file loads as it is
+    "accountingstorageexternalhost", "accountingstorageparameters", "accountingstoragepass",
+    "accountingstorageport", "accountingstoragetres", "accountingstorageuser", "accountingstoreflags",
+    "acctgatherenergytype", "acctgatherfilesystemtype", "acctgatherinterconnecttype", "acctgathernodefreq",
+    "acctgatherprofiletype", "allowspecresourcesusage", "authaltparameters", "authalttypes",
+    "backupaddr", "backupcontroller", "batchstarttimeout", "bcastexclude", "bcastparameters",
+    "burstbuffertype", "clifilterplugins", "communicationparameters", "completewait", "controladdr",
+    "cpufreqdef", "cpufreqgovernors", "debugflags", "defcpupergpu", "defmempergpu", "dependencyparameters",
+    "disablerootjobs", "eiotimeout", "epilogmsgtime", "epilogslurmctld", "extsensorsfreq", "extsensorstype",
+    "fairsharedampeningfactor", "federationparameters", "getenvtimeout", "gpufreqdef", "groupupdateforce",
+    "groupupdatetime", "interactivestepoptions", "jobacctgatherparams", "jobcomphost", "jobcomploc",
+    "jobcompparams", "jobcomppass", "jobcompport", "jobcompuser", "jobcontainertype", "jobfileappend",
+    "jobrequeue", "jobsubmitplugins", "killonbadexit", "launchtype", "licenses", "logtimeformat",
+    "maildomain", "mailprog", "maxdbdmsgs", "maxmempernode", "maxnodecount", "maxstepcount",
+    "maxtaskspernode", "mcsparameters", "mcsplugin", "mpiparams", "nodefeaturesplugins", "plugindir",
+    "plugstackconfig", "powerparameters", "powerplugin", "preemptexempttime", "preemptmode",
+    "preemptparameters", "preempttype", "prepparameters", "prepplugins", "priorityparameters",
+    "prioritysitefactorparameters", "prioritysitefactorplugin", "prioritytype", "priorityweightassoc",
+    "priorityweighttres", "prologepilogtimeout", "prologslurmctld", "propagateprioprocess",
+    "propagateresourcelimits", "propagateresourcelimitsexcept", "rebootprogram", "reconfigflags",
+    "requeueexit", "requeueexithold", "resumefailprogram", "resumeprogram", "resumerate", "resumetimeout",
+    "resvepilog", "resvoverrun", "resvprolog", "routeplugin", "scronparameters", "slurmctldaddr",
+    "slurmctldparameters", "slurmctldprimaryoffprog", "slurmctldprimaryonprog", "slurmctldsyslogdebug",
+    "slurmdsyslogdebug", "slurmduser", "slurmschedlogfile", "slurmschedloglevel", "srunepilog",
+    "srunportrange", "srunprolog", "suspendexcnodes", "suspendexcparts", "suspendprogram", "suspendrate",
+    "suspendtime", "suspendtimeout", "switchparameters", "taskepilog", "taskpluginparam", "taskprolog",
+    "tcptimeout", "tmpfs", "topologyparam", "topologyplugin", "trackwckey", "treewidth",
+    "unkillablestepprogram", "unkillablesteptimeout", "usepam", "vsizefactor", "x11parameters",
 }
 NODE_KEYS = {"nodename", "cpus", "realmemory", "gres", "feature", "features", "state", "weight",
              "sockets", "corespersocket", "threadspercore", "boards", "nodeaddr", "nodehostname",
-             "tmpdisk", "port", "cpuspectlist", "memspeclimit", "reason"}
+             "tmpdisk", "port", "cpuspectlist", "cpuspeclist", "memspeclimit", "reason", "socketsperboard",
+             "corespeccount", "procs", "bcastaddr", "cpubind"}
 PART_KEYS = {"partitionname", "nodes", "maxtime", "defaulttime", "prioritytier", "priorityjobfactor",
              "state", "allowaccounts", "default", "maxnodes", "minnodes", "oversubscribe", "allowgroups",
              "allowqos", "denyaccounts", "denyqos", "qos", "defmempergpu", "defmempercpu",
-             "maxmempernode", "maxcpuspernode", "exclusiveuser", "hidden", "rootonly", "graceTime".lower()}
+             "maxmempernode", "maxcpuspernode", "exclusiveuser", "hidden", "rootonly", "graceTime".lower(),
+             "allocnodes", "alternate", "cpubind", "defcpupergpu", "disablerootjobs", "lln", "maxcpuspersocket",
+             "maxmempercpu", "overtimelimit", "powerdownonidle", "preemptmode", "reqresv", "resumetimeout",
+             "selecttypeparameters", "suspendtime", "suspendtimeout", "tresbillingweights"}
 NODE_STATES = {"UNKNOWN", "IDLE", "DOWN", "DRAIN", "FAIL", "FUTURE", "CLOUD"}
 PART_STATES = {"UP", "DOWN", "DRAIN", "INACTIVE"}
 
@@ -77,6 +109,10 @@ class _Ctx:
 
     def warn(self, line: int, message: str, hint: str = "") -> None:
         self.diags.append(Diagnostic(self.file, line, message, hint, "warning"))
+
+    def ignored(self, line: int, key: str) -> None:
+        """A Slurm setting rota does not use: accepted, and listed by ``rota config check``."""
+        self.diags.append(Diagnostic(self.file, line, f"{key} is a Slurm setting rota does not use", "", "ignored"))
 
 
 def _lines(text: str):
@@ -192,7 +228,9 @@ def check_config(text: str, file: str = "slurm.conf", gres_text: str | None = No
             for key, low, value in pairs:
                 if low in GLOBAL_KEYS:
                     global_vals[low] = (lineno, value)
-                elif low not in IGNORED_KEYS and low not in SHELL_KEYS and low not in ("nodename", "partitionname"):
+                elif low in IGNORED_KEYS:
+                    ctx.ignored(lineno, key)
+                elif low not in SHELL_KEYS and low not in ("nodename", "partitionname"):
                     ctx.err(lineno, f"unknown key {key!r}", _suggest(key, GLOBAL_KEYS | IGNORED_KEYS | set(SHELL_KEYS)))
     gres_types = None
     if "grestypes" in global_vals:

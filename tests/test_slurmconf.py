@@ -72,3 +72,21 @@ def test_parse_config_raises_with_all_errors():
 def test_real_slurm_keys_rota_ignores_are_accepted():
     cfg = parse_config("SlurmctldHost=ctl\nAuthType=auth/munge\n" + GOOD)
     assert cfg.nodes[0].name == "gpu01"
+
+
+def test_a_slurm_22_05_site_configuration_loads_as_it_is_and_the_unused_keys_are_listed():
+    import subprocess
+    import sys
+
+    path = Path(__file__).parent / "fixtures" / "slurm-conf" / "slurm-22.05-site.conf"
+    cfg, diags = check_config(path.read_text(), str(path))
+    assert cfg is not None and [n.name for n in cfg.nodes] == ["gpu01", "gpu02"]
+    assert [p.name for p in cfg.partitions] == ["short", "long"]
+    ignored = {d.message.split()[0] for d in diags if d.severity == "ignored"}
+    assert {"SlurmdUser", "MailProg", "AccountingStoragePort", "AccountingStorageTRES", "JobCompLoc"} <= ignored
+    assert not [d for d in diags if d.severity == "error"]
+    r = subprocess.run([sys.executable, "-m", "rota.cli.main", "config", "check", str(path)], capture_output=True,
+                       text=True)
+    assert r.returncode == 0 and "OK: 2 nodes" in r.stdout and "SlurmdUser (line 7)" in r.stderr, r.stderr
+    _cfg, diags = check_config(path.read_text() + "SlurmdUserr=root\n", str(path))   # a typo is still an error
+    assert any(d.severity == "error" and "SlurmdUserr" in d.message for d in diags)
