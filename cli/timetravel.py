@@ -7,8 +7,8 @@ from dataclasses import asdict
 from typing import Any, Iterable
 
 from rota.core import events as ev
-from rota.core.liveness import DEFAULT_LATENCY
 from rota.core.hostlist import compress
+from rota.core.liveness import DEFAULT_LATENCY
 from rota.core.reasons import SENTENCES
 from rota.core.timefmt import format_duration
 
@@ -330,16 +330,15 @@ def _interval_lines(iv: Any, rep: Any, users: dict[int, str]) -> list[str]:
         more = f" and {len(iv.ahead) - 8} more" if len(iv.ahead) > 8 else ""
         out.append(f"     It was number {iv.rank} in priority order (priority {iv.priority})"
                    + (f"; ahead of it, competing for the same nodes: {ahead}{more}." if ahead else "."))
-    def held(jobs: list[int]) -> str:
-        ends = [f"job {j} ({users.get(j, '?')})" + (f", which ended {_t(rep.blocker_ends[j])}"
+    def held(jobs: list[int], ended: str = "ended") -> str:
+        ends = [f"job {j} ({users.get(j, '?')})" + (f", which {ended} {_t(rep.blocker_ends[j])}"
                                                      if j in rep.blocker_ends else "") for j in jobs[:8]]
         return "; ".join(ends) + (f" and {len(jobs) - 8} more" if len(jobs) > 8 else "")
 
     decisive = [j for j in iv.decisive if j in iv.blockers]
     others = [j for j in iv.blockers if j not in decisive]
     if decisive and iv.expected_start:
-        due = "; ".join(f"job {j} ({users.get(j, '?')})" + (f", which in fact ended {_t(rep.blocker_ends[j])}"
-                                                            if j in rep.blocker_ends else "") for j in decisive)
+        due = held(decisive, "in fact ended")
         out.append(f"     It waited for {due}: the expected start {_t(iv.expected_start)} is when "
                    f"{'that job reaches its' if len(decisive) == 1 else 'those jobs reach their'} time limit.")
         if others:

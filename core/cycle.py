@@ -78,6 +78,13 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         self.gpu_owner: dict[str, list[int]] = {}
         self.next_id = state.next_job_id
         self.prio_ctx = PriorityContext(cfg, sum(n.cpus for n in state.nodes.values()))
+        default = cfg.default_partition()
+        self.default_parts = [default.name] if default is not None else []
+
+    def job_parts(self, job: Job) -> list[str]:
+        """The partitions a job may run in, in its order (the default partition when it named none); a
+        fresh list, which :func:`rota.core.static_reasons.static_reason` narrows to the usable ones."""
+        return list(job.spec.partitions) if job.spec.partitions else list(self.default_parts)
 
     def _build_timelines(self, bases: NodeBases | None) -> None:
         now, explain = self.now, self.explain
@@ -181,9 +188,7 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         if s is None:
             tls, _ = self.eligible(spec, part)
             seed = self.seeds.get(base_key)
-            if seed is None and self.focus == job.job_id:
-                pass          # the focus job is the last search of this cycle: nothing to share
-            elif seed is None:
+            if seed is None and self.focus != job.job_id:   # the focus job is the last search: nothing to share
                 base = ShapeSearch(tls, req.cpus, req.mem, req.gpus, req.gpu_type, req.whole_cpus,
                                    req.whole_mem, req.whole_gpus, 1, req.nnodes, self.now, INF)
                 seed = self.seeds[base_key] = base.seed()

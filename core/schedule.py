@@ -8,6 +8,7 @@ then walk them, starting what fits now and, depending on the policy
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any, Iterable
 
 from . import events as ev
 from .cycle import Cycle, NodeBases
@@ -105,17 +106,15 @@ def schedule(state: State, now: int, policy: str | None = None, explain: bool = 
         return decision
     cy = Cycle(state, now, pol, explain, bases=bases)
     jobs = state.jobs
-    default_part = cfg.default_partition()
     ready: list[tuple[tuple[int, int, int, int], Job, list[str]]] = []
-    default_parts = [default_part.name] if default_part else []
     pending_out, priorities = decision.pending, decision.priorities
-    cut_key = _focus_key(cy, decision, focus, default_parts) if focus is not None else None
+    cut_key = _focus_key(cy, decision, focus) if focus is not None else None
     if cut_key is None and focus is not None:
         return decision          # held back before ranking: nothing else changes that
     all_parts = cy.parts
     for jid in state.pending:
         job = jobs[jid]
-        parts = list(job.spec.partitions) if job.spec.partitions else list(default_parts)
+        parts = cy.job_parts(job)
         if cut_key is not None and len(parts) == 1 and parts[0] in all_parts \
                 and _rank_key(cy, job, parts) > cut_key:
             continue             # walked after the focus job, if at all: cannot change it
@@ -135,13 +134,12 @@ def schedule(state: State, now: int, policy: str | None = None, explain: bool = 
     return decision
 
 
-def _focus_key(cy: Cycle, decision: Decision, focus: int, default_parts: list[str]
-               ) -> tuple[int, int, int, int] | None:
+def _focus_key(cy: Cycle, decision: Decision, focus: int) -> tuple[int, int, int, int] | None:
     """The focus job's rank key; None (its reason recorded) when a static reason holds it back."""
     job = cy.state.jobs.get(focus)
     if job is None or job.state != PENDING:
         return None
-    parts = list(job.spec.partitions) if job.spec.partitions else list(default_parts)
+    parts = cy.job_parts(job)
     why = static_reason(cy, job, parts)
     if why is not None:
         decision.pending[focus] = Pending(why, start=why.at)
@@ -172,22 +170,42 @@ def _rank_key(cy: Cycle, job: Job, parts: list[str]) -> tuple[int, int, int, int
     return (-tier, -prio, job.submit_seq, job.job_id)
 
 
+def _rank_keys(state: State, now: int, job_ids: Iterable[int]) -> dict[int, tuple[int, int, int, int] | None]:
+    """The rank key each of these pending jobs has at ``now`` (None: held back before ranking)."""
+    cfg = state.config
+    assert cfg is not None
+    cy = Cycle(state, now, cfg.scheduler.policy, False, timelines=False)
+    keys: dict[int, tuple[int, int, int, int] | None] = {}
+    for jid in job_ids:
+        job = state.jobs[jid]
+        parts = cy.job_parts(job)
+        keys[jid] = None if static_reason(cy, job, parts) is not None else _rank_key(cy, job, parts)
+    return keys
+
+
 def ranking(state: State, now: int) -> dict[int, int]:
     """Each pending job's position in priority order at ``now`` as a cycle would walk them (jobs held
     back before ranking, by a hold, dependency, partition or begin time, are absent)."""
-    cfg = state.config
-    if cfg is None:
+    if state.config is None:
         return {}
-    cy = Cycle(state, now, cfg.scheduler.policy, False, timelines=False)
-    default = cfg.default_partition()
-    keyed = []
-    for jid in state.pending:
-        job = state.jobs[jid]
-        parts = list(job.spec.partitions) if job.spec.partitions else ([default.name] if default else [])
-        if static_reason(cy, job, parts) is None:
-            keyed.append((_rank_key(cy, job, parts), jid))
-    keyed.sort()
-    return {jid: i for i, (_key, jid) in enumerate(keyed)}
+    keys = _rank_keys(state, now, state.pending)
+    ranked = sorted((key, jid) for jid, key in keys.items() if key is not None)
+    return {jid: i for i, (_key, jid) in enumerate(ranked)}
+
+
+def outranks(mine: Any, theirs: Iterable[Any]) -> bool:
+    """Whether any of ``theirs`` (rank keys or positions; None: not ranked) is walked before ``mine``,
+    or ``mine`` is not ranked at all (and so cannot be compared)."""
+    return mine is None or any(t is not None and t < mine for t in theirs)
+
+
+def outranked(state: State, now: int, job_id: int, others: list[int]) -> bool:
+    """Whether any of the pending jobs ``others`` would be walked before pending job ``job_id`` at
+    ``now`` (or whether ``job_id`` is held back before ranking, and so cannot be compared)."""
+    if state.config is None:
+        return True
+    keys = _rank_keys(state, now, [job_id, *others])
+    return outranks(keys[job_id], (keys[j] for j in others if j != job_id))
 
 
 def priority_of(state: State, now: int, job_id: int) -> int:
@@ -197,29 +215,11 @@ def priority_of(state: State, now: int, job_id: int) -> int:
     job = state.jobs.get(job_id)
     if cfg is None or job is None:
         return 0
-    default = cfg.default_partition()
-    parts = list(job.spec.partitions) if job.spec.partitions else ([default.name] if default else [])
     cy = Cycle(state, now, cfg.scheduler.policy, False, timelines=False)
+    parts = cy.job_parts(job)
     if not parts or parts[0] not in cy.parts:
         return 0
     return -_rank_key(cy, job, parts)[1]
-
-
-def outranked(state: State, now: int, job_id: int, others: list[int]) -> bool:
-    """Whether any of the pending jobs ``others`` would be walked before pending job ``job_id`` at
-    ``now`` (or whether ``job_id`` is held back before ranking, and so cannot be compared)."""
-    cfg = state.config
-    if cfg is None:
-        return True
-    cy = Cycle(state, now, cfg.scheduler.policy, False, timelines=False)
-    default = cfg.default_partition()
-    keys: dict[int, tuple[int, int, int, int] | None] = {}
-    for jid in [job_id, *others]:
-        job = state.jobs[jid]
-        parts = list(job.spec.partitions) if job.spec.partitions else ([default.name] if default else [])
-        keys[jid] = None if static_reason(cy, job, parts) is not None else _rank_key(cy, job, parts)
-    mine = keys[job_id]
-    return mine is None or any(k is not None and k < mine for j, k in keys.items() if j != job_id)
 
 
 def _walk(cy: Cycle, decision: Decision, ready: list, policy: Policy) -> None:

@@ -24,12 +24,7 @@ def reasons_now(state: State, jobs: list[Job], now: int) -> dict[int, Reason | N
     if cfg is None or not jobs:
         return {job.job_id: None for job in jobs}
     cy = Cycle(state, now, cfg.scheduler.policy, False, timelines=False)
-    default = cfg.default_partition()
-    out: dict[int, Reason | None] = {}
-    for job in jobs:
-        parts = list(job.spec.partitions) if job.spec.partitions else ([default.name] if default else [])
-        out[job.job_id] = static_reason(cy, job, parts)
-    return out
+    return {job.job_id: static_reason(cy, job, cy.job_parts(job)) for job in jobs}
 
 
 def partition_reason(cy: Cycle, job: Job, pname: str) -> Reason | None:

@@ -13,7 +13,7 @@ from . import events as ev
 from .apply import apply
 from .changes import Changes
 from .cycle import NodeBases
-from .schedule import outranked, plan, schedule
+from .schedule import outranked, outranks, plan, schedule
 from .state import PENDING, RUNNING, TERMINAL_STATES, State
 
 
@@ -118,8 +118,9 @@ def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None
     return story.report(st, (first_seq, last_seq), exits)
 
 
-_ACTIONS = (ev.JobHeld, ev.JobReleased, ev.JobUpdated, ev.NodeDrained, ev.NodeDown, ev.NodeResumed, ev.HealthFault,
-            ev.ClusterConfigured, ev.ControllerStarted)
+_JOB_ACTIONS = (ev.JobHeld, ev.JobReleased, ev.JobUpdated)                       # on the job itself
+_NODE_ACTIONS = (ev.NodeDrained, ev.NodeDown, ev.NodeResumed, ev.HealthFault)     # on a node it may use
+_ACTIONS = _JOB_ACTIONS + _NODE_ACTIONS + (ev.ClusterConfigured, ev.ControllerStarted)   # what a story notes
 
 
 def why_all(envelopes: Iterable[ev.Envelope], job_ids: Iterable[int] | None = None) -> dict[int, WhyReport]:
@@ -427,8 +428,7 @@ class Moments:
         subs = self.only_submitted
         if subs is None or job_id in subs:
             return True
-        mine = order.get(job_id)
-        return mine is None or any(order.get(j, mine) < mine for j in subs)
+        return outranks(order.get(job_id), (order.get(j) for j in subs))
 
     def apply(self, st: State, env: ev.Envelope, ch: Changes | None = None) -> None:
         """Apply ``env`` to ``st`` (noting into ``ch``, which may span many events), noting whether it
@@ -512,9 +512,9 @@ def _merge(rep: WhyReport, sample: CycleSample | None) -> None:
 
 def _note_action(rep: WhyReport, env: ev.Envelope, e: Any, job_id: int, nodes: set[str]) -> None:
     kind: str | None = None
-    if isinstance(e, (ev.JobHeld, ev.JobReleased, ev.JobUpdated)) and e.job_id == job_id:
+    if isinstance(e, _JOB_ACTIONS) and e.job_id == job_id:
         kind = e.type
-    elif isinstance(e, (ev.NodeDrained, ev.NodeDown, ev.NodeResumed, ev.HealthFault)) and e.node in nodes:
+    elif isinstance(e, _NODE_ACTIONS) and e.node in nodes:
         kind = e.type
     elif isinstance(e, ev.ClusterConfigured):
         kind = e.type
