@@ -23,7 +23,7 @@ from typing import Any
 from rota.core import __version__
 from rota.core import credentials
 from rota.core import events as ev
-from rota.core.orders import Heartbeat, Kill, Launch, Order, Signal, Update
+from rota.core.orders import Heartbeat, Kill, Launch, Order, Signal, StepKill, StepLaunch, Update
 from rota.wire import natsconn
 from rota.wire import orders as wire_orders
 from rota.wire import subjects as sj
@@ -33,6 +33,7 @@ from rota.wire.jsqueue import stored_at, work_queue
 from . import cgroups as cg
 from . import launch
 from .gpu import Gpus, open_gpus
+from .steps import Steps, warning
 
 log = logging.getLogger("rota.agent")
 
@@ -54,6 +55,7 @@ class Run:
     term_sent: float = 0.0
     peak_kib: int = 0
     cpus: list[int] = field(default_factory=list)
+    warned: bool = False                    # the --signal=B: warning was sent to the batch shell
 
     def __post_init__(self) -> None:
         self.time_limit = self.time_limit or self.order.time_limit
@@ -97,6 +99,7 @@ class Agent:
         scope = f"{node}-{credentials.derived_key(self.key, 'cgroup scope')[:4].hex()}"   # this cluster's node
         self.cgroups, self.cgroup_note = cg.detect(scope) if use_cgroups else (None, "cgroups disabled")
         self.runs: dict[int, Run] = {}
+        self.steps = Steps(node, self.spool, self.cgroups, self.report, kill_wait)
         self.seen: set[tuple[int, int]] = set()   # (job id, restarts) launched here
         self.nc: Any = None
         self.js: Any = None
@@ -148,6 +151,7 @@ class Agent:
         if kill_jobs:
             for run in list(self.runs.values()):
                 self._signal(run, signal.SIGKILL)
+        await self.steps.stop()     # a step's tasks cannot be adopted: their srun talks to this process
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.nc is not None:
             try:
@@ -253,17 +257,23 @@ class Agent:
             self.seen.add(key)
             self._launch(order)
             return
+        if isinstance(order, StepLaunch):
+            self.steps.launch(order)
+            return
+        if isinstance(order, StepKill):
+            self.steps.kill(order.job_id, order.restarts, order.step_id, order.signal)
+            return
+        if isinstance(order, Signal) and order.steps:
+            self.steps.send_signal(order.job_id, order.restarts, order.signal, order.step_id)
+        if isinstance(order, Kill):
+            self.steps.kill(order.job_id, order.restarts)   # the job's end ends its steps here
         run = self.runs.get(order.job_id)
         if run is None or (order.restarts is not None and order.restarts != run.restarts):
             return   # not here, or meant for an earlier run of a requeued job
+        if isinstance(order, Signal) and not order.batch:
+            return
         if isinstance(order, Signal):
-            # the job's processes, not the shepherd: it must live on to record how the job ends
-            for pid in _group_members(run.pid):
-                if pid != run.pid:
-                    try:
-                        os.kill(pid, order.signal)
-                    except ProcessLookupError:
-                        pass
+            self._signal_batch(run, order.signal)
         elif isinstance(order, Update):
             run.time_limit = order.time_limit
         elif isinstance(order, Kill) and run.kill_reason is None:
@@ -312,7 +322,13 @@ class Agent:
             poll_rss = self.cgroups is None and now - last_rss >= 0.5
             if poll_rss:
                 last_rss = now
+            self.steps.tick(now)
             for run in list(self.runs.values()):
+                warn = warning(run.order.spec.signal) if run.order.spec.signal and not run.warned else None
+                if warn is not None and warn.batch_only and run.time_limit \
+                        and now >= run.order.start_time + run.time_limit - warn.before:
+                    run.warned = True
+                    self._signal_batch(run, warn.signal)
                 if run.kill_reason is None and now >= run.deadline:
                     run.kill_reason = "timeout"
                     self._signal(run, signal.SIGTERM)
@@ -321,7 +337,7 @@ class Agent:
                     self._signal(run, signal.SIGKILL)
                     run.term_sent = 0.0
                 if poll_rss:
-                    rss = _group_rss_kib(run.pid)
+                    rss = launch.group_rss_kib(run.pid)
                     run.peak_kib = max(run.peak_kib, rss)
                     if run.order.mem and rss > run.order.mem * 1024 and run.kill_reason is None:
                         run.kill_reason = "oom"
@@ -354,6 +370,7 @@ class Agent:
     async def _finished(self, run: Run, exit_code: int, sig: int) -> None:
         del self.runs[run.job_id]
         self._signal(run, signal.SIGKILL)     # nothing of a job outlives it
+        self.steps.kill(run.job_id, run.restarts)
         oom = run.kill_reason == "oom"
         if run.cgroup is not None:
             oom = oom or run.cgroup.oom_killed()
@@ -384,6 +401,15 @@ class Agent:
             import shutil
 
             shutil.rmtree(Path(run.status_file).parent, ignore_errors=True)
+
+    def _signal_batch(self, run: Run, sig: int) -> None:
+        """A signal to the batch script's processes, not the shepherd: it must live on to record how the job ends."""
+        for pid in launch.group_members(run.pid):
+            if pid != run.pid:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
 
     def _signal(self, run: Run, sig: int) -> None:
         try:
@@ -499,35 +525,6 @@ def _alive(pid: int, ticks: int | None) -> bool:
     if fields[0] == "Z":
         return False
     return ticks is None or int(fields[19]) == ticks
-
-
-def _group_members(pgid: int) -> list[int]:
-    out = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdecimal():
-            try:
-                if int((p / "stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
-                    out.append(int(p.name))
-            except (OSError, IndexError, ValueError):
-                continue
-    return out
-
-
-def _group_rss_kib(pgid: int) -> int:
-    total = 0
-    for p in Path("/proc").iterdir():
-        if not p.name.isdecimal():
-            continue
-        try:
-            fields = (p / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid:
-                continue
-            for line in (p / "status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
 
 
 async def _run_health_program(program: str) -> str | None:

@@ -29,6 +29,10 @@ class Cgroups:
     def create(self, job_id: int, mem_mib: int, cpus: list[int] | None) -> "JobCgroup":
         return JobCgroup(self, f"job_{job_id}", mem_mib, cpus)
 
+    def create_step(self, job_id: int, step_id: int, mem_mib: int) -> "JobCgroup":
+        """A step's cgroup inside its job's (``mem_mib`` 0: the job's limit applies)."""
+        return JobCgroup(self, f"job_{job_id}/step_{step_id}", mem_mib, None)
+
     def existing(self, job_id: int) -> "JobCgroup | None":
         cg = JobCgroup(self, f"job_{job_id}", 0, None, make=False)
         return cg if cg.exists() else None
@@ -122,11 +126,11 @@ class JobCgroup:
 
     def oom_killed(self) -> bool:
         """Whether the kernel's OOM killer killed something in this job's cgroup."""
-        if self.v2:
-            return _kv(self.mem / "memory.events").get("oom_kill", 0) > 0
-        if _kv(self.mem / "memory.oom_control").get("oom_kill", 0) > 0:
-            return True
-        return False
+        return self.oom_kills() > 0
+
+    def oom_kills(self) -> int:
+        """How many processes the kernel's OOM killer killed in this cgroup so far."""
+        return _kv(self.mem / ("memory.events" if self.v2 else "memory.oom_control")).get("oom_kill", 0)
 
     def peak_kib(self) -> int:
         """Peak memory of the job (KiB)."""
@@ -144,8 +148,12 @@ class JobCgroup:
                 pass
 
     def remove(self) -> None:
-        """Kill anything left and remove the cgroup (retried while the kernel reaps the processes)."""
+        """Kill anything left and remove the cgroup, its steps' first (retried while the kernel reaps the
+        processes)."""
         for d in {d for d in (self.mem, self.cpuset) if d is not None}:
+            for sub in (sorted(d.glob("step_*")) if d.is_dir() else []):
+                if sub.is_dir():
+                    JobCgroup(self.cg, f"{d.name}/{sub.name}", 0, None, make=False).remove()
             for _ in range(50):
                 if not d.is_dir():
                     break

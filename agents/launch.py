@@ -11,21 +11,29 @@ from typing import Any
 from rota.core.hostlist import compress
 from rota.core.orders import Launch
 
-_PATTERN = re.compile(r"%(%|\d*[jxuAaNn])")
+_PATTERN = re.compile(r"%(%|\d*[jJxuAaNnst])")
+NO_VALUE = 4294967294     # what Slurm writes for a value a file name asks for but the job has none of
 
 
-def expand_pattern(pattern: str, o: Launch, node: str) -> str:
-    """Slurm's filename patterns: %j job id, %x name, %u user, %A array id, %a task id, %N node, %%."""
+def expand_pattern(pattern: str, o: Launch, node: str, step: int | None = None, task: int | None = None,
+                   node_index: int | None = None) -> str:
+    """Slurm's filename patterns: %j job id, %J job.step (the job id for a batch script), %s step, %t task
+    rank, %n node index, %N node, %x name, %u user, %A array id, %a task id, %%."""
     def sub(m: re.Match) -> str:
         tok = m.group(1)
         if tok == "%":
             return "%"
         width, code = tok[:-1], tok[-1]
         value: Any = {
-            "j": o.job_id, "x": o.name, "u": o.user, "N": node, "n": o.node_index,
+            "j": o.job_id, "J": o.job_id if step is None else f"{o.job_id}.{step}", "x": o.name, "u": o.user,
+            "N": node, "n": o.node_index if node_index is None else node_index,
+            "s": NO_VALUE if step is None else step, "t": 0 if task is None else task,
             "A": o.array_job_id or o.job_id,
-            "a": o.array_task_id if o.array_task_id is not None else 4294967294,
+            "a": o.array_task_id if o.array_task_id is not None else NO_VALUE,
         }[code]
+        if width and code == "J":
+            head, _, tail = str(value).partition(".")
+            return head.zfill(min(int(width), 64)) + (f".{tail}" if tail else "")
         return str(value).zfill(min(int(width), 64)) if width else str(value)
     return _PATTERN.sub(sub, pattern)
 
@@ -56,14 +64,14 @@ def job_env(o: Launch, node: str) -> dict[str, str]:
         "SLURM_SUBMIT_HOST": spec.submit_host,
         "SLURM_JOB_NODELIST": compress(nodes), "SLURM_NODELIST": compress(nodes),
         "SLURM_JOB_NUM_NODES": str(len(nodes)), "SLURM_NNODES": str(len(nodes)),
-        "SLURM_JOB_CPUS_PER_NODE": _run_length(o.cpus_per_node),
+        "SLURM_JOB_CPUS_PER_NODE": run_length(o.cpus_per_node),
         "SLURM_CPUS_ON_NODE": str(o.cpus), "SLURM_MEM_PER_NODE": str(o.mem),
         "SLURM_GPUS_ON_NODE": str(len(gpus)), "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
         "SLURM_NODEID": str(o.node_index), "SLURM_GTIDS": "0", "SLURM_TASK_PID": "",
         "SLURM_RESTART_COUNT": str(o.restarts), "SLURM_JOB_START_TIME": str(o.start_time),
         "SLURM_JOB_END_TIME": str(o.start_time + o.time_limit) if o.time_limit else "0",
         "SLURM_NTASKS": str(o.ntasks), "SLURM_NPROCS": str(o.ntasks),
-        "SLURM_TASKS_PER_NODE": _run_length(o.tasks_per_node),
+        "SLURM_TASKS_PER_NODE": run_length(o.tasks_per_node),
         "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)), "GPU_DEVICE_ORDINAL": ",".join(map(str, gpus)),
         "SLURM_JOB_GPUS": ",".join(map(str, gpus)),
     }
@@ -90,7 +98,7 @@ def job_env(o: Launch, node: str) -> dict[str, str]:
     return env
 
 
-def _run_length(values: tuple[int, ...]) -> str:
+def run_length(values: tuple[int, ...]) -> str:
     out: list[str] = []
     i = 0
     while i < len(values):
@@ -100,6 +108,37 @@ def _run_length(values: tuple[int, ...]) -> str:
         out.append(f"{values[i]}(x{j - i + 1})" if j > i else str(values[i]))
         i = j + 1
     return ",".join(out)
+
+
+def group_members(pgid: int) -> list[int]:
+    """The processes of process group ``pgid``."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdecimal():
+            try:
+                if int((p / "stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
+                    out.append(int(p.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def group_rss_kib(pgid: int) -> int:
+    """The resident memory (KiB) of process group ``pgid``, summed over its processes."""
+    total = 0
+    for p in Path("/proc").iterdir():
+        if not p.name.isdecimal():
+            continue
+        try:
+            fields = (p / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:
+                continue
+            for line in (p / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
 
 
 def _home(uid: int) -> str:

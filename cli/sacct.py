@@ -121,16 +121,28 @@ def job_values(r: queries.Row, now: int) -> dict[str, str]:
     }
 
 
-def step_values(job: dict[str, str], r: queries.Row, s: queries.Row) -> dict[str, str]:
+def step_values(job: dict[str, str], r: queries.Row, s: queries.Row, now: int) -> dict[str, str]:
+    """A step's row (``N.batch``, ``N.0``, ...): its own state, exit code, MaxRSS, elapsed time, tasks, nodes."""
+    from rota.core.hostlist import compress
+
     v = dict(job)
+    running = s["state"] == "RUNNING"
+    elapsed = max(0, now - (s["start"] or now)) if running else (s["elapsed"] or 0)
+    nodes = (s["nodes"] or "").split(",") if s["nodes"] else []
+    batch = s["step"] == "batch"
     v.update({
-        "jobid": f"{job['jobid']}.batch", "jobidraw": f"{r['job_id']}.batch", "jobname": "batch", "partition": "",
-        "state": s["state"], "exitcode": f"{s['exit_code']}:{s['signal']}",
-        "maxrss": f"{s['max_rss']}K" if s["max_rss"] else "0", "elapsed": format_duration(s["elapsed"] or 0),
+        "jobid": f"{job['jobid']}.{s['step']}", "jobidraw": f"{r['job_id']}.{s['step']}", "jobname": s["name"] or "",
+        "partition": "", "state": s["state"], "exitcode": f"{s['exit_code']}:{s['signal']}",
+        "maxrss": "" if running else (f"{s['max_rss']}K" if s["max_rss"] else "0"), "elapsed": format_duration(elapsed),
+        "elapsedraw": str(elapsed), "end": "Unknown" if running else timestamp(s["end_time"]),
         "reqmem": "", "timelimit": "", "user": "", "reqtres": "", "reason": "", "qos": "", "derivedexitcode": "",
-        "nnodes": "1", "ntasks": "1", "submit": timestamp(s["start"]), "eligible": timestamp(s["start"]),
-        "alloctres": _tres(r["alloc_cpus"] or 0, r["alloc_mem"] or 0, 1, r["alloc_gpus"] or 0),
-        "nodelist": (r["nodes"] or "").split(",")[0],
+        "nnodes": str(max(1, len(nodes))), "ntasks": str(s["ntasks"] or 1), "submit": timestamp(s["start"]),
+        "eligible": timestamp(s["start"]), "start": timestamp(s["start"]),
+        "alloccpus": str(s["cpus"] or 0), "ncpus": str(s["cpus"] or 0),
+        "alloctres": _tres(s["cpus"] or 0, r["alloc_mem"] or 0, max(1, len(nodes)), r["alloc_gpus"] or 0)
+        if batch else _tres(s["cpus"] or 0, 0, max(1, len(nodes)), 0),
+        "nodelist": compress(nodes) if nodes else (r["nodes"] or "").split(",")[0],
+        "cputime": format_duration(elapsed * (s["cpus"] or 0)), "cputimeraw": str(elapsed * (s["cpus"] or 0)),
     })
     return v
 
@@ -205,9 +217,11 @@ class _Namespace:
 
 
 def _job_id_ok(text: str) -> bool:
-    """``N``, ``N_T``, either with ``.batch``."""
-    head, underscore, task = text.removesuffix(".batch").partition("_")
-    return head.isdecimal() and (task.isdecimal() if underscore else True)
+    """``N``, ``N_T``, either with a step (``.batch``, ``.extern``, ``.0``...)."""
+    text, dot, step = text.partition(".")
+    head, underscore, task = text.partition("_")
+    return head.isdecimal() and (task.isdecimal() if underscore else True) and \
+        (step in ("batch", "extern") or step.isdecimal() if dot else True)
 
 
 STATE_ALIASES = {"pd": "PENDING", "r": "RUNNING", "cd": "COMPLETED", "f": "FAILED", "to": "TIMEOUT",
@@ -255,9 +269,8 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
     for r in jobs:
         v = job_values(r, int(now))
         rows.append(v)
-        s = steps.get(r["job_id"])
-        if s is not None:
-            rows.append(step_values(v, r, s))
+        for s in steps.get(r["job_id"], ()):
+            rows.append(step_values(v, r, s, int(now)))
     parsable = None
     if ns.parsable2:
         parsable = ns.delimiter or "|"

@@ -65,12 +65,12 @@ OPTIONS = table(
     ("w", "nodelist", REQUIRED, "nodelist"), ("N", "nodes", REQUIRED, "nodes"), ("n", "ntasks", REQUIRED, "ntasks"),
     ("", "ntasks-per-core", REQUIRED, "!ntasks-per-core"), ("", "ntasks-per-gpu", REQUIRED, "!ntasks-per-gpu"),
     ("", "ntasks-per-node", REQUIRED, "ntasks_per_node"), ("", "ntasks-per-socket", REQUIRED, "!ntasks-per-socket"),
-    ("", "open-mode", REQUIRED, "~open-mode"), ("o", "output", REQUIRED, "output"), ("O", "overcommit", NO, "!overcommit"),
+    ("", "open-mode", REQUIRED, "open_mode"), ("o", "output", REQUIRED, "output"), ("O", "overcommit", NO, "!overcommit"),
     ("s", "oversubscribe", NO, "!oversubscribe"), ("", "parsable", NO, "parsable"), ("p", "partition", REQUIRED, "partition"),
     ("", "power", REQUIRED, "!power"), ("", "priority", REQUIRED, "!priority"), ("", "profile", REQUIRED, "~profile"),
     ("", "propagate", OPTIONAL, "~propagate"), ("q", "qos", REQUIRED, "qos"), ("Q", "quiet", NO, "~quiet"),
     ("", "reboot", NO, "!reboot"), ("", "requeue", NO, "requeue"), ("", "reservation", REQUIRED, "!reservation"),
-    ("", "signal", REQUIRED, "!signal"), ("", "sockets-per-node", REQUIRED, "!sockets-per-node"),
+    ("", "signal", REQUIRED, "signal"), ("", "sockets-per-node", REQUIRED, "!sockets-per-node"),
     ("", "spread-job", NO, "!spread-job"), ("", "switches", REQUIRED, "!switches"), ("", "test-only", NO, "test_only"),
     ("", "thread-spec", REQUIRED, "!thread-spec"), ("", "threads-per-core", REQUIRED, "!threads-per-core"),
     ("t", "time", REQUIRED, "time"), ("", "time-min", REQUIRED, "!time-min"), ("", "tmp", REQUIRED, "!tmp"),
@@ -166,7 +166,7 @@ def build_spec(argv: list[str], now: float | None = None) -> tuple[dict, bool]:
         merged, _ = read_options(argv, directives(script))
     if len(script) > MAX_SCRIPT or len(script.encode("utf-8", "surrogateescape")) > MAX_SCRIPT:
         _too_large()
-    spec = _spec(merged, script, name, now)
+    spec = spec_from_options(merged, script, name, now)
     if merged.get("test_only"):
         spec["_test_only"] = True
     return spec, bool(merged.get("parsable"))
@@ -185,7 +185,8 @@ def _unsupported(o: dict) -> list[str]:
         raise SbatchError(f"{exc}; remove it from the command line or the script's #SBATCH lines", 1) from None
 
 
-def _spec(o: dict, script: str, default_name: str, now: float | None = None) -> dict:
+def spec_from_options(o: dict, script: str, default_name: str, now: float | None = None) -> dict:
+    """The job spec (as the submit request carries it) for sbatch-named options and a script."""
     if o.get("mem") is not None and (o.get("mem_per_cpu") is not None or o.get("mem_per_gpu") is not None):
         raise SbatchError("sbatch: fatal: --mem, --mem-per-cpu, and --mem-per-gpu are mutually exclusive.", 1)
     if o.get("mem_per_gpu") is not None:
@@ -294,6 +295,20 @@ def _lists(o: dict, spec: dict) -> None:
     for attr in ("constraint", "dependency", "account", "qos", "output", "error"):
         if o.get(attr):
             spec[attr] = o[attr]
+    if o.get("signal"):
+        from rota.core.signals import parse_warning
+
+        try:
+            parse_warning(o["signal"])
+        except ValueError as exc:
+            raise SbatchError(f"sbatch: error: {exc}", 255) from None
+        spec["signal"] = o["signal"]
+    if o.get("open_mode"):
+        mode = o["open_mode"].lower()
+        if mode not in ("append", "truncate"):
+            raise SbatchError(f"sbatch: error: Invalid --open-mode specification: {o['open_mode']} (append or truncate)",
+                              255)
+        spec["open_mode"] = mode
     for attr in ("nodelist", "exclude"):
         if o.get(attr):
             from rota.core.hostlist import HostlistError, expand

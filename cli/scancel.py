@@ -7,13 +7,12 @@ import sys
 
 from .options import NO, REQUIRED, OptionError, parse, unsupported, table
 
-SIGNALS = {"HUP": 1, "INT": 2, "QUIT": 3, "KILL": 9, "USR1": 10, "USR2": 12, "TERM": 15, "CONT": 18, "STOP": 19}
-_ID = re.compile(r"(\d+)(?:_(\d+|\[[\d,\-]+\]))?")
+_ID = re.compile(r"(\d+)(?:_(\d+|\[[\d,\-]+\]))?(?:\.(\d+))?")
 
 
 # scancel's options (Slurm 22.05), read as getopt_long reads them (see rota.cli.options)
 OPTIONS = table(
-    ("A", "account", REQUIRED, "!account"), ("b", "batch", NO, "~batch"), ("c", "cron", NO, "!cron"),
+    ("A", "account", REQUIRED, "!account"), ("b", "batch", NO, "batch"), ("c", "cron", NO, "!cron"),
     ("f", "full", NO, "~full"), ("H", "hurry", NO, "~hurry"), ("i", "interactive", NO, "!interactive"),
     ("M", "clusters", REQUIRED, "!clusters"), ("n", "name jobname", REQUIRED, "name"), ("", "me", NO, "me"),
     ("p", "partition", REQUIRED, "partition"), ("q", "qos", REQUIRED, "!qos"), ("Q", "quiet", NO, "quiet"),
@@ -34,12 +33,12 @@ class _Options:
 def _signal(text: str | None) -> int:
     if text is None:
         return 15
-    t = text.upper().removeprefix("SIG")
-    if t.isdecimal():
-        return int(t)
-    if t not in SIGNALS:
+    from rota.core.signals import signal_number
+
+    sig = signal_number(text)
+    if sig is None:
         raise ValueError(f"scancel: error: Unknown job signal: {text}")
-    return SIGNALS[t]
+    return sig
 
 
 class _Usage(Exception):
@@ -80,9 +79,13 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
         return 1
 
 
-def _targets(ids: list[str]) -> list[tuple[int, list[int] | None]]:
-    """Job ids as given (``N``, ``N_T``, ``N_[1-3]``, comma lists): (job id, array task indices or None)."""
-    targets: list[tuple[int, list[int] | None]] = []
+Target = tuple[int, "list[int] | None", "int | None"]
+
+
+def _targets(ids: list[str]) -> list[Target]:
+    """Job ids as given (``N``, ``N_T``, ``N_[1-3]``, ``N.S``, comma lists): (job id, array task indices or
+    None, step id or None)."""
+    targets: list[Target] = []
     for item in ids:
         for part in re.split(r",(?![^\[]*\])", item):
             m = _ID.fullmatch(part)
@@ -93,7 +96,7 @@ def _targets(ids: list[str]) -> list[tuple[int, list[int] | None]]:
                 from rota.core.arrays import parse_array
 
                 tasks = list(parse_array(m.group(2).strip("[]")).indices)
-            targets.append((int(m.group(1)), tasks))
+            targets.append((int(m.group(1)), tasks, int(m.group(3)) if m.group(3) else None))
     return targets
 
 
@@ -101,7 +104,7 @@ def _filtered(ns: "_Options") -> bool:
     return bool(ns.user or ns.me or ns.state or ns.name or ns.partition)
 
 
-def _matching(ns: "_Options", targets: list[tuple[int, list[int] | None]]) -> list[tuple[int, list[int] | None]]:
+def _matching(ns: "_Options", targets: list[Target]) -> list[Target]:
     """The queued jobs the filters (--user, --me, --state, --name, --partition) select, among ``targets``
     when ids were given too."""
     from .client import request
@@ -112,8 +115,8 @@ def _matching(ns: "_Options", targets: list[tuple[int, list[int] | None]]) -> li
     users = set(ns.user.split(",")) if ns.user else None
     states = {s.strip().upper() for s in (ns.state or "").split(",") if s}
     states = {{"PD": "PENDING", "R": "RUNNING"}.get(s, s) for s in states}
-    wanted = {t for t, _ in targets}
-    return [(j["job_id"], None) for j in reply["jobs"]
+    wanted = {t for t, _, _ in targets}
+    return [(j["job_id"], None, None) for j in reply["jobs"]
             if (not ns.me or j["uid"] == os.getuid())
             and (users is None or j["user"] in users or str(j["uid"]) in users)
             and (not states or j["state"] in states)
@@ -122,19 +125,26 @@ def _matching(ns: "_Options", targets: list[tuple[int, list[int] | None]]) -> li
             and (not wanted or j["job_id"] in wanted)]
 
 
-def _send(ns: "_Options", targets: list[tuple[int, list[int] | None]], sig: int, err) -> int:
-    """Cancel (or, with --signal, only signal) each target; 1 if any was refused."""
+def _send(ns: "_Options", targets: list[Target], sig: int, err) -> int:
+    """Cancel (or, with --signal, only signal) each target; 1 if any was refused.
+
+    As in Slurm 22.05, ``--signal`` goes to the job's steps, not its batch shell; ``-b`` sends it to the
+    batch shell only; ``N.S`` cancels (or signals) one step."""
     from .client import request
 
     code = 0
-    for jid, tasks in targets:
+    for jid, tasks, step in targets:
         if ns.verbose:
-            err.write(f"scancel: Terminating job {jid}\n")
+            err.write(f"scancel: Terminating job {jid}" + (f".{step}" if step is not None else "") + "\n")
         body: dict[str, object] = {"job_id": jid, "signal": sig}
         if tasks is not None:
             body["tasks"] = tasks
+        if step is not None:
+            body.update(step_id=step, batch=False, steps=True, signal=sig if ns.signal is not None else 9)
+        elif ns.signal is not None:
+            body.update(batch=bool(ns.batch), steps=not ns.batch)
         # Slurm: --signal only signals the job (it is not cancelled unless the signal ends it)
-        reply = request("signal" if ns.signal is not None else "cancel", body)
+        reply = request("signal" if ns.signal is not None or step is not None else "cancel", body)
         # Slurm 22.05 is silent (exit 0) for a job it no longer knows and for one that has already ended
         if not reply.get("ok") and reply.get("code") not in ("no_job", "finished"):
             err.write(f"scancel: error: Kill job error on job id {jid}: {reply['error'][0]}\n")

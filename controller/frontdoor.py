@@ -219,8 +219,39 @@ async def _cancel(c: Any, caller: Caller, r: rq.Cancel, rid: str) -> dict:
 
 @verb("signal", rq.Signal)
 async def _signal(c: Any, caller: Caller, r: rq.Signal, rid: str) -> dict:
-    c.send([commands.signal(c.state, r.job_id, r.signal, caller)])
+    c.send(commands.signal(c.state, r.job_id, r.signal, caller, batch=r.batch, steps=r.steps, step_id=r.step_id))
     return {"ok": True}
+
+
+@verb("step_create", rq.StepCreate, writes=True)
+async def _step_create(c: Any, caller: Caller, r: rq.StepCreate, rid: str) -> dict:
+    from rota.core.steps import StepAsk
+
+    ask = StepAsk(ntasks=r.ntasks, nodes=r.nodes, ntasks_per_node=r.ntasks_per_node, cpus_per_task=r.cpus_per_task,
+                  gpus_per_task=r.gpus_per_task, gpus_per_node=r.gpus_per_node, mem=r.mem, nodelist=r.nodelist,
+                  overlap=r.overlap)
+    fields = {"name": r.name or r.argv[0].rsplit("/", 1)[-1][:200], "argv": r.argv, "workdir": r.workdir,
+              "env": r.env, "io": r.io, "io_key": r.io_key, "output": r.output, "error": r.error, "input": r.input,
+              "label": r.label}
+    warnings: list[str] = []
+
+    def prepare(state: Any) -> ev.StepStarted:
+        event, said = commands.step_create(state, r.job_id, ask, caller, **fields)
+        warnings[:] = said
+        return event
+
+    env, duplicate = await c.write(prepare, caller.actor(), f"{caller.uid}:{rid}" if rid else "")
+    if duplicate:
+        raise commands.Rejected("this step request was accepted earlier", code="duplicate")
+    e = env.event
+    return {"ok": True, "step_id": e.step_id, "ntasks": e.ntasks, "nodes": [a.node for a in e.alloc],
+            "tasks": [list(a.tasks) for a in e.alloc], "warnings": warnings}
+
+
+@verb("release_allocation", rq.ReleaseAllocation, writes=True)
+async def _release_allocation(c: Any, caller: Caller, r: rq.ReleaseAllocation, rid: str) -> dict:
+    return await _write(c, caller, rid, lambda s: commands.release_allocation(s, r.job_id, r.exit_code, r.signal,
+                                                                               caller))
 
 
 @verb("hold", rq.Hold, writes=True)

@@ -67,6 +67,46 @@ class Cancel(Request):
 class Signal(Request):
     job_id: JobId
     signal: int = Field(15, ge=1, le=64)
+    batch: bool = True               # to the batch shell's processes
+    steps: bool = True               # to the steps' tasks
+    step_id: int | None = Field(None, ge=0, le=MAX_COUNT)
+
+
+Count = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+EnvValue = Annotated[str, Field(max_length=1 << 16)]
+
+
+class StepCreate(Request):
+    """``srun`` inside an allocation: what to run, how to spread it, and where its ``srun`` listens."""
+
+    job_id: JobId
+    name: Name = ""
+    argv: tuple[Arg, ...] = Field(min_length=1, max_length=MAX_LIST)
+    workdir: Arg = "/"
+    env: dict[Name, EnvValue] = Field(default_factory=dict, max_length=4096)
+    ntasks: Count | None = None
+    nodes: Count | None = None
+    ntasks_per_node: Count | None = None
+    cpus_per_task: Count | None = None
+    gpus_per_task: Count | None = None
+    gpus_per_node: Count | None = None
+    mem: int | None = Field(None, ge=0, le=1 << 40)
+    nodelist: tuple[NodeName, ...] = Field((), max_length=MAX_LIST)
+    overlap: bool = False
+    io: Annotated[str, Field(max_length=300)] = ""
+    io_key: Annotated[str, Field(max_length=128)] = ""
+    output: Arg | None = None
+    error: Arg | None = None
+    input: Arg | None = None
+    label: bool = False
+
+
+class ReleaseAllocation(Request):
+    """``srun``/``salloc`` giving back the allocation it asked for: the job ends with this exit code."""
+
+    job_id: JobId
+    exit_code: int = Field(0, ge=0, le=255)
+    signal: int = Field(0, ge=0, le=64)
 
 
 class Hold(Request):

@@ -194,6 +194,7 @@ class Views:
             "restarts": job.restarts, "nodes": [a.node for a in job.alloc], "alloc_cpus": sum(a.cpus for a in job.alloc),
             "alloc_mem": sum(a.mem for a in job.alloc), "alloc_gpus": sum(len(a.gpus) for a in job.alloc),
             "req": list(req) if req is not None else None, "backfilled": job.backfilled, "nice": job.nice,
+            "steps": sorted(job.steps),
         }
 
     def nodes(self) -> list[dict]:

@@ -15,8 +15,9 @@ from .arrays import parse_array
 from .changes import NOTHING, Changes
 from .request import node_request
 from .state import (
-    CANCELLED, COMPLETED, NODE_FAIL, PENDING, RUNNING, TERMINAL_STATES, Job, Node, State, node_from_config,
+    CANCELLED, COMPLETED, NODE_FAIL, PENDING, RUNNING, TERMINAL_STATES, Job, Node, State, Step, node_from_config,
 )
+from .steps import worst
 
 SYSTEM = "rota"
 
@@ -108,10 +109,20 @@ def _release(state: State, job: Job, ts: int, ch: Changes) -> None:
     state.running.pop(jid, None)
 
 
+def _end_steps(job: Job, ts: int, ch: Changes) -> None:
+    """A run that ends ends its steps: those still running are CANCELLED (their agents are told to stop them)."""
+    for step in job.steps.values():
+        ch.step(job.job_id, job.restarts, step)
+        step.state, step.end, step.signal = CANCELLED, ts, 9
+        step.elapsed = max(0, ts - step.start)
+    job.steps = {}
+
+
 def _finish(state: State, job: Job, end_state: str, ts: int, ch: Changes) -> None:
     ch.job(job)
     if job.state == RUNNING:
         _release(state, job, ts, ch)
+        _end_steps(job, ts, ch)
     state.pending.pop(job.job_id, None)
     job.state = end_state
     job.end_time = ts
@@ -124,8 +135,10 @@ def _requeue(state: State, job: Job, ts: int, ch: Changes, hold: bool, user_hold
     ch.job(job)
     if job.state == RUNNING:
         _release(state, job, ts, ch)
+        _end_steps(job, ts, ch)
     job.state = PENDING
     job.restarts += 1
+    job.next_step = 0
     job.alloc = ()
     job.start_time = job.end_time = job.elapsed = 0
     job.exit_code = job.signal = job.max_rss = 0
@@ -374,8 +387,40 @@ def _job_exited(state: State, env: ev.Envelope, e: ev.JobExited, ch: Changes) ->
     ch.job(job)
     job.exit_code, job.signal, job.max_rss = e.exit_code, e.signal, e.max_rss
     job.elapsed = e.elapsed or max(0, env.ts - job.start_time)
-    ch.exited(job.job_id)
+    if not e.released:
+        ch.exited(job.job_id)
     _finish(state, job, e.state, env.ts, ch)
+
+
+def _step_started(state: State, env: ev.Envelope, e: ev.StepStarted, ch: Changes) -> None:
+    job = state.jobs.get(e.job_id)
+    if job is None or job.state != RUNNING or job.restarts != e.restarts or e.step_id != job.next_step:
+        ch.ignored(f"step {e.job_id}.{e.step_id} cannot start (the job's run is not running, or the step id is not next)")
+        return
+    held = {a.node for a in job.alloc}
+    if not e.alloc or any(a.node not in held for a in e.alloc):
+        ch.ignored(f"step {e.job_id}.{e.step_id} names nodes outside its job's allocation")
+        return
+    step = Step(e, env.ts)
+    job.steps[e.step_id] = step
+    job.next_step = e.step_id + 1
+    ch.step(e.job_id, e.restarts, step, new=True)
+
+
+def _step_ended(state: State, env: ev.Envelope, e: ev.StepEnded, ch: Changes) -> None:
+    job = state.jobs.get(e.job_id)
+    step = job.steps.get(e.step_id) if job is not None and job.restarts == e.restarts else None
+    if job is None or step is None or e.node not in step.nodes or e.node in step.ended:
+        ch.ignored(f"step {e.job_id}.{e.step_id} is not running on {e.node}")
+        return
+    ch.step(job.job_id, job.restarts, step)
+    step.ended[e.node] = (e.state, e.exit_code, e.signal, e.max_rss)
+    step.elapsed = max(step.elapsed, e.elapsed)
+    if len(step.ended) == len(step.started.alloc):
+        step.state, step.exit_code, step.signal, step.max_rss = worst(list(step.ended.values()))
+        step.end = env.ts
+        step.elapsed = step.elapsed or max(0, env.ts - step.start)
+        del job.steps[e.step_id]
 
 
 def _set_reason(node: Node, reason: str, by: str, ts: int) -> None:
@@ -490,6 +535,8 @@ _HANDLERS: dict[type, Callable[[State, ev.Envelope, Any, Changes], None]] = {
     ev.JobRequeued: _job_requeued,
     ev.JobsStarted: _jobs_started,
     ev.JobExited: _job_exited,
+    ev.StepStarted: _step_started,
+    ev.StepEnded: _step_ended,
     ev.NodeRegistered: _node_registered,
     ev.NodeDrained: _node_drained,
     ev.NodeResumed: _node_resumed,

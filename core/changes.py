@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .state import Job
+    from .state import Job, Step
 
 
 @dataclass(slots=True)
@@ -31,7 +31,7 @@ class Before:
 class Changes:
     """Collected while folding; read afterwards. One instance may span many events (a batch)."""
 
-    __slots__ = ("jobs", "nodes", "config", "reported", "signals", "invalid", "seq", "touches")
+    __slots__ = ("jobs", "nodes", "config", "reported", "signals", "invalid", "seq", "touches", "steps")
 
     def __init__(self) -> None:
         self.jobs: dict[int, Before] = {}
@@ -42,6 +42,8 @@ class Changes:
         self.invalid: list[tuple[int, str]] = []   # (sequence, what) of events that fit no transition
         self.seq = 0
         self.touches = 0                        # notes taken (jobs and nodes): whether an event changed anything
+        # steps touched, by (job id, run, step id): the step object and whether it existed before
+        self.steps: dict[tuple[int, int, int], tuple["Step", bool]] = {}
 
     def job(self, job: "Job") -> None:
         """Note ``job`` before the current event changes it."""
@@ -60,6 +62,13 @@ class Changes:
             self.jobs[job.job_id] = Before(job, None, 0, None, None, None, self.seq)
         else:
             self.jobs[job.job_id].job = job
+
+    def step(self, job_id: int, restarts: int, step: "Step", new: bool = False) -> None:
+        """Note a step the current event starts (``new``) or changes."""
+        self.touches += 1
+        key = (job_id, restarts, step.step_id)
+        if key not in self.steps:
+            self.steps[key] = (step, new)
 
     def node(self, name: str) -> None:
         """Note that the current event changes node ``name`` (its resources, flags or jobs)."""
@@ -88,6 +97,9 @@ class InvalidOnly(Changes):
         return None
 
     def new_job(self, job: "Job") -> None:
+        return None
+
+    def step(self, job_id: int, restarts: int, step: "Step", new: bool = False) -> None:
         return None
 
     def node(self, name: str) -> None:

@@ -5,6 +5,8 @@ exactly what ``sbatch`` or ``scontrol`` would.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from . import events as ev
 from .arrays import ArraySpecError, parse_array
 from .auth import ROOT, Caller
@@ -13,6 +15,7 @@ from .limits import MAX_COUNT, MAX_NICE, MAX_TIME, spec_problems
 from .orders import Signal
 from .request import constraint_matches, effective_time_limit, node_request, partition_shape
 from .state import PENDING, RUNNING, TERMINAL_STATES, Job, State
+from .steps import StepAsk, StepRefused, layout
 
 
 class Rejected(Exception):
@@ -159,13 +162,59 @@ def cancel(state: State, job_id: int, caller: Caller = ROOT, tasks: tuple[int, .
     return ev.JobCancelled(job_id=job_id, by_uid=caller.uid, tasks=tasks, signal=signal)
 
 
-def signal(state: State, job_id: int, signum: int, caller: Caller = ROOT) -> tuple[str, Signal]:
-    """``scancel --signal``: the order that delivers ``signum`` to the running job's processes on its
-    batch host (a signal changes nothing the log knows)."""
+def signal(state: State, job_id: int, signum: int, caller: Caller = ROOT, batch: bool = True,
+           steps: bool = False, step_id: int | None = None) -> list[tuple[str, Signal]]:
+    """``scancel --signal``: the orders that deliver ``signum`` to the running job's batch shell (on its
+    batch host) and/or its steps' tasks (on every node they run on); a signal changes nothing the log knows."""
     job = _own_job(state, caller, job_id)
     if job.state != RUNNING or not job.alloc:
         raise Rejected("Job is not running", code="not_running")
-    return job.alloc[0].node, Signal(job_id=job_id, restarts=job.restarts, signal=signum)
+    if step_id is not None and step_id not in job.steps:
+        raise Rejected("Invalid job id specified", code="no_step")
+    nodes = [a.node for a in job.alloc] if steps else []
+    if batch and job.alloc[0].node not in nodes:
+        nodes.insert(0, job.alloc[0].node)
+    first = job.alloc[0].node
+    return [(n, Signal(job_id=job_id, restarts=job.restarts, signal=signum, batch=batch and n == first, steps=steps,
+                       step_id=step_id)) for n in nodes]
+
+
+def release_allocation(state: State, job_id: int, exit_code: int, signal: int = 0,
+                       caller: Caller = ROOT) -> ev.JobExited | ev.JobCancelled:
+    """``srun``/``salloc`` giving back an allocation it asked for: the job ends COMPLETED (or FAILED, with
+    the exit code of what ran in it)."""
+    job = _own_job(state, caller, job_id)
+    if not job.spec.allocation:
+        raise Rejected("Only an allocation made by srun or salloc can be released this way", code="invalid")
+    if job.state == PENDING:
+        return ev.JobCancelled(job_id=job_id, by_uid=caller.uid)   # given back before it started
+    if job.state != RUNNING or not job.alloc:
+        raise Rejected("Job/step already completing or completed", code="finished")
+    failed = exit_code != 0 or signal != 0
+    return ev.JobExited(job_id=job_id, state="FAILED" if failed else "COMPLETED", exit_code=exit_code, signal=signal,
+                        node=job.alloc[0].node, released=True)
+
+
+def step_create(state: State, job_id: int, ask: StepAsk, caller: Caller = ROOT, **step: Any) -> tuple[ev.StepStarted,
+                                                                                                    list[str]]:
+    """``srun`` inside an allocation: the step's event (its id, tasks and share of each node) and the
+    warnings ``srun`` prints; raises :class:`Rejected` with Slurm's words (code ``busy`` when it would fit
+    once a running step ends). ``step`` holds the event's other fields (name, argv, io, ...)."""
+    job = _job(state, job_id)
+    if job.spec.uid != caller.uid and caller.level < 2:
+        raise Rejected(ACCESS_DENIED, code="permission")
+    if job.state == PENDING:
+        raise Rejected("Job is pending execution", code="pending")
+    if job.state != RUNNING or not job.alloc:
+        raise Rejected("Job/step already completing or completed", code="finished")
+    try:
+        alloc, warnings = layout(job, ask)
+    except StepRefused as r:
+        raise Rejected(r.words, code="busy" if r.busy else "step") from None
+    ntasks = sum(len(a.tasks) for a in alloc)
+    cpt = alloc[0].cpus // len(alloc[0].tasks)
+    return ev.StepStarted(job_id=job_id, restarts=job.restarts, step_id=job.next_step, ntasks=ntasks,
+                          cpus_per_task=cpt, alloc=alloc, **step), warnings
 
 
 def requeue(state: State, job_id: int, hold: bool = False, caller: Caller = ROOT) -> ev.JobRequeued:
@@ -263,7 +312,7 @@ def resume(state: State, node: str, caller: Caller = ROOT, undrain_only: bool = 
 
 # ---------------------------------------------------------------- agents and silent nodes
 
-AGENT_REPORTS = (ev.NodeRegistered, ev.JobExited, ev.HealthFault)
+AGENT_REPORTS = (ev.NodeRegistered, ev.JobExited, ev.HealthFault, ev.StepEnded)
 """What an agent may report, and only about its own node."""
 
 
@@ -280,7 +329,13 @@ def check_report(state: State, node: str, event: ev.Event) -> ev.Event:
         job = state.jobs.get(event.job_id)
         if job is None or job.state != RUNNING or not job.alloc or job.alloc[0].node != node:
             raise Rejected(f"job {event.job_id} is not running on {node}", code="stale")
-        return event.model_copy(update={"node": node})
+        return event.model_copy(update={"node": node, "released": False})
+    if isinstance(event, ev.StepEnded):
+        job = state.jobs.get(event.job_id)
+        step = job.steps.get(event.step_id) if job is not None and job.restarts == event.restarts else None
+        if step is None or node not in step.nodes or node in step.ended:
+            raise Rejected(f"step {event.job_id}.{event.step_id} is not running on {node}", code="stale")
+        return event
     if isinstance(event, ev.HealthFault) and n.drain:
         raise Rejected(f"{node} is already drained", code="noop")
     return event

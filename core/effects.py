@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .arrays import parse_array
 from .changes import Changes
-from .orders import Kill, Launch, Order, Update
+from .orders import Kill, Launch, Order, StepKill, StepLaunch, Update
 from .state import RUNNING, Job, State
 
 
@@ -33,6 +33,19 @@ def orders(state: State, changes: Changes) -> list[tuple[str, Order]]:
                 out.append((node, Update(job_id=jid, restarts=job.restarts, time_limit=job.time_limit or 0)))
         elif running:
             out.append((job.alloc[0].node, launch(job)))
+    for (jid, restarts, sid), (step, new) in changes.steps.items():
+        job = state.jobs.get(jid)
+        if step.state == RUNNING and new and job is not None and job.state == RUNNING and job.restarts == restarts:
+            base = launch(job)
+            for a in step.started.alloc:
+                here = next(x for x in job.alloc if x.node == a.node)
+                facts = base.model_copy(update={"node_index": job.alloc.index(here), "cpus": here.cpus,
+                                                "mem": here.mem, "gpus": here.gpus})
+                out.append((a.node, StepLaunch(job_id=jid, restarts=restarts, step_id=sid, job=facts,
+                                               step=step.started)))
+        elif step.state != RUNNING and not new:
+            out.extend((n, StepKill(job_id=jid, restarts=restarts, step_id=sid)) for n in step.nodes
+                       if n not in step.ended)
     return out
 
 

@@ -171,6 +171,7 @@ class JobSpec(Model):
     submit_host: str = ""
     submit_line: str = ""
     gpu_given: bool = False
+    allocation: bool = False              # an allocation for ``srun``/``salloc``: no batch script of its own
 
 
 # ---------------------------------------------------------------- allocations
@@ -306,6 +307,66 @@ class JobExited(Model):
     elapsed: int = 0              # seconds
     node: str = ""
     reason: str = ""              # why it could not run, when it never started (a file it cannot open)
+    released: bool = False        # an allocation its ``srun``/``salloc`` gave back (its agent is told to stop it)
+
+
+class StepAlloc(Model):
+    """What one node gives a step from its job's allocation there: its tasks (global ranks), CPUs, memory, GPUs."""
+
+    node: str
+    tasks: tuple[int, ...]        # the step's task ranks on this node, ascending
+    cpus: int
+    mem: int = 0                  # MiB; 0 = the job's memory on this node
+    gpus: tuple[int, ...] = ()    # concrete GPU indices (a subset of the job's on this node)
+    gpus_per_task: int = 0        # each task sees only its own slice of ``gpus`` when set
+
+
+class StepStarted(Model):
+    """A step began inside a running job's allocation (``srun``): its id, its tasks and where they run.
+
+    ``io`` is where the step's ``srun`` waits for the nodes' agents to connect for stdin, stdout and
+    stderr (``host:port``, empty when the tasks write to files); ``io_key`` is the one-time secret they
+    present there.
+    """
+
+    type: Literal["step.started"] = "step.started"
+    v: int = 1
+    job_id: int
+    restarts: int = 0
+    step_id: int
+    name: str
+    ntasks: int
+    cpus_per_task: int = 1
+    alloc: tuple[StepAlloc, ...]
+    argv: tuple[str, ...]
+    workdir: str = "/"
+    env: dict[str, str] = Field(default_factory=dict)
+    io: str = ""
+    io_key: str = ""
+    output: str | None = None
+    error: str | None = None
+    input: str | None = None
+    label: bool = False
+
+
+StepEndState = Literal["COMPLETED", "FAILED", "CANCELLED", "OUT_OF_MEMORY", "TIMEOUT", "NODE_FAIL"]
+
+
+class StepEnded(Model):
+    """One node's tasks of a step ended, as that node's agent saw them (the worst of its tasks); the step
+    has ended once every node of it has reported."""
+
+    type: Literal["step.ended"] = "step.ended"
+    v: int = 1
+    job_id: int
+    restarts: int = 0
+    step_id: int
+    node: str
+    state: StepEndState
+    exit_code: int = 0
+    signal: int = 0
+    max_rss: int = 0              # KiB, the largest task's on this node
+    elapsed: int = 0
 
 
 class GpuInfo(Model):
@@ -398,12 +459,13 @@ class RequestDenied(Model):
 EVENT_TYPES: tuple[type[Model], ...] = (
     ClusterConfigured, ControllerStarted, JobSubmitted, JobCancelled, JobHeld, JobReleased,
     JobUpdated, JobRequeued, JobsStarted, JobExited, NodeRegistered, NodeDrained,
-    NodeResumed, NodeDown, NodeNotResponding, HealthFault, RequestDenied,
+    NodeResumed, NodeDown, NodeNotResponding, HealthFault, RequestDenied, StepStarted, StepEnded,
 )
 
 Event = Annotated[Union[ClusterConfigured, ControllerStarted, JobSubmitted, JobCancelled, JobHeld, JobReleased,
                         JobUpdated, JobRequeued, JobsStarted, JobExited, NodeRegistered, NodeDrained,
-                        NodeResumed, NodeDown, NodeNotResponding, HealthFault, RequestDenied],
+                        NodeResumed, NodeDown, NodeNotResponding, HealthFault, RequestDenied, StepStarted,
+                        StepEnded],
                   Field(discriminator="type")]   # the same types as EVENT_TYPES (a test keeps them equal)
 
 

@@ -72,6 +72,8 @@ def _plainly_fine(spec: JobSpec) -> bool:
         value = d[field]
         if value is not None and not lo <= value <= hi:
             return False
+    if d["signal"] is not None:
+        return False
     texts = [d[f] for f in _TEXT + _PATHS if d[f] is not None]
     texts += spec.partitions + spec.nodelist + spec.exclude
     if not "".join(texts).isprintable() or any(len(t) > MAX_NAME for t in texts[:len(_TEXT)]):
@@ -126,4 +128,11 @@ def spec_problems(spec: JobSpec) -> list[str]:
         out.append(f"Invalid script arguments: at most {MAX_ARGV}, without NUL characters")
     if len(spec.submit_line) > 65536 or "\0" in spec.submit_line or not encodable(spec.submit_line):
         out.append("Invalid submit line: at most 65,536 characters, without NUL characters")
+    if spec.signal is not None:
+        from .signals import parse_warning
+
+        try:
+            parse_warning(spec.signal)
+        except ValueError as exc:
+            out.append(str(exc)[0].upper() + str(exc)[1:])
     return out

@@ -11,7 +11,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field
 
-from .events import JobSpec, Model
+from .events import JobSpec, Model, StepStarted
 
 
 class Launch(Model):
@@ -63,12 +63,38 @@ class Update(Model):
 
 
 class Signal(Model):
-    """Deliver a signal to a run's processes (``scancel --signal``); the job goes on."""
+    """Deliver a signal to a run's processes (``scancel --signal``, ``--signal`` before the time limit):
+    to its batch shell's processes (``batch``) or to its steps' tasks on this node (all steps, or
+    ``step_id``); the job goes on."""
 
     op: Literal["signal"] = "signal"
     job_id: int
     restarts: int = 0
     signal: int
+    batch: bool = True
+    steps: bool = False
+    step_id: int | None = None
+
+
+class StepLaunch(Model):
+    """Run a step's tasks that belong on this node, confined to the step's share of the job here."""
+
+    op: Literal["step"] = "step"
+    job_id: int
+    restarts: int = 0
+    step_id: int
+    job: Launch                             # the job's facts, for this node (its CPUs, memory, GPUs here)
+    step: StepStarted
+
+
+class StepKill(Model):
+    """Stop a step's tasks on this node (the step's job ended, or the step was cancelled)."""
+
+    op: Literal["step_kill"] = "step_kill"
+    job_id: int
+    restarts: int = 0
+    step_id: int
+    signal: int = 9
 
 
 class Heartbeat(Model):
@@ -78,7 +104,7 @@ class Heartbeat(Model):
     running: tuple[int, ...] = ()
 
 
-Order = Annotated[Union[Launch, Kill, Update, Signal], Field(discriminator="op")]
+Order = Annotated[Union[Launch, Kill, Update, Signal, StepLaunch, StepKill], Field(discriminator="op")]
 """Any order (decoded by its ``op``)."""
 
 REPEATABLE = (Update, Signal)

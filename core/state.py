@@ -9,7 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from .events import ClusterConfig, JobSpec, NodeAlloc, NodeConfig
+from .events import ClusterConfig, JobSpec, NodeAlloc, NodeConfig, StepStarted
 from .request import NodeRequest, PartitionShape, partition_shape
 
 from .states import (  # noqa: F401 - re-exported: the job state names live in a light module
@@ -47,10 +47,35 @@ class Job:
     backfilled: bool = False
     start_cycle: int = 0
     req: NodeRequest | None = None          # per-node request in ``partition`` (kept by apply)
+    next_step: int = 0                      # the id the run's next step gets (``srun``)
+    steps: dict[int, "Step"] = field(default_factory=dict)   # the run's steps still running
 
     @property
     def is_array_remainder(self) -> bool:
         return self.array_pending is not None
+
+
+@dataclass(slots=True)
+class Step:
+    """A step of a running job (``srun``): what started it, and each of its nodes' ends as reported."""
+
+    started: StepStarted
+    start: int
+    state: str = RUNNING
+    end: int = 0
+    exit_code: int = 0
+    signal: int = 0
+    max_rss: int = 0                        # KiB, the largest task's
+    elapsed: int = 0
+    ended: dict[str, tuple[str, int, int, int]] = field(default_factory=dict)   # node -> (state, code, signal, rss)
+
+    @property
+    def step_id(self) -> int:
+        return self.started.step_id
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(a.node for a in self.started.alloc)
 
 
 @dataclass(slots=True)
@@ -223,11 +248,11 @@ class State:
 # A snapshot is the primary facts as compact JSON: jobs and nodes as positional rows (field order
 # below), job specs stored once and referenced by index. Loading trusts nothing but the version.
 
-SNAPSHOT_VERSION = 2
+SNAPSHOT_VERSION = 3
 _JOB_SCALARS = ("job_id", "submit_seq", "submit_time", "state", "hold", "priority_override", "nice",
                 "time_limit", "partition", "eligible_time", "start_time", "end_time", "exit_code", "signal",
                 "max_rss", "elapsed", "array_job_id", "array_task_id", "array_pending", "array_throttle",
-                "restarts", "cancel_by", "backfilled", "start_cycle")
+                "restarts", "cancel_by", "backfilled", "start_cycle", "next_step")
 _NODE_SCALARS = ("name", "index", "cpus", "memory", "gpu_types", "weight", "alloc_cpus", "alloc_mem",
                  "gpu_owner", "jobs", "drain", "down", "not_responding", "invalid_reg", "registered", "reason",
                  "reason_by", "reason_time", "last_busy", "boot_time", "reported_gpus", "awaiting_agent")
@@ -249,7 +274,9 @@ def dump_snapshot(state: State) -> bytes:
             specs.append(job.spec.model_dump(mode="json", exclude_defaults=True))
         jobs.append([si, [getattr(job, f) for f in _JOB_SCALARS],
                      [[a.node, a.cpus, a.mem, a.gpus] for a in job.alloc],
-                     list(job.req) if job.req is not None else None])
+                     list(job.req) if job.req is not None else None,
+                     [[st.started.model_dump(mode="json", exclude_defaults=True), st.start,
+                       [[n, *r] for n, r in st.ended.items()]] for st in job.steps.values()]])
     nodes = [[[getattr(n, f) for f in _NODE_SCALARS], n.features] for n in state.nodes.values()]
     doc = {"snapshot_version": SNAPSHOT_VERSION, "meta": [getattr(state, f) for f in _META],
            "config": state.config.model_dump(mode="json") if state.config is not None else None,
@@ -284,13 +311,17 @@ def _load(raw: dict[str, Any]) -> State:
         setattr(state, f, v)
     specs = [JobSpec.model_validate(s) for s in raw["specs"]]
     jobs = state.jobs
-    for si, scalars, alloc, req in raw["jobs"]:
+    for si, scalars, alloc, req, steps in raw["jobs"]:
         job = Job(job_id=0, spec=specs[si], submit_seq=0, submit_time=0)
         for f, v in zip(_JOB_SCALARS, scalars, strict=True):
             setattr(job, f, v)
         job.alloc = tuple(NodeAlloc.model_construct(node=a[0], cpus=a[1], mem=a[2], gpus=tuple(a[3]))
                           for a in alloc)
         job.req = NodeRequest(*req) if req is not None else None
+        for started, start, ended in steps:
+            step = Step(StepStarted.model_validate(started), start,
+                        ended={r[0]: (r[1], r[2], r[3], r[4]) for r in ended})
+            job.steps[step.step_id] = step
         jobs[job.job_id] = job
     for scalars, features in raw["nodes"]:
         node = Node(name="", index=0, cpus=0, memory=0, gpu_types=[], features=tuple(features))

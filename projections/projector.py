@@ -18,7 +18,7 @@ from rota.core import events as ev
 from rota.core.apply import fold
 from rota.core.changes import Changes
 from rota.core.static_reasons import reasons_now
-from rota.core.state import TERMINAL_STATES, Job, State, dump_snapshot, load_snapshot
+from rota.core.state import TERMINAL_STATES, Job, State, Step, dump_snapshot, load_snapshot
 
 from .reasons import ReasonLane
 from .schema import SCHEMA, SCHEMA_VERSION
@@ -192,13 +192,16 @@ class Projector:
                     why = reasons.get(job.job_id)
                     reason = why.code if why is not None else None
                 else:
-                    steps.append(_batch_step(job))
+                    if not job.spec.allocation:
+                        steps.append(_batch_step(job))
                     u = usage.setdefault((job.spec.user, job.spec.account, job.partition), [0, 0, 0])
                     elapsed = job.elapsed or max(0, job.end_time - job.start_time)
                     u[0] += sum(a.cpus for a in job.alloc) * elapsed
                     u[1] += sum(len(a.gpus) for a in job.alloc) * elapsed
                     u[2] += 1
             rows.append(job_row(job, before.seq, reason))
+        for (jid, _run, _sid), (step, _new) in changes.steps.items():
+            steps.append(step_row(jid, step))
         nodes = self._node_rows() if changes.nodes or changes.config else None
         partitions = self._partition_rows() if changes.config else None
         snapshot = None
@@ -213,7 +216,7 @@ class Projector:
         db = self.db
         await db.executemany(_UPSERT_JOB, rows)
         if steps:
-            await db.executemany("INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", steps)
+            await db.executemany(f"INSERT OR REPLACE INTO steps VALUES ({', '.join('?' * 13)})", steps)
         for (user, account, part), (cpu, gpu, jobs) in usage.items():
             await db.execute("INSERT INTO usage VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(user, account, partition) DO "
                              "UPDATE SET cpu_seconds = cpu_seconds + excluded.cpu_seconds, gpu_seconds = "
@@ -272,4 +275,13 @@ def _batch_step(job: Job) -> tuple:
     elif state == "OUT_OF_MEMORY":
         exit_code, sig = 0, 125
     elapsed = job.elapsed or max(0, job.end_time - job.start_time)
-    return (job.job_id, "batch", "batch", state, exit_code, sig, job.max_rss, elapsed, job.start_time, job.end_time)
+    first = job.alloc[0] if job.alloc else None
+    return (job.job_id, "batch", "batch", state, exit_code, sig, job.max_rss, elapsed, job.start_time, job.end_time,
+            1, first.cpus if first else 0, first.node if first else "")
+
+
+def step_row(job_id: int, step: Step) -> tuple:
+    """An srun step's row: RUNNING from its start, then how it ended."""
+    s = step.started
+    return (job_id, str(s.step_id), s.name, step.state, step.exit_code, step.signal, step.max_rss, step.elapsed,
+            step.start, step.end, s.ntasks, sum(a.cpus for a in s.alloc), ",".join(a.node for a in s.alloc))

@@ -88,11 +88,15 @@ def reason_history(conn, job_id: int) -> list:
 
 
 def steps(conn, job_ids: list[int]) -> dict:
-    """The ``.batch`` step row of each of these jobs that has one."""
+    """The step rows of each of these jobs that has any: ``batch`` first, then srun's steps in order."""
     if not job_ids:
         return {}
     listed = ",".join(str(int(j)) for j in job_ids)   # integers, inline: no limit on how many
-    return {s["job_id"]: s for s in conn.execute(f"SELECT * FROM steps WHERE job_id IN ({listed})")}
+    out: dict = {}
+    for s in conn.execute(f"SELECT * FROM steps WHERE job_id IN ({listed}) "
+                          "ORDER BY job_id, step != 'batch', CAST(step AS INTEGER)"):
+        out.setdefault(s["job_id"], []).append(s)
+    return out
 
 
 def nodes(conn) -> list:

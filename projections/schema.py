@@ -1,6 +1,6 @@
 """The SQLite tables the projector maintains (squeue/sinfo/sacct views of the log)."""
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -30,9 +30,10 @@ CREATE INDEX IF NOT EXISTS jobs_user ON jobs(user);
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_array ON jobs(array_job_id);
 CREATE INDEX IF NOT EXISTS jobs_end ON jobs(end_time);
-CREATE TABLE IF NOT EXISTS steps (
+CREATE TABLE IF NOT EXISTS steps (   -- ``batch`` and each srun step (``0``, ``1``, ...) of a job's last run
     job_id INTEGER, step TEXT, name TEXT, state TEXT, exit_code INTEGER, signal INTEGER,
     max_rss INTEGER, elapsed INTEGER, start INTEGER, end_time INTEGER,
+    ntasks INTEGER, cpus INTEGER, nodes TEXT,
     PRIMARY KEY (job_id, step)
 );
 CREATE TABLE IF NOT EXISTS nodes (

@@ -87,7 +87,14 @@ async def work_queue(js: Any, stream: str, subject: str, durable: str, *, batch:
             await asyncio.sleep(0.5)
     while True:
         try:
-            msgs = await sub.fetch(batch, timeout=1.0)
+            # one message as soon as it is there (a fetch of many waits out its whole timeout once the
+            # first has come), then whatever else is already waiting
+            msgs = await sub.fetch(1, timeout=1.0)
+            if batch > 1:
+                try:
+                    msgs += await sub.fetch(batch - 1, timeout=0.005)
+                except asyncio.TimeoutError:
+                    pass
         except asyncio.TimeoutError:
             continue
         except Exception as exc:  # noqa: BLE001 - reconnecting

@@ -31,4 +31,6 @@ def message_id(order: Order) -> str | None:
     """JetStream's de-duplication id: a retried launch or kill lands once (None: send every time)."""
     if isinstance(order, REPEATABLE):
         return None
-    return f"{order.op}-{order.job_id}-{'any' if order.restarts is None else order.restarts}"
+    step = getattr(order, "step_id", None)
+    return f"{order.op}-{order.job_id}-{'any' if order.restarts is None else order.restarts}" + \
+        (f"-{step}" if step is not None else "")

@@ -1,0 +1,472 @@
+"""A step's tasks on this node (``srun``): launched as the job's user inside the step's share of the job's
+cgroup and GPUs, their stdin, stdout and stderr carried to and from ``srun``, their end reported.
+
+Each task is its own process group. What a task writes goes to ``srun`` as frames (:mod:`rota.wire.stepio`)
+unless the step names output files; what ``srun`` reads from its stdin goes to every task. When ``srun``
+goes away, or the job ends, the tasks are killed: a step never outlives its job or its ``srun``.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from rota.core import events as ev
+from rota.core.hostlist import compress
+from rota.core.orders import StepLaunch
+from rota.core.signals import Warning, parse_warning
+from rota.wire import stepio
+
+from . import launch
+
+log = logging.getLogger("rota.agent.steps")
+
+KEEP_FROM_JOB = ("SLURM_", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
+
+
+@dataclass
+class Task:
+    rank: int
+    local: int
+    proc: subprocess.Popen | None = None
+    code: int | None = None
+    sig: int = 0
+    peak_kib: int = 0
+    stdin: bytearray = field(default_factory=bytearray)   # from srun, not yet taken by the task
+    stdin_eof: bool = False
+
+
+@dataclass
+class StepRun:
+    """One step's tasks on this node."""
+
+    order: StepLaunch
+    alloc: ev.StepAlloc
+    tasks: list[Task]
+    started: float = field(default_factory=time.time)
+    cgroup: Any = None
+    writer: asyncio.StreamWriter | None = None
+    reader: asyncio.StreamReader | None = None
+    shared_cgroup: bool = False         # the tasks run in the job's own cgroup (the step asked for no memory share)
+    oom_before: int = 0                 # the job cgroup's OOM kills when the step began (shared_cgroup)
+    killed: str | None = None           # "cancelled" (a kill order, srun gone) or "timeout"
+    warned: bool = False                # the --signal warning was sent
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return self.order.job_id, self.order.restarts, self.order.step_id
+
+    def pgids(self) -> list[int]:
+        return [t.proc.pid for t in self.tasks if t.proc is not None and t.code is None]
+
+
+def task_env(o: StepLaunch, alloc: ev.StepAlloc, node: str, rank: int, local: int, node_id: int) -> dict[str, str]:
+    """A task's environment as Slurm sets it: ``srun``'s own, the job's Slurm variables, then the step's."""
+    step, job = o.step, o.job
+    env = dict(step.env)
+    job_vars = launch.job_env(job, node)
+    if not env:
+        env.update(job_vars)
+    env.update({k: v for k, v in job_vars.items() if k.startswith(KEEP_FROM_JOB)})
+    env.setdefault("PATH", job_vars.get("PATH", "/usr/bin:/bin"))
+    env.setdefault("HOME", job_vars.get("HOME", "/"))
+    nodes = [a.node for a in step.alloc]
+    per_node = [len(a.tasks) for a in step.alloc]
+    if alloc.gpus_per_task:
+        gpus = alloc.gpus[local * alloc.gpus_per_task:(local + 1) * alloc.gpus_per_task]
+    else:
+        gpus = alloc.gpus
+    sid = str(step.step_id)
+    env.update({
+        "SLURM_STEP_ID": sid, "SLURM_STEPID": sid, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(local),
+        "SLURM_NODEID": str(node_id), "SLURM_NTASKS": str(step.ntasks), "SLURM_NPROCS": str(step.ntasks),
+        "SLURM_STEP_NUM_TASKS": str(step.ntasks), "SLURM_STEP_NUM_NODES": str(len(nodes)),
+        "SLURM_NNODES": str(len(nodes)), "SLURM_STEP_NODELIST": compress(nodes), "SLURM_NODELIST": compress(nodes),
+        "SLURM_STEP_TASKS_PER_NODE": launch.run_length(tuple(per_node)),
+        "SLURM_TASKS_PER_NODE": launch.run_length(tuple(per_node)),
+        "SLURM_GTIDS": ",".join(map(str, alloc.tasks)), "SLURM_CPUS_ON_NODE": str(job.cpus),
+        "SLURM_DISTRIBUTION": "block", "SLURMD_NODENAME": node, "SLURM_TOPOLOGY_ADDR": node,
+        "SLURM_CPUS_PER_TASK": str(step.cpus_per_task),
+        "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)), "GPU_DEVICE_ORDINAL": ",".join(map(str, gpus)),
+        "SLURM_STEP_GPUS": ",".join(map(str, alloc.gpus)),
+    })
+    if step.io:
+        host = step.io.rsplit(":", 1)[0]
+        env["SLURM_SRUN_COMM_HOST"] = env["SLURM_LAUNCH_NODE_IPADDR"] = host
+    if not alloc.gpus:
+        env.pop("SLURM_STEP_GPUS", None)
+    return env
+
+
+class Steps:
+    """The steps running on one node, for its agent."""
+
+    def __init__(self, node: str, spool: Path, cgroups: Any, report: Callable[[Any], Awaitable[None]],
+                 kill_wait: float = 30.0) -> None:
+        self.node, self.spool, self.cgroups, self.report, self.kill_wait = node, spool, cgroups, report, kill_wait
+        self.runs: dict[tuple[int, int, int], StepRun] = {}
+        self.seen: set[tuple[int, int, int]] = set()
+        self._tasks: set[asyncio.Task] = set()
+
+    def launch(self, o: StepLaunch) -> None:
+        """Start the step's tasks that belong here (a repeated order is ignored)."""
+        key = (o.job_id, o.restarts, o.step_id)
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        alloc = next((a for a in o.step.alloc if a.node == self.node), None)
+        if alloc is None:
+            return
+        run = StepRun(o, alloc, [Task(rank, i) for i, rank in enumerate(alloc.tasks)])
+        self.runs[key] = run
+        task = asyncio.create_task(self._run(run))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def of_job(self, job_id: int, restarts: int | None = None) -> list[StepRun]:
+        return [r for (j, n, _s), r in self.runs.items() if j == job_id and (restarts is None or n == restarts)]
+
+    def send_signal(self, job_id: int, restarts: int | None, sig: int, step_id: int | None = None) -> None:
+        """Deliver ``sig`` to the tasks of the job's steps here (or of one step)."""
+        for run in self.of_job(job_id, restarts):
+            if step_id is None or run.order.step_id == step_id:
+                self._signal(run, sig)
+
+    def kill(self, job_id: int, restarts: int | None, step_id: int | None = None, sig: int = signal.SIGKILL,
+             why: str = "cancelled") -> None:
+        """Stop the job's steps here (or one of them)."""
+        for run in self.of_job(job_id, restarts):
+            if step_id is None or run.order.step_id == step_id:
+                run.killed = run.killed or why
+                self._signal(run, signal.SIGCONT)
+                self._signal(run, sig)
+                if sig != signal.SIGKILL:
+                    loop = asyncio.get_running_loop()
+                    loop.call_later(self.kill_wait, self._signal, run, signal.SIGKILL)
+
+    def tick(self, now: float) -> None:
+        """The ``--signal`` warning before the job's time limit, to the steps' tasks (not the batch shell)."""
+        for run in list(self.runs.values()):
+            job = run.order.job
+            warn = warning(job.spec.signal)
+            if warn is None or run.warned or not job.time_limit or warn.batch_only:
+                continue
+            if now >= job.start_time + job.time_limit - warn.before:
+                run.warned = True
+                self._signal(run, warn.signal)
+
+    async def stop(self) -> None:
+        for run in list(self.runs.values()):
+            self._signal(run, signal.SIGKILL)
+        for t in list(self._tasks):
+            t.cancel()
+
+    # ------------------------------------------------------------ one step
+
+    def _signal(self, run: StepRun, sig: int) -> None:
+        for pg in run.pgids():
+            try:
+                os.killpg(pg, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    async def _run(self, run: StepRun) -> None:
+        o, alloc = run.order, run.alloc
+        step = o.step
+        try:
+            if step.io:
+                await self._connect(run)
+            self._make_cgroup(run)
+            for t in run.tasks:
+                self._start(run, t)
+        except Exception as exc:  # noqa: BLE001 - a step that cannot start here fails here, clearly
+            why = exc.args[0] if isinstance(exc, launch.LaunchError) else f"{type(exc).__name__}: {exc}"
+            log.error("step %s.%s cannot start on %s: %s", o.job_id, o.step_id, self.node, why)
+            await self._send(run, stepio.STDERR, alloc.tasks[0], f"slurmstepd-{self.node}: error: {why}\n".encode())
+            for t in run.tasks:
+                if t.proc is None:
+                    t.code = 1 if not isinstance(exc, FileNotFoundError) else 2
+        pumps = [asyncio.create_task(self._pump(run, t)) for t in run.tasks if t.proc is not None]
+        reader = asyncio.create_task(self._from_srun(run)) if run.writer is not None else None
+        sampler = asyncio.create_task(self._sample(run))
+        await asyncio.gather(*pumps, return_exceptions=True)
+        sampler.cancel()
+        for t in run.tasks:
+            if t.code is not None and t.proc is None:
+                await self._send(run, stepio.EXIT, t.rank, f"{t.code} {t.sig}".encode())
+        if reader is not None:
+            reader.cancel()
+        await self._finish(run)
+
+    async def _connect(self, run: StepRun) -> None:
+        host, _, port = run.order.step.io.rpartition(":")
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 10)
+        except (OSError, ValueError, asyncio.TimeoutError) as exc:
+            raise launch.LaunchError(f"cannot reach srun at {run.order.step.io}: {exc}") from None
+        hello = {"key": run.order.step.io_key, "node": self.node, "tasks": list(run.alloc.tasks)}
+        writer.write(json.dumps(hello).encode() + b"\n")
+        await writer.drain()
+        run.writer, run.reader = writer, reader
+
+    def _make_cgroup(self, run: StepRun) -> None:
+        if self.cgroups is None:
+            return
+        o = run.order
+        job_cg = self.cgroups.existing(o.job_id)
+        if job_cg is None:
+            job_cg = self.cgroups.create(o.job_id, o.job.mem, None)   # a node of the job that runs no batch script
+        if run.alloc.mem:
+            run.cgroup = self.cgroups.create_step(o.job_id, o.step_id, run.alloc.mem)
+        else:    # the step's share is the job's whole allocation here (a fresh cgroup's first attach is slow)
+            run.cgroup, run.shared_cgroup = job_cg, True
+            run.oom_before = job_cg.oom_kills()
+
+    def _start(self, run: StepRun, t: Task) -> None:
+        o, alloc, step = run.order, run.alloc, run.order.step
+        uid, gid, groups, _name = launch.identity(o.job)
+        me = os.geteuid()
+        if me != 0 and uid != me:
+            raise launch.LaunchError(f"this node's agent does not run as root: it can run only jobs of uid {me}")
+        node_id = [a.node for a in step.alloc].index(self.node)
+        env = task_env(o, alloc, self.node, t.rank, t.local, node_id)
+        workdir = step.workdir or "/"
+        files = {}
+        for fd, pattern in ((1, step.output), (2, step.error or step.output), (0, step.input)):
+            if pattern and pattern != "none":
+                path = Path(launch.expand_pattern(pattern, o.job, self.node, step.step_id, t.rank, node_id))
+                files[fd] = str(path if path.is_absolute() else Path(workdir) / path)
+        cg_procs = [str(p) for p in run.cgroup.proc_files()] if run.cgroup is not None else []
+        become = me == 0
+        append = o.job.spec.open_mode == "append"
+
+        def in_child() -> None:   # in the forked child before exec: plain syscalls only
+            pid = str(os.getpid())
+            for f in cg_procs:
+                with open(f, "w") as fh:
+                    fh.write(pid)
+            if become:
+                os.setgroups(groups)
+                os.setresgid(gid, gid, gid)
+                os.setresuid(uid, uid, uid)
+            try:
+                os.chdir(workdir)
+            except OSError:
+                os.chdir("/tmp")
+            for fd, path in files.items():   # opened as the user: a task writes only where its user may
+                flags = os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+                if fd == 2 and files.get(1) == path:
+                    os.dup2(1, 2)
+                    continue
+                f = os.open(path, flags, 0o644)
+                os.dup2(f, fd)
+                os.close(f)
+
+        to_srun = run.writer is not None
+        t.proc = subprocess.Popen(
+            list(step.argv), env=env, preexec_fn=in_child, start_new_session=True, close_fds=True,
+            stdin=subprocess.PIPE if to_srun and 0 not in files else subprocess.DEVNULL,
+            stdout=subprocess.PIPE if to_srun and 1 not in files else subprocess.DEVNULL,
+            stderr=subprocess.PIPE if to_srun and 2 not in files else subprocess.DEVNULL)
+
+    async def _pump(self, run: StepRun, t: Task) -> None:
+        """Carry a task's output to srun until it ends; then its exit status."""
+        proc = t.proc
+        assert proc is not None
+        readers = []
+        for pipe, kind in ((proc.stdout, stepio.STDOUT), (proc.stderr, stepio.STDERR)):
+            if pipe is not None:
+                readers.append(asyncio.create_task(self._drain_pipe(run, t, pipe, kind)))
+        status = await _exited(proc)
+        await asyncio.gather(*readers, return_exceptions=True)
+        t.code, t.sig = (0, -status) if status < 0 else (status, 0)
+        await self._send(run, stepio.EXIT, t.rank, f"{t.code} {t.sig}".encode())
+
+    async def _drain_pipe(self, run: StepRun, t: Task, pipe: Any, kind: int) -> None:
+        loop = asyncio.get_running_loop()
+        fd = pipe.fileno()
+        os.set_blocking(fd, False)
+        queue: asyncio.Queue[bytes] = asyncio.Queue()
+
+        def readable() -> None:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            queue.put_nowait(data)
+            if not data:
+                loop.remove_reader(fd)
+
+        loop.add_reader(fd, readable)
+        try:
+            while True:
+                data = await queue.get()
+                if not data:
+                    break
+                await self._send(run, kind, t.rank, data)
+        finally:
+            loop.remove_reader(fd)
+            pipe.close()
+
+    async def _send(self, run: StepRun, kind: int, rank: int, data: bytes) -> None:
+        w = run.writer
+        if w is None or w.is_closing():
+            return
+        try:
+            w.write(stepio.frame(kind, rank, data))
+            await w.drain()
+        except (ConnectionError, OSError):
+            self.kill(*run.key, why="cancelled")   # srun is gone: so is its step
+
+    async def _from_srun(self, run: StepRun) -> None:
+        """stdin and signals from srun; srun gone means the step is killed."""
+        reader = run.reader
+        assert reader is not None
+        try:
+            while True:
+                head = await reader.readexactly(stepio.HEADER.size)
+                kind, rank, size = stepio.HEADER.unpack(head)
+                if size > stepio.MAX_FRAME:
+                    raise ConnectionError("frame too large")
+                data = await reader.readexactly(size) if size else b""
+                if kind in (stepio.STDIN, stepio.STDIN_EOF):
+                    for t in run.tasks:
+                        if rank in (t.rank, stepio.ALL_TASKS):
+                            _feed(t, data if kind == stepio.STDIN else None)
+                    while any(len(t.stdin) > STDIN_BUFFER for t in run.tasks if t.code is None):
+                        await asyncio.sleep(0.01)     # a task that does not read: srun waits, as in Slurm
+                elif kind == stepio.SIGNAL:
+                    sig = int(data or b"2")
+                    if sig == signal.SIGKILL:
+                        run.killed = run.killed or "cancelled"
+                    self._signal(run, sig)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError, ValueError):
+            if any(t.code is None for t in run.tasks):
+                log.info("srun of step %s.%s went away: its tasks here are killed", run.order.job_id,
+                         run.order.step_id)
+                self.kill(*run.key, why="cancelled")
+
+    async def _sample(self, run: StepRun) -> None:
+        while True:
+            for t in run.tasks:
+                if t.proc is not None and t.code is None:
+                    t.peak_kib = max(t.peak_kib, launch.group_rss_kib(t.proc.pid))
+            await asyncio.sleep(0.5)
+
+    async def _finish(self, run: StepRun) -> None:
+        o = run.order
+        peak = max((t.peak_kib for t in run.tasks), default=0)
+        oom = False
+        if run.cgroup is not None and not run.shared_cgroup:
+            oom = run.cgroup.oom_killed()
+            peak = max(peak, run.cgroup.peak_kib())
+            await asyncio.to_thread(run.cgroup.remove)
+        if run.cgroup is not None:
+            if run.shared_cgroup:
+                oom = run.cgroup.oom_kills() > run.oom_before
+            if not self.runs_of_job_besides(run) and o.job.nodes and o.job.nodes[0] != self.node:
+                job_cg = self.cgroups.existing(o.job_id)
+                if job_cg is not None:
+                    await asyncio.to_thread(job_cg.remove)
+        ends = []
+        for t in run.tasks:
+            code, sig = t.code or 0, t.sig
+            if run.killed:
+                state = "CANCELLED" if run.killed != "timeout" else "TIMEOUT"
+            elif oom:
+                state = "OUT_OF_MEMORY"
+            elif code == 0 and sig == 0:
+                state = "COMPLETED"
+            else:
+                state = "FAILED"
+            ends.append((state, code, sig, t.peak_kib))
+        from rota.core.steps import worst
+
+        state, code, sig, _rss = worst(ends)
+        if run.writer is not None:
+            try:
+                run.writer.close()
+            except OSError:
+                pass
+        del self.runs[run.key]
+        run.done.set()
+        await self.report(ev.StepEnded(job_id=o.job_id, restarts=o.restarts, step_id=o.step_id, node=self.node,
+                                       state=state, exit_code=code, signal=sig, max_rss=peak,  # type: ignore[arg-type]
+                                       elapsed=int(time.time() - run.started)))
+
+    def runs_of_job_besides(self, run: StepRun) -> list[StepRun]:
+        return [r for r in self.of_job(run.order.job_id, run.order.restarts) if r is not run]
+
+
+def warning(text: str | None) -> Warning | None:
+    """A job's ``--signal`` warning (None: none, or one that no longer reads)."""
+    try:
+        return parse_warning(text) if text else None
+    except ValueError:
+        return None
+
+
+STDIN_BUFFER = 1 << 20
+
+
+def _feed(t: Task, data: bytes | None) -> None:
+    """Queue ``data`` for a task's stdin (None: end of input) and write what the pipe takes now."""
+    proc = t.proc
+    if proc is None or proc.stdin is None or proc.stdin.closed:
+        t.stdin.clear()
+        return
+    if data is None:
+        t.stdin_eof = True
+    else:
+        t.stdin += data
+    fd = proc.stdin.fileno()
+    os.set_blocking(fd, False)
+    loop = asyncio.get_running_loop()
+
+    def writable() -> None:
+        try:
+            while t.stdin:
+                n = os.write(fd, t.stdin[:65536])
+                del t.stdin[:n]
+        except BlockingIOError:
+            return
+        except OSError:
+            t.stdin.clear()
+        loop.remove_writer(fd)
+        if t.stdin_eof and proc.stdin is not None:
+            proc.stdin.close()
+
+    loop.remove_writer(fd)
+    writable()
+    if (t.stdin or t.stdin_eof) and proc.stdin is not None and not proc.stdin.closed:
+        loop.add_writer(fd, writable)
+
+
+async def _exited(proc: subprocess.Popen) -> int:
+    """Wait for a process without a thread: its pidfd becomes readable when it ends."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        while proc.poll() is None:
+            await asyncio.sleep(0.02)
+        return proc.returncode
+    loop = asyncio.get_running_loop()
+    ended = loop.create_future()
+    loop.add_reader(pidfd, lambda: ended.done() or ended.set_result(None))
+    try:
+        if proc.poll() is None:
+            await ended
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+    return proc.wait()

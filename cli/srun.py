@@ -1,0 +1,430 @@
+"""``srun``: run a step, inside the job it is called from, or in an allocation it asks for first.
+
+Inside a job (``SLURM_JOB_ID``, or ``--jobid``) the controller lays the step out over the job's nodes and
+logs it; each node's agent starts its tasks and connects back here, as Slurm's step daemons connect to
+``srun``: stdin goes to every task, what the tasks write comes back (``--label`` prefixes each line
+with the task's rank), and ``srun`` exits with the worst task's status. Outside a job it first gets an
+allocation (waiting, and saying why), runs the step, and gives the allocation back.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+from .options import NO, REQUIRED, OptionError, parse, table
+
+from rota.wire import stepio
+
+OPTIONS = table(
+    ("A", "account", REQUIRED, "account"), ("", "acctg-freq", REQUIRED, "~acctg-freq"),
+    ("b", "begin", REQUIRED, "begin"), ("D", "chdir", REQUIRED, "chdir"), ("C", "constraint", REQUIRED, "constraint"),
+    ("", "cpu-bind", REQUIRED, "~cpu-bind"), ("c", "cpus-per-task", REQUIRED, "cpus_per_task"),
+    ("d", "dependency", REQUIRED, "dependency"), ("m", "distribution", REQUIRED, "~distribution"),
+    ("e", "error", REQUIRED, "error"), ("x", "exclude", REQUIRED, "exclude"), ("", "exact", NO, "~exact"),
+    ("", "exclusive", NO, "~exclusive"), ("", "export", REQUIRED, "export"), ("", "gpu-bind", REQUIRED, "~gpu-bind"),
+    ("G", "gpus", REQUIRED, "gpus"), ("", "gpus-per-node", REQUIRED, "gpus_per_node"),
+    ("", "gpus-per-task", REQUIRED, "gpus_per_task"), ("", "gres", REQUIRED, "gres"), ("h", "help", NO, "help"),
+    ("", "hint", REQUIRED, "~hint"), ("i", "input", REQUIRED, "input"), ("J", "job-name", REQUIRED, "job_name"),
+    ("", "jobid", REQUIRED, "jobid"), ("K", "kill-on-bad-exit", NO, "~kill-on-bad-exit"),
+    ("l", "label", NO, "label"), ("", "mem", REQUIRED, "mem"), ("", "mem-bind", REQUIRED, "~mem-bind"),
+    ("", "mem-per-cpu", REQUIRED, "mem_per_cpu"), ("", "mem-per-gpu", REQUIRED, "mem_per_gpu"),
+    ("", "mpi", REQUIRED, "~mpi"), ("", "multi-prog", NO, "!multi-prog"), ("w", "nodelist", REQUIRED, "nodelist"),
+    ("N", "nodes", REQUIRED, "nodes"), ("n", "ntasks", REQUIRED, "ntasks"),
+    ("", "ntasks-per-node", REQUIRED, "ntasks_per_node"), ("o", "output", REQUIRED, "output"),
+    ("", "overlap", NO, "overlap"), ("O", "overcommit", NO, "!overcommit"), ("p", "partition", REQUIRED, "partition"),
+    ("", "propagate", REQUIRED, "~propagate"), ("", "pty", NO, "!pty"), ("q", "qos", REQUIRED, "qos"),
+    ("Q", "quiet", NO, "quiet"), ("", "quit-on-interrupt", NO, "quit_on_interrupt"),
+    ("t", "time", REQUIRED, "time"), ("u", "unbuffered", NO, "unbuffered"), ("v", "verbose", NO, "~verbose"),
+    ("V", "version", NO, "version"), ("W", "wait", REQUIRED, "~wait"), ("X", "disable-status", NO, "~disable-status"),
+)
+USAGE = ("Usage: srun [-N nnodes] [-n ntasks] [-c ncpus] [--ntasks-per-node=n] [--gpus-per-task=n] [--mem=MB]\n"
+         "            [-o out] [-e err] [-i in] [-l] [-u] [--overlap] [--jobid=id] [-p partition] [-t time]\n"
+         "            executable [args...]\n")
+BUSY_RETRY = 1.0
+CONNECT_TIMEOUT = 60.0
+_FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
+
+
+class SrunError(Exception):
+    """What stops srun (its message is the error line)."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _count(values: dict, key: str, option: str) -> int | None:
+    text = values.get(key)
+    if text is None:
+        return None
+    text = str(text).split("-")[0] if key == "nodes" else str(text)
+    if not text.isdecimal() or int(text) < 1:
+        raise SrunError(f"srun: error: Invalid numeric value \"{values[key]}\" for {option}.")
+    return int(text)
+
+
+def step_body(values: dict, argv: list[str], job_id: int) -> dict:
+    """The ``step_create`` request for these options."""
+    from .sbatch import SbatchError, parse_mem
+
+    body: dict = {"job_id": job_id, "argv": argv, "workdir": values.get("chdir") or os.getcwd(),
+                  "env": {k: v for k, v in os.environ.items() if "\0" not in v}, "label": bool(values.get("label"))}
+    for key, option in (("ntasks", "--ntasks"), ("nodes", "--nodes"), ("ntasks_per_node", "--ntasks-per-node"),
+                        ("cpus_per_task", "--cpus-per-task"), ("gpus_per_task", "--gpus-per-task")):
+        n = _count(values, key, option)
+        if n is not None:
+            body[key] = n
+    gres = values.get("gres") or values.get("gpus_per_node")
+    if gres:
+        count = str(gres).rsplit(":", 1)[-1]
+        if not count.isdecimal():
+            raise SrunError("srun: error: Invalid generic resource (gres) specification")
+        body["gpus_per_node"] = int(count)
+    if values.get("mem") is not None:
+        try:
+            body["mem"] = parse_mem(values["mem"])
+        except SbatchError:
+            raise SrunError("srun: error: Invalid --mem specification") from None
+    if values.get("nodelist"):
+        from rota.core.hostlist import HostlistError, expand
+
+        try:
+            body["nodelist"] = expand(values["nodelist"])
+        except HostlistError as exc:
+            raise SrunError(f"srun: error: Invalid --nodelist specification: {exc}") from None
+    for key in ("output", "error", "input"):
+        if values.get(key):
+            body[key] = values[key]
+    if values.get("job_name"):
+        body["name"] = values["job_name"]
+    if values.get("overlap"):
+        body["overlap"] = True
+    return body
+
+
+def main(argv: list[str], out=None, err=None) -> int:
+    out = out or sys.stdout.buffer
+    err = err or sys.stderr
+    try:
+        values, command = parse("srun", argv, OPTIONS, stop_at_operand=True)
+        from .options import unsupported
+
+        for warning in unsupported("srun", values):
+            err.write(warning + "\n")
+    except OptionError as exc:
+        err.write(f"{exc}\nTry \"srun --help\" for more information\n")
+        return 1
+    if values.get("help"):
+        sys.stdout.write(USAGE)
+        return 0
+    if values.get("version"):
+        sys.stdout.write("slurm 22.05 (rota)\n")
+        return 0
+    if not command:
+        err.write("srun: fatal: No command given to execute.\n")
+        return 1
+    from .allocation import AllocationError, allocate, release
+    from .client import NoCluster
+
+    given = values.get("jobid") or os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID")
+    made: int | None = None
+    step: Step | None = None
+    try:
+        if given:
+            if not str(given).isdecimal():
+                raise SrunError(f"srun: error: Invalid job id: {given}")
+            job_id = int(given)
+        else:
+            view = allocate("srun", _job_options(values), os.path.basename(command[0]), err)
+            job_id = made = int(view["job_id"])
+        step = Step(job_id, step_body(values, command, job_id), out, err, values)
+        code = step.run()
+    except (SrunError, AllocationError) as exc:
+        text = str(exc)
+        err.write(text if text.startswith("srun:") else f"srun: error: {text}")
+        err.write("\n")
+        code = exc.code if isinstance(exc, SrunError) else 1
+    except NoCluster as exc:
+        err.write(f"srun: error: {exc}\n")
+        code = 1
+    if made is not None:
+        release(made, code if code < 128 else 0, code - 128 if code > 128 else 0,
+                step.step_id if step is not None and step.step_id >= 0 else None)
+    return code
+
+
+def _job_options(values: dict) -> dict:
+    """The options that shape the allocation ``srun`` asks for (sbatch's names)."""
+    job = {k: v for k, v in values.items() if k not in ("label", "unbuffered", "input", "output", "error", "overlap",
+                                                        "quiet", "quit_on_interrupt", "gpus_per_task", "jobid")}
+    if values.get("gpus_per_task") and not (values.get("gres") or values.get("gpus_per_node")):
+        n = _count(values, "gpus_per_task", "--gpus-per-task") or 1
+        tasks = _count(values, "ntasks_per_node", "--ntasks-per-node") or _count(values, "ntasks", "--ntasks") or 1
+        job["gpus_per_node"] = str(n * tasks)
+    return job
+
+
+class Step:
+    """One step's life on the srun side: create it, meet its nodes, relay its I/O, collect its ends."""
+
+    def __init__(self, job_id: int, body: dict, out, err, values: dict) -> None:
+        self.job_id, self.body, self.out, self.err, self.values = job_id, body, out, err, values
+        self.key = os.urandom(24).hex()
+        self.lock = threading.Lock()
+        self.conns: list[socket.socket] = []
+        self.ends: dict[int, tuple[int, int]] = {}
+        self.where: dict[int, str] = {}
+        self.partial: dict[tuple[int, int], bytes] = {}
+        self.done = threading.Event()
+        self.step_id = -1
+        self.ntasks = 0
+        self.interrupted = 0.0
+
+    def run(self) -> int:
+        listener = socket.create_server(("", 0), family=socket.AF_INET, backlog=128)
+        host = os.environ.get("ROTA_SRUN_HOST") or _my_address()
+        self.body.update(io=f"{host}:{listener.getsockname()[1]}", io_key=self.key)
+        reply = self._create()
+        self.step_id, self.ntasks = int(reply["step_id"]), int(reply["ntasks"])
+        for node, tasks in zip(reply["nodes"], reply["tasks"]):
+            for t in tasks:
+                self.where[t] = node
+        self._install_signals()
+        self._meet(listener, len(reply["nodes"]))
+        threading.Thread(target=self._stdin, daemon=True).start()
+        while not self.done.wait(0.2):
+            pass
+        return self._result()
+
+    def _create(self) -> dict:
+        from .client import request
+
+        said_busy = False
+        while True:
+            reply = request("step_create", self.body)
+            if reply.get("ok"):
+                if said_busy:
+                    self.err.write(f"srun: Step created for StepId={self.job_id}.{reply['step_id']}\n")
+                for w in reply.get("warnings") or ():
+                    self.err.write(f"srun: Warning: {w}\n")
+                return reply
+            words = (reply.get("error") or ["unknown error"])[-1]
+            if reply.get("code") == "busy":
+                if not said_busy:
+                    self.err.write(f"srun: Job {self.job_id} step creation temporarily disabled, retrying ({words})\n")
+                    self.err.flush()
+                    said_busy = True
+                time.sleep(BUSY_RETRY)
+                continue
+            raise SrunError(f"srun: error: Unable to create step for job {self.job_id}: {words}")
+
+    def _meet(self, listener: socket.socket, nodes: int) -> None:
+        """Accept each node's connection (checking the step's key), then read its frames in a thread."""
+        listener.settimeout(CONNECT_TIMEOUT)
+        met = 0
+        while met < nodes:
+            try:
+                conn, _addr = listener.accept()
+            except socket.timeout:
+                listener.close()
+                raise SrunError(f"srun: error: the step's nodes did not connect within {CONNECT_TIMEOUT:.0f} s") \
+                    from None
+            conn.settimeout(10)
+            try:
+                hello = json.loads(_read_line(conn))
+            except (OSError, ValueError):
+                conn.close()
+                continue
+            if not isinstance(hello, dict) or not hmac.compare_digest(str(hello.get("key", "")), self.key):
+                conn.close()     # not one of this step's nodes
+                continue
+            conn.settimeout(None)
+            self.conns.append(conn)
+            met += 1
+            threading.Thread(target=self._read, args=(conn, str(hello.get("node", "?"))), daemon=True).start()
+        listener.close()
+
+    def _read(self, conn: socket.socket, node: str) -> None:
+        f = conn.makefile("rb")
+        try:
+            while True:
+                head = f.read(stepio.HEADER.size)
+                if len(head) < stepio.HEADER.size:
+                    break
+                kind, rank, size = stepio.HEADER.unpack(head)
+                data = f.read(size) if size else b""
+                if kind in (stepio.STDOUT, stepio.STDERR):
+                    self._write(kind, rank, data)
+                elif kind == stepio.EXIT:
+                    self._ended(rank, *stepio.parse_exit(data))
+        except (OSError, ValueError):
+            pass
+        finally:
+            with self.lock:
+                lost = [t for t, n in self.where.items() if n == node and t not in self.ends]
+                for t in lost:
+                    self.ends[t] = (1, 0)
+                    self.err.write(f"srun: error: {node}: task {t}: lost (its node's agent went away)\n")
+            self._check_done()
+
+    def _write(self, kind: int, rank: int, data: bytes) -> None:
+        with self.lock:
+            if self.body.get("label"):
+                buf = self.partial.pop((kind, rank), b"") + data
+                *lines, rest = buf.split(b"\n")
+                if rest:
+                    self.partial[(kind, rank)] = rest
+                data = b"".join(b"%d: %s\n" % (rank, line) for line in lines)
+            self._put(kind, data)
+
+    def _put(self, kind: int, data: bytes) -> None:
+        """Write a task's bytes to srun's stdout or stderr, at once (``--unbuffered`` is how srun always relays)."""
+        if kind == stepio.STDOUT:
+            self.out.write(data)
+            self.out.flush()
+            return
+        sink = getattr(self.err, "buffer", None)
+        if sink is None:
+            self.err.write(data.decode(errors="replace"))
+        else:
+            self.err.flush()
+            sink.write(data)
+            sink.flush()
+
+    def _ended(self, rank: int, code: int, sig: int) -> None:
+        with self.lock:
+            for kind in (stepio.STDOUT, stepio.STDERR):
+                rest = self.partial.pop((kind, rank), b"")
+                if rest:
+                    self._put(kind, b"%d: %s\n" % (rank, rest))
+            self.ends[rank] = (code, sig)
+        self._check_done()
+
+    def _check_done(self) -> None:
+        if len(self.ends) >= self.ntasks:
+            self.done.set()
+
+    def _result(self) -> int:
+        """Slurm's words for each task that failed, and the exit status: the highest code, 128+N for signal N."""
+        worst = 0
+        self.err.flush()
+        for rank in sorted(self.ends):
+            code, sig = self.ends[rank]
+            node = self.where.get(rank, "?")
+            if sig:
+                name = _signal_words(sig)
+                self.err.write(f"srun: error: {node}: task {rank}: {name}\n")
+                worst = max(worst, 128 + sig)
+            elif code:
+                self.err.write(f"srun: error: {node}: task {rank}: Exited with exit code {code}\n")
+                worst = max(worst, code)
+        self.err.flush()
+        return worst
+
+    def _send_all(self, kind: int, task: int, data: bytes = b"") -> None:
+        frame = stepio.frame(kind, task, data)
+        for c in list(self.conns):
+            try:
+                c.sendall(frame)
+            except OSError:
+                pass
+
+    def _stdin(self) -> None:
+        """Forward srun's stdin to every task (Slurm's default), then its end."""
+        try:
+            fd = sys.stdin.fileno()
+        except (AttributeError, ValueError, OSError):
+            self._send_all(stepio.STDIN_EOF, stepio.ALL_TASKS)
+            return
+        while not self.done.is_set():
+            try:
+                data = os.read(fd, 65536)
+            except OSError:
+                data = b""
+            if not data:
+                self._send_all(stepio.STDIN_EOF, stepio.ALL_TASKS)
+                return
+            self._send_all(stepio.STDIN, stepio.ALL_TASKS, data)
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        signal.signal(signal.SIGINT, self._on_interrupt)
+        for sig in _FORWARDED:
+            signal.signal(sig, self._forward)
+
+    def _forward(self, signum: int, _frame: object) -> None:
+        self._send_all(stepio.SIGNAL, stepio.ALL_TASKS, str(signum).encode())
+
+    def _on_interrupt(self, _signum: int, _frame: object) -> None:
+        """Slurm's Ctrl-C: the first says which tasks run; a second within a second sends Ctrl-C to every
+        task; one more kills them (``--quit-on-interrupt``: the first kills)."""
+        now = time.monotonic()
+        step = f"StepId={self.job_id}.{self.step_id}"
+        if self.values.get("quit_on_interrupt") or self.interrupted < 0:
+            self.err.write("srun: forcing job termination\n")
+            self._send_all(stepio.SIGNAL, stepio.ALL_TASKS, str(int(signal.SIGKILL)).encode())
+        elif self.interrupted and now - self.interrupted <= 1.0:
+            self.err.write(f"srun: sending Ctrl-C to {step}\n")
+            self._send_all(stepio.SIGNAL, stepio.ALL_TASKS, str(int(signal.SIGINT)).encode())
+            self.interrupted = -1.0
+        else:
+            running = [t for t in sorted(self.where) if t not in self.ends]
+            self.err.write("srun: interrupt (one more within 1 sec to abort)\n")
+            self.err.write(f"srun: {step} tasks {_ranges(running)}: running\n" if running else "")
+            self.interrupted = now
+        self.err.flush()
+
+
+def _read_line(conn: socket.socket, limit: int = 4096) -> bytes:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(1)
+        if not chunk or len(data) > limit:
+            raise ValueError("no greeting")
+        data += chunk
+    return data
+
+
+def _my_address() -> str:
+    """An address of this host the nodes can reach: its name when that resolves, else loopback."""
+    name = socket.gethostname()
+    try:
+        socket.getaddrinfo(name, None)
+        return name
+    except OSError:
+        return "127.0.0.1"
+
+
+def _signal_words(sig: int) -> str:
+    return {9: "Killed", 15: "Terminated", 2: "Interrupt", 6: "Aborted", 11: "Segmentation fault",
+            1: "Hangup", 3: "Quit"}.get(sig, f"Killed by signal {sig}")
+
+
+def _ranges(ranks: list[int]) -> str:
+    if not ranks:
+        return ""
+    parts: list[str] = []
+    start = prev = ranks[0]
+    for r in ranks[1:] + [-2]:
+        if r != prev + 1:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+            start = r
+        prev = r
+    return ",".join(parts)
+
+
+def main_exit() -> None:
+    from .exits import exit_with
+
+    exit_with(main)
+
+
+if __name__ == "__main__":
+    main_exit()

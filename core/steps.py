@@ -1,0 +1,145 @@
+"""Steps inside an allocation (``srun``): where a step's tasks go within its job's nodes, and how a
+step ends (pure).
+
+A step takes its share of the job's allocation: ``ntasks x cpus-per-task`` CPUs spread over the
+nodes it uses (block distribution: consecutive ranks share a node, the first nodes take the extra
+task), the GPUs it asks for (``--gpus-per-task``, ``--gres=gpu:N``; all of the job's GPUs on the node
+otherwise, as in Slurm) and the memory it asks for. Steps that run at once do not share CPUs or the
+GPUs they asked for, unless ``--overlap`` (Slurm 22.05's rule); a step that would fit once another
+ends is *busy* (``srun`` retries), one that can never fit is refused with Slurm's words.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .events import StepAlloc
+from .state import Job
+
+STEP_STATE_RANK = {"COMPLETED": 0, "FAILED": 1, "TIMEOUT": 2, "CANCELLED": 3, "OUT_OF_MEMORY": 4, "NODE_FAIL": 5}
+"""How bad each end is: a step ends as the worst of its nodes' (and a node as the worst of its tasks')."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepAsk:
+    """What ``srun`` asked for (None: not given, the job's value applies)."""
+
+    ntasks: int | None = None
+    nodes: int | None = None
+    ntasks_per_node: int | None = None
+    cpus_per_task: int | None = None
+    gpus_per_task: int | None = None
+    gpus_per_node: int | None = None
+    mem: int | None = None              # MiB per node
+    nodelist: tuple[str, ...] = ()
+    overlap: bool = False
+
+
+class StepRefused(Exception):
+    """A step that cannot be made now (``busy``: it would fit once a running step ends)."""
+
+    def __init__(self, words: str, busy: bool = False) -> None:
+        super().__init__(words)
+        self.words, self.busy = words, busy
+
+
+def job_tasks(job: Job) -> int:
+    """The job's task count (``SLURM_NTASKS``)."""
+    if job.spec.ntasks_given:
+        return job.spec.ntasks
+    req = job.req
+    return req.ntasks * req.nnodes if req is not None else max(1, job.spec.ntasks)
+
+
+def layout(job: Job, ask: StepAsk) -> tuple[tuple[StepAlloc, ...], list[str]]:
+    """The step's share of each node it uses, and any warnings ``srun`` prints (Slurm's); raises
+    :class:`StepRefused`."""
+    alloc = list(job.alloc)
+    spec = job.spec
+    if ask.nodelist:
+        unknown = [n for n in ask.nodelist if n not in {a.node for a in alloc}]
+        if unknown:
+            raise StepRefused("Requested node configuration is not available")
+        alloc = [a for a in alloc if a.node in ask.nodelist]
+    warnings: list[str] = []
+    if ask.nodes is not None and ask.nodes > len(alloc):
+        raise StepRefused(f"Only allocated {len(alloc)} nodes asked for {ask.nodes}")
+    cpt = ask.cpus_per_task or (spec.cpus_per_task if spec.cpus_per_task_given else 1)
+    nnodes = ask.nodes
+    ntasks = ask.ntasks
+    if ntasks is None:
+        if ask.ntasks_per_node:
+            ntasks = ask.ntasks_per_node * (nnodes or len(alloc))
+        elif nnodes is not None:
+            ntasks = nnodes
+        else:
+            ntasks = job_tasks(job)
+    if nnodes is None:
+        nnodes = min(len(alloc), ntasks)
+    elif ntasks < nnodes:
+        warnings.append(f"can't run {ntasks} processes on {nnodes} nodes, setting nnodes to {ntasks}")
+        nnodes = ntasks
+    alloc = alloc[:nnodes]
+    if ask.ntasks_per_node:
+        if ntasks > ask.ntasks_per_node * nnodes:
+            raise StepRefused("Requested node configuration is not available")
+        counts, left = [], ntasks
+        for _ in alloc:
+            counts.append(min(ask.ntasks_per_node, left))
+            left -= counts[-1]
+    else:
+        base, extra = divmod(ntasks, nnodes)
+        counts = [base + (1 if i < extra else 0) for i in range(nnodes)]
+    busy_cpus, busy_gpus = _in_use(job, ask.overlap)
+    out: list[StepAlloc] = []
+    rank = 0
+    for a, n in zip(alloc, counts):
+        if n == 0:
+            continue
+        cpus = n * cpt
+        if cpus > a.cpus:
+            raise StepRefused("More processors requested than permitted")
+        if ask.mem is not None and a.mem and ask.mem > a.mem:
+            raise StepRefused("Memory required by task is not available")
+        want_gpus = n * ask.gpus_per_task if ask.gpus_per_task else ask.gpus_per_node
+        if want_gpus is not None and want_gpus > len(a.gpus):
+            raise StepRefused("Invalid generic resource (gres) specification")
+        if cpus > a.cpus - busy_cpus.get(a.node, 0):
+            raise StepRefused("Requested nodes are busy", busy=True)
+        if want_gpus is None:
+            gpus = a.gpus
+        else:
+            free = [g for g in a.gpus if g not in busy_gpus.get(a.node, ())]
+            if len(free) < want_gpus:
+                raise StepRefused("Requested nodes are busy", busy=True)
+            gpus = tuple(free[:want_gpus])
+        out.append(StepAlloc(node=a.node, tasks=tuple(range(rank, rank + n)), cpus=cpus, mem=ask.mem or 0,
+                             gpus=gpus, gpus_per_task=ask.gpus_per_task or 0))
+        rank += n
+    return tuple(out), warnings
+
+
+def _in_use(job: Job, overlap: bool) -> tuple[dict[str, int], dict[str, set[int]]]:
+    """CPUs and explicitly requested GPUs the job's running steps hold, per node (none for ``--overlap``)."""
+    cpus: dict[str, int] = {}
+    gpus: dict[str, set[int]] = {}
+    if overlap:
+        return cpus, gpus
+    for step in job.steps.values():
+        for a in step.started.alloc:
+            if a.node in step.ended:
+                continue
+            cpus[a.node] = cpus.get(a.node, 0) + a.cpus
+            if a.gpus_per_task or len(a.gpus) < _job_gpus(job, a.node):
+                gpus.setdefault(a.node, set()).update(a.gpus)
+    return cpus, gpus
+
+
+def _job_gpus(job: Job, node: str) -> int:
+    return next((len(a.gpus) for a in job.alloc if a.node == node), 0)
+
+
+def worst(ends: list[tuple[str, int, int, int]]) -> tuple[str, int, int, int]:
+    """The end of a step from its parts' ends (state, exit code, signal, MaxRSS): the worst state, the
+    highest exit code (as ``srun`` exits), the signal of the worst, the largest MaxRSS."""
+    state, _code, sig, _rss = max(ends, key=lambda e: (STEP_STATE_RANK.get(e[0], 1), e[2], e[1]))
+    return state, max(e[1] for e in ends), sig, max(e[3] for e in ends)
