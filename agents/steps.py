@@ -199,9 +199,6 @@ class Steps:
         sampler = asyncio.create_task(self._sample(run))
         await asyncio.gather(*pumps, return_exceptions=True)
         sampler.cancel()
-        for t in run.tasks:
-            if t.code is not None and t.proc is None:
-                await self._send(run, stepio.EXIT, t.rank, f"{t.code} {t.sig}".encode())
         if reader is not None:
             reader.cancel()
         await self._finish(run)
@@ -288,7 +285,6 @@ class Steps:
         status = await _exited(proc)
         await asyncio.gather(*readers, return_exceptions=True)
         t.code, t.sig = (0, -status) if status < 0 else (status, 0)
-        await self._send(run, stepio.EXIT, t.rank, f"{t.code} {t.sig}".encode())
 
     async def _drain_pipe(self, run: StepRun, t: Task, pipe: Any, kind: int) -> None:
         loop = asyncio.get_running_loop()
@@ -393,16 +389,20 @@ class Steps:
         from rota.core.steps import worst
 
         state, code, sig, _rss = worst(ends)
+        del self.runs[run.key]
+        run.done.set()
+        # the report first, then srun hears of the ends: whatever srun's caller does next (its batch script
+        # ends, its allocation is given back) comes after this node's end of the step in the inbox
+        await self.report(ev.StepEnded(job_id=o.job_id, restarts=o.restarts, step_id=o.step_id, node=self.node,
+                                       state=state, exit_code=code, signal=sig, max_rss=peak,  # type: ignore[arg-type]
+                                       elapsed=int(time.time() - run.started)))
+        for t in run.tasks:
+            await self._send(run, stepio.EXIT, t.rank, f"{t.code or 0} {t.sig}".encode())
         if run.writer is not None:
             try:
                 run.writer.close()
             except OSError:
                 pass
-        del self.runs[run.key]
-        run.done.set()
-        await self.report(ev.StepEnded(job_id=o.job_id, restarts=o.restarts, step_id=o.step_id, node=self.node,
-                                       state=state, exit_code=code, signal=sig, max_rss=peak,  # type: ignore[arg-type]
-                                       elapsed=int(time.time() - run.started)))
 
     def runs_of_job_besides(self, run: StepRun) -> list[StepRun]:
         return [r for r in self.of_job(run.order.job_id, run.order.restarts) if r is not run]

@@ -119,7 +119,7 @@ class _JobFigures:
         spec = j["spec"]
         req = j["req"] or [spec.get("nodes", 1), 1, 0, 0, None, False, False, False, 1]
         self.nnodes, self.cpn, self.mem_node, self.gpn = req[0], req[1], req[2], req[3]
-        self.ntasks = (req[8] if len(req) > 8 else 1) * self.nnodes
+        self.ntasks = req[8] if len(req) > 8 else self.nnodes
         state = j["state"]
         pending = state == "PENDING"
         self.reason = (j["reason"] or "None") if pending else END_REASONS.get(state, "None")

@@ -109,7 +109,7 @@ class AgentLink:
         while True:
             order = await queue.get()
             body = wire_orders.encode(order)
-            msg_id = wire_orders.message_id(order)
+            msg_id = wire_orders.message_id(order, node)
             headers = {"Nats-Msg-Id": msg_id} if msg_id else {}
             cred = self.sign(node, subject, body)
             if cred is not None:

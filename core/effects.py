@@ -12,6 +12,7 @@ from .arrays import parse_array
 from .changes import Changes
 from .orders import Kill, Launch, Order, StepKill, StepLaunch, Update
 from .state import RUNNING, Job, State
+from .steps import job_tasks
 
 
 def orders(state: State, changes: Changes) -> list[tuple[str, Order]]:
@@ -59,7 +60,8 @@ def launch(job: Job) -> Launch:
     """Everything the batch host's agent needs to run ``job`` (which is RUNNING)."""
     spec, req, alloc = job.spec, job.req, job.alloc
     first = alloc[0]
-    ntasks = req.ntasks * req.nnodes if req is not None else spec.ntasks
+    ntasks = job_tasks(job)
+    base, extra = divmod(ntasks, len(alloc))
     count = low = high = step = None
     if job.array_task_id is not None and spec.array:
         try:
@@ -71,7 +73,7 @@ def launch(job: Job) -> Launch:
             step = indices[1] - indices[0] if len(indices) > 1 else 1
     return Launch(job_id=job.job_id, restarts=job.restarts, name=spec.name, user=spec.user, partition=job.partition,
                   nodes=tuple(a.node for a in alloc), cpus=first.cpus, mem=first.mem, gpus=first.gpus,
-                  cpus_per_node=tuple(a.cpus for a in alloc), tasks_per_node=(ntasks // len(alloc),) * len(alloc),
+                  cpus_per_node=tuple(a.cpus for a in alloc), tasks_per_node=tuple(base + (i < extra) for i in range(len(alloc))),
                   ntasks=ntasks, time_limit=job.time_limit or 0, start_time=job.start_time,
                   array_job_id=job.array_job_id, array_task_id=job.array_task_id, array_count=count,
                   array_min=low, array_max=high, array_step=step, spec=spec)

@@ -47,7 +47,7 @@ def job_tasks(job: Job) -> int:
     if job.spec.ntasks_given:
         return job.spec.ntasks
     req = job.req
-    return req.ntasks * req.nnodes if req is not None else max(1, job.spec.ntasks)
+    return req.ntasks if req is not None else max(1, job.spec.ntasks)
 
 
 def layout(job: Job, ask: StepAsk) -> tuple[tuple[StepAlloc, ...], list[str]]:

@@ -27,10 +27,11 @@ def decode(data: bytes) -> Order:
         raise BadOrder(f"not an order: {where}: {first.get('msg', 'invalid')}") from None
 
 
-def message_id(order: Order) -> str | None:
-    """JetStream's de-duplication id: a retried launch or kill lands once (None: send every time)."""
+def message_id(order: Order, node: str = "") -> str | None:
+    """JetStream's de-duplication id: a retried launch or kill lands once (None: send every time). The
+    stream de-duplicates across all nodes' subjects, so an order sent to several nodes names the node."""
     if isinstance(order, REPEATABLE):
         return None
     step = getattr(order, "step_id", None)
     return f"{order.op}-{order.job_id}-{'any' if order.restarts is None else order.restarts}" + \
-        (f"-{step}" if step is not None else "")
+        (f"-{step}" if step is not None else "") + (f"-{node}" if node else "")
