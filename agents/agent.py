@@ -100,6 +100,7 @@ class Agent:
         self.cgroups, self.cgroup_note = cg.detect(scope) if use_cgroups else (None, "cgroups disabled")
         self.runs: dict[int, Run] = {}
         self.steps = Steps(node, self.spool, self.cgroups, self.report, kill_wait)
+        self.next_runs: dict[int, Launch] = {}
         self.seen: set[tuple[int, int]] = set()   # (job id, restarts) launched here
         self.nc: Any = None
         self.js: Any = None
@@ -252,9 +253,13 @@ class Agent:
         """Carry out one order: launch a job, or kill, update or signal one of its runs."""
         if isinstance(order, Launch):
             key = (order.job_id, order.restarts)
-            if key in self.seen or order.job_id in self.runs:
+            running = self.runs.get(order.job_id)
+            if key in self.seen or (running is not None and running.restarts >= order.restarts):
                 return   # a re-sent order: it runs (or ran) here already
             self.seen.add(key)
+            if running is not None:
+                self.next_runs[order.job_id] = order   # a requeued job's new run: once its old run has ended
+                return
             self._launch(order)
             return
         if isinstance(order, StepLaunch):
@@ -288,7 +293,7 @@ class Agent:
         launch.identity(order)         # a launch for a user this node does not know stops here
         cgroup = None
         if self.cgroups is not None:
-            cgroup = self.cgroups.create(order.job_id, order.mem, self._pick_cpus(order.cpus))
+            cgroup = self.cgroups.create(order.job_id, order.mem, self._pick_cpus(order.cpus), order.restarts)
         try:
             proc, status = launch.start(order, self.node, self.spool, cgroup)
         except Exception:
@@ -401,6 +406,12 @@ class Agent:
             import shutil
 
             shutil.rmtree(Path(run.status_file).parent, ignore_errors=True)
+        waiting = self.next_runs.pop(run.job_id, None)
+        if waiting is not None:
+            try:
+                self._launch(waiting)
+            except launch.LaunchError as exc:
+                await self._launch_failed(waiting, str(exc))
 
     def _signal_batch(self, run: Run, sig: int) -> None:
         """A signal to the batch script's processes, not the shepherd: it must live on to record how the job ends."""
@@ -431,7 +442,7 @@ class Agent:
                 log.error("launch record %s is unreadable: set aside", f)
                 f.unlink(missing_ok=True)
                 continue
-            cgroup = self.cgroups.existing(order.job_id) if self.cgroups is not None else None
+            cgroup = self.cgroups.existing(order.job_id, order.restarts) if self.cgroups is not None else None
             run = Run(order, pid, started, None, cgroup, status_file=status_file, ticks=rec.get("ticks"))
             self.runs[run.job_id] = run
             self.seen.add((order.job_id, order.restarts))

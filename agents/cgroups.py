@@ -26,16 +26,21 @@ class Cgroups:
             return self.root / "rota" / self.node
         return self.root / controller / "rota" / self.node
 
-    def create(self, job_id: int, mem_mib: int, cpus: list[int] | None) -> "JobCgroup":
-        return JobCgroup(self, f"job_{job_id}", mem_mib, cpus)
+    def create(self, job_id: int, mem_mib: int, cpus: list[int] | None, restarts: int = 0) -> "JobCgroup":
+        """A run's cgroup (each run of a requeued job has its own: the old one may still be dying)."""
+        return JobCgroup(self, run_name(job_id, restarts), mem_mib, cpus)
 
-    def create_step(self, job_id: int, step_id: int, mem_mib: int) -> "JobCgroup":
+    def create_step(self, job_id: int, restarts: int, step_id: int, mem_mib: int) -> "JobCgroup":
         """A step's cgroup inside its job's (``mem_mib`` 0: the job's limit applies)."""
-        return JobCgroup(self, f"job_{job_id}/step_{step_id}", mem_mib, None)
+        return JobCgroup(self, f"{run_name(job_id, restarts)}/step_{step_id}", mem_mib, None)
 
-    def existing(self, job_id: int) -> "JobCgroup | None":
-        cg = JobCgroup(self, f"job_{job_id}", 0, None, make=False)
+    def existing(self, job_id: int, restarts: int = 0) -> "JobCgroup | None":
+        cg = JobCgroup(self, run_name(job_id, restarts), 0, None, make=False)
         return cg if cg.exists() else None
+
+
+def run_name(job_id: int, restarts: int) -> str:
+    return f"job_{job_id}" if not restarts else f"job_{job_id}.{restarts}"
 
 
 def detect(node: str, root: Path = ROOT) -> tuple[Cgroups | None, str]:

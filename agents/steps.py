@@ -218,11 +218,11 @@ class Steps:
         if self.cgroups is None:
             return
         o = run.order
-        job_cg = self.cgroups.existing(o.job_id)
-        if job_cg is None:
-            job_cg = self.cgroups.create(o.job_id, o.job.mem, None)   # a node of the job that runs no batch script
+        job_cg = self.cgroups.existing(o.job_id, o.restarts)
+        if job_cg is None:      # a node of the job that runs no batch script
+            job_cg = self.cgroups.create(o.job_id, o.job.mem, None, o.restarts)
         if run.alloc.mem:
-            run.cgroup = self.cgroups.create_step(o.job_id, o.step_id, run.alloc.mem)
+            run.cgroup = self.cgroups.create_step(o.job_id, o.restarts, o.step_id, run.alloc.mem)
         else:    # the step's share is the job's whole allocation here (a fresh cgroup's first attach is slow)
             run.cgroup, run.shared_cgroup = job_cg, True
             run.oom_before = job_cg.oom_kills()
@@ -371,7 +371,7 @@ class Steps:
             if run.shared_cgroup:
                 oom = run.cgroup.oom_kills() > run.oom_before
             if not self.runs_of_job_besides(run) and o.job.nodes and o.job.nodes[0] != self.node:
-                job_cg = self.cgroups.existing(o.job_id)
+                job_cg = self.cgroups.existing(o.job_id, o.restarts)
                 if job_cg is not None:
                     await asyncio.to_thread(job_cg.remove)
         ends = []
