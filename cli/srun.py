@@ -135,6 +135,7 @@ def main(argv: list[str], out=None, err=None) -> int:
     given = values.get("jobid") or os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID")
     made: int | None = None
     step: Step | None = None
+    code = 1
     try:
         if given:
             if not str(given).isdecimal():
@@ -153,9 +154,12 @@ def main(argv: list[str], out=None, err=None) -> int:
     except NoCluster as exc:
         err.write(f"srun: error: {exc}\n")
         code = 1
-    if made is not None:
-        release(made, code if code < 128 else 0, code - 128 if code > 128 else 0,
-                step.step_id if step is not None and step.step_id >= 0 else None)
+    except KeyboardInterrupt:
+        code = 130
+    finally:
+        if made is not None:    # the allocation srun asked for goes back, whatever happened
+            release(made, code if code < 128 else 0, code - 128 if code > 128 else 0,
+                    step.step_id if step is not None and step.step_id >= 0 else None)
     return code
 
 
@@ -190,12 +194,12 @@ class Step:
         listener = socket.create_server(("", 0), family=socket.AF_INET, backlog=128)
         host = os.environ.get("ROTA_SRUN_HOST") or _my_address()
         self.body.update(io=f"{host}:{listener.getsockname()[1]}", io_key=self.key)
+        self._install_signals()
         reply = self._create()
         self.step_id, self.ntasks = int(reply["step_id"]), int(reply["ntasks"])
         for node, tasks in zip(reply["nodes"], reply["tasks"]):
             for t in tasks:
                 self.where[t] = node
-        self._install_signals()
         self._meet(listener, len(reply["nodes"]))
         threading.Thread(target=self._stdin, daemon=True).start()
         while not self.done.wait(0.2):

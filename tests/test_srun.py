@@ -1,0 +1,306 @@
+"""Steps end to end: ``srun``/``salloc`` and the client libraries people drive Slurm with, against a real
+``rota up`` whose second node is served by a second agent process (rota's commands first on PATH)."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+CONF = """GresTypes=gpu
+NodeName=n[1-2] CPUs=4 RealMemory=2000 Gres=gpu:a100:2
+PartitionName=main Nodes=n[1-2] Default=YES MaxTime=1:00:00
+"""
+
+
+def wait_for(check, timeout: float = 30, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Up:
+    def __init__(self, base: Path, env: dict) -> None:
+        self.base, self.env = base, env
+
+    def run(self, *cmd, input: str | None = None, timeout: float = 60, cwd: Path | None = None):
+        return subprocess.run(list(cmd), env=self.env, capture_output=True, text=True, timeout=timeout, input=input,
+                              cwd=cwd or self.base)
+
+    def sbatch(self, script: str, *opts: str) -> int:
+        path = self.base / f"job-{time.monotonic_ns()}.sh"
+        path.write_text(script)
+        r = self.run("sbatch", "--parsable", *opts, str(path))
+        assert r.returncode == 0, r.stderr
+        return int(r.stdout.strip())
+
+    def state(self, jid: int) -> str:
+        r = self.run("sacct", "-n", "-X", "-P", "-o", "State", "-j", str(jid))
+        return r.stdout.strip()
+
+    def ended(self, jid: int, timeout: float = 60) -> str:
+        return wait_for(lambda: (s := self.state(jid)) not in ("", "PENDING", "RUNNING") and s, timeout,
+                        f"job {jid} to end")
+
+    def sacct(self, jid: int, fmt: str) -> list[list[str]]:
+        r = self.run("sacct", "-n", "-P", "-o", fmt, "-j", str(jid))
+        return [line.split("|") for line in r.stdout.splitlines()]
+
+
+@pytest.fixture(scope="module")
+def up():
+    """``rota up`` serving n1, and a second agent serving n2, on this host; PATH starts with rota's commands."""
+    base = Path(tempfile.mkdtemp(prefix="rota-srun-"))
+    base.chmod(0o755)
+    (base / "slurm.conf").write_text(CONF)
+    env = dict(os.environ, ROTA_STATE_DIR=str(base / "state"), PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+    env.pop("SLURM_JOB_ID", None)
+    procs = []
+    with open(base / "up.log", "w") as fh:
+        procs.append(subprocess.Popen([str(BIN / "rota"), "up", "--config", str(base / "slurm.conf"), "--fake-gpus",
+                                       "a100:2"], env=dict(env, ROTA_LOGLEVEL="INFO"), stdout=fh,
+                                      stderr=subprocess.STDOUT))
+    try:
+        wait_for(lambda: (base / "state" / "cluster.json").exists(), what="rota up")
+        import json
+
+        url = json.loads((base / "state" / "cluster.json").read_text())["nats"]
+        subprocess.run([str(BIN / "rota"), "keygen", "--host", "n2", "--out", str(base / "n2.key")], env=env,
+                       check=True, capture_output=True)
+        with open(base / "agent-n2.log", "w") as fh:
+            procs.append(subprocess.Popen(
+                [str(BIN / "rota"), "agent", "--node", "n2", "--nats", url, "--key", str(base / "n2.key"),
+                 "--state-dir", str(base / "state"), "--fake-gpus", "a100:2", "--cpus", "4", "--memory", "2000",
+                 "--socket", str(base / "n2.sock"), "--heartbeat", "1"], env=env, stdout=fh, stderr=subprocess.STDOUT))
+        u = Up(base, env)
+        wait_for(lambda: u.run("sinfo", "-h", "-o", "%T %D").stdout.split() == ["idle", "2"], what="both nodes idle")
+        yield u
+    finally:
+        for p in reversed(procs):
+            p.send_signal(signal.SIGINT if p is procs[0] else signal.SIGTERM)
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_srun_inside_a_batch_job_runs_a_step_per_call_with_slurms_variables(up):
+    out = up.base / "inside.out"
+    jid = up.sbatch(f"""#!/bin/sh
+#SBATCH -n 2 --gres=gpu:2 -o {out}
+srun -l sh -c 'echo "$SLURM_STEP_ID $SLURM_PROCID/$SLURM_NTASKS local=$SLURM_LOCALID node=$SLURM_NODEID" \
+  "gpus=$CUDA_VISIBLE_DEVICES nodes=$SLURM_STEP_NODELIST"'
+srun -n 1 --gpus-per-task=1 sh -c 'echo one sees $CUDA_VISIBLE_DEVICES; exit 3'
+echo "srun exit $?"
+printf 'a\\nb\\n' | srun -n 2 sort -r
+env -i PATH="$PATH" ROTA_STATE_DIR="$ROTA_STATE_DIR" SLURM_JOB_ID=$SLURM_JOB_ID \
+  srun -n 1 sh -c 'echo alone $SLURM_JOB_NODELIST $SLURM_STEP_ID'
+srun -n 2 -o {up.base}/task-%J-%t.txt sh -c 'echo file $SLURM_PROCID'
+srun -n 9 true
+echo "too big $?"
+""")
+    assert up.ended(jid) == "COMPLETED"
+    text = out.read_text()
+    lines = text.splitlines()
+    assert "0: 0 0/2 local=0 node=0 gpus=0,1 nodes=n1" in lines
+    assert "1: 0 1/2 local=1 node=0 gpus=0,1 nodes=n1" in lines
+    assert "one sees 0" in lines and "srun: error: n1: task 0: Exited with exit code 3" in lines
+    assert "srun exit 3" in lines
+    assert lines.count("b") == 2 and lines.count("a") == 2          # stdin went to every task
+    assert "alone n1 3" in lines                                     # only SLURM_JOB_ID was left
+    assert (up.base / f"task-{jid}.4-0.txt").read_text() == "file 0\n"
+    assert (up.base / f"task-{jid}.4-1.txt").read_text() == "file 1\n"
+    assert f"srun: error: Unable to create step for job {jid}: More processors requested than permitted" in lines
+    assert "too big 1" in lines
+    rows = up.sacct(jid, "JobID,JobName,State,ExitCode,NTasks,NodeList")
+    assert [r[0] for r in rows] == [str(jid), f"{jid}.batch", f"{jid}.0", f"{jid}.1", f"{jid}.2", f"{jid}.3",
+                                    f"{jid}.4"]
+    by_id = {r[0]: r for r in rows}
+    assert by_id[f"{jid}.0"][1:] == ["sh", "COMPLETED", "0:0", "2", "n1"]
+    assert by_id[f"{jid}.1"][2:4] == ["FAILED", "3:0"]
+    assert by_id[f"{jid}.2"][1:3] == ["sort", "COMPLETED"]
+
+
+def test_a_pytorch_style_launch_over_two_nodes_gives_every_task_its_rank_and_only_its_gpu(up):
+    out = up.base / "torch.out"
+    jid = up.sbatch(f"""#!/bin/sh
+#SBATCH -N 2 --ntasks-per-node=2 --gres=gpu:2 -o {out}
+export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+srun --gpus-per-task=1 sh -c 'echo "rank=$SLURM_PROCID world=$SLURM_NTASKS node=$SLURM_NODEID" \
+  "local=$SLURM_LOCALID host=$SLURMD_NODENAME gpu=$CUDA_VISIBLE_DEVICES master=$MASTER_ADDR"'
+""")
+    assert up.ended(jid) == "COMPLETED"
+    got = sorted(out.read_text().splitlines())
+    assert got == [f"rank={r} world=4 node={r // 2} local={r % 2} host=n{r // 2 + 1} gpu={r % 2} master=n1"
+                   for r in range(4)]
+    rows = {r[0]: r for r in up.sacct(jid, "JobID,State,NTasks,NodeList")}
+    assert rows[f"{jid}.0"][1:] == ["COMPLETED", "4", "n[1-2]"]
+
+
+def test_srun_outside_a_job_gets_an_allocation_runs_and_gives_it_back(up):
+    r = up.run("srun", "-N", "2", "-l", "sh", "-c", "echo $SLURM_NODEID on $SLURMD_NODENAME; exit $SLURM_NODEID")
+    assert r.returncode == 1
+    assert sorted(r.stdout.splitlines()) == ["0: 0 on n1", "1: 1 on n2"]
+    assert "srun: error: n2: task 1: Exited with exit code 1" in r.stderr
+    jid = int(up.run("sacct", "-n", "-X", "-P", "-o", "JobID", "--name", "sh").stdout.split()[-1])
+    assert up.ended(jid) == "FAILED"
+    rows = up.sacct(jid, "JobID,State,ExitCode")
+    assert rows == [[str(jid), "FAILED", "1:0"], [f"{jid}.0", "FAILED", "1:0"]]
+
+
+def test_srun_says_it_waits_and_why(up):
+    hog = up.sbatch("#!/bin/sh\n#SBATCH -N 2 --exclusive\nsleep 60\n")
+    wait_for(lambda: up.state(hog) == "RUNNING", what="the hog to run")
+    proc = subprocess.Popen(["srun", "true"], env=up.env, stderr=subprocess.PIPE, text=True, cwd=up.base)
+    try:
+        time.sleep(3)
+        up.run("scancel", str(hog))
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "queued and waiting for resources" in err and "is pending: Resources" in err
+    assert "has been allocated resources" in err
+
+
+def test_salloc_gives_an_allocation_runs_the_command_and_releases_it(up):
+    r = up.run("salloc", "-N", "1", "sh", "-c", "echo $SLURM_JOB_ID $SLURM_JOB_NUM_NODES; srun hostname >/dev/null; "
+               "exit 4")
+    assert r.returncode == 4, r.stderr
+    jid, nodes = r.stdout.split()
+    assert nodes == "1"
+    assert f"salloc: Granted job allocation {jid}" in r.stderr
+    assert f"salloc: Relinquishing job allocation {jid}" in r.stderr
+    assert up.ended(int(jid)) == "FAILED"
+    assert [row[0] for row in up.sacct(int(jid), "JobID")] == [jid, f"{jid}.0"]
+
+
+def test_a_step_never_outlives_its_job_and_scancel_reaches_every_task(up):
+    marker = up.base / "outlived"
+    jid = up.sbatch(f"#!/bin/sh\n#SBATCH -N 2 -t 1\nsrun -N 2 sh -c 'sleep 30; touch {marker}'\n")
+    wait_for(lambda: [r for r in up.sacct(jid, "JobID,State") if r == [f"{jid}.0", "RUNNING"]], what="the step")
+    time.sleep(0.5)
+    assert up.run("scancel", str(jid)).returncode == 0
+    assert up.ended(jid).startswith("CANCELLED")
+    wait_for(lambda: not subprocess.run(["pgrep", "-f", f"touch {marker}"], capture_output=True).stdout,
+             timeout=15, what="every task gone")
+    rows = {r[0]: r[1] for r in up.sacct(jid, "JobID,State")}
+    assert rows[f"{jid}.0"] == "CANCELLED"
+    assert not marker.exists()
+
+
+def test_ctrl_c_twice_stops_the_step(up):
+    proc = subprocess.Popen(["srun", "-n", "2", "sleep", "30"], env=up.env, stderr=subprocess.PIPE, text=True,
+                            cwd=up.base)
+    jid = wait_for(lambda: [r[0] for r in [line.split("|") for line in up.run(
+        "squeue", "-h", "-o", "%i|%j").stdout.splitlines()] if r[1:] == ["sleep"]], what="the allocation")[0]
+    wait_for(lambda: [r for r in up.sacct(int(jid), "JobID,State") if r == [f"{jid}.0", "RUNNING"]],
+             what="the step")
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=20)
+    assert "srun: interrupt (one more within 1 sec to abort)" in err
+    assert f"srun: sending Ctrl-C to StepId={jid}.0" in err
+    assert proc.returncode == 128 + signal.SIGINT
+    assert up.ended(int(jid)) == "FAILED"
+
+
+# ---------------------------------------------------------------- the client libraries
+
+
+def test_submitit_returns_values_and_exceptions_and_runs_arrays(up):
+    submitit = pytest.importorskip("submitit")
+    folder = up.base / "submitit"
+    script = f"""
+import submitit, sys
+ex = submitit.SlurmExecutor(folder={str(folder)!r})
+ex.update_parameters(time=5, partition="main")
+print("value", ex.submit(pow, 2, 10).result())
+def boom():
+    raise ValueError("no good")
+try:
+    ex.submit(boom).result()
+except Exception as exc:
+    print("raised", type(exc).__name__, "ValueError: no good" in str(exc))
+ex.update_parameters(array_parallelism=2)
+jobs = ex.map_array(lambda x: x * x, range(5))
+print("array", [j.result() for j in jobs], jobs[0].job_id.split("_")[0])
+"""
+    r = up.run(sys.executable, "-c", script, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert "value 1024" in lines
+    assert "raised FailedJobError True" in lines
+    array_line = next(line for line in lines if line.startswith("array"))
+    assert array_line.startswith("array [0, 1, 4, 9, 16]")
+    array_id = array_line.split()[-1]
+    ids = up.run("sacct", "-j", array_id, "-X", "-P", "-n", "-o", "JobID,State").stdout.split()
+    assert sorted(ids) == sorted(f"{array_id}_{i}|COMPLETED" for i in range(5))
+    assert submitit is not None
+
+
+def test_submitit_checkpoints_on_its_warning_signal_requeues_and_finishes(up):
+    pytest.importorskip("submitit")
+    folder = up.base / "ckpt"
+    script = f"""
+import os, time, submitit
+from submitit.helpers import Checkpointable
+
+class Work(Checkpointable):
+    def __init__(self):
+        self.seen = []
+    def __call__(self):
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+        self.seen.append(restarts)
+        if restarts == 0:
+            time.sleep(120)      # the warning signal comes first: checkpoint, requeue
+        return self.seen
+
+ex = submitit.SlurmExecutor(folder={str(folder)!r}, max_num_timeout=3)
+ex.update_parameters(time=1, partition="main", signal_delay_s=56)
+job = ex.submit(Work())
+print("result", job.result(), job.job_id)
+"""
+    r = up.run(sys.executable, "-c", script, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    line = next(x for x in r.stdout.splitlines() if x.startswith("result"))
+    assert line.startswith("result [0, 1] ")
+    jid = int(line.split()[-1])
+    rows = up.sacct(jid, "JobID,State,Restarts")
+    assert rows[0] == [str(jid), "COMPLETED", "1"]
+    assert "Caught signal SIGUSR2" in next(folder.glob(f"{jid}_0_log.err")).read_text()
+
+
+def test_dask_jobqueue_scales_to_two_workers_each_with_its_own_log(up):
+    pytest.importorskip("dask_jobqueue")
+    logs = up.base / "dask"
+    script = f"""
+from dask_jobqueue import SLURMCluster
+from dask.distributed import Client
+cluster = SLURMCluster(cores=1, memory="400MB", processes=1, walltime="00:05:00", queue="main",
+                       log_directory={str(logs)!r}, scheduler_options={{"host": "127.0.0.1"}})
+cluster.scale(2)
+client = Client(cluster)
+client.wait_for_workers(2, timeout=60)
+print("workers", len(client.scheduler_info()["workers"]))
+print("sum", sum(client.gather(client.map(lambda x: x * x, range(10)))))
+client.close()
+cluster.close()
+"""
+    r = up.run(sys.executable, "-c", script, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "workers 2" in r.stdout.splitlines() and "sum 285" in r.stdout.splitlines()
+    errs = sorted(p.name for p in logs.glob("dask-worker-*.err"))
+    assert len(errs) >= 2 and "dask-worker-%J.err" not in errs
