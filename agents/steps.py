@@ -263,9 +263,9 @@ class Steps:
                 if fd == 2 and files.get(1) == path:
                     os.dup2(1, 2)
                     continue
-                f = os.open(path, flags, 0o644)
-                os.dup2(f, fd)
-                os.close(f)
+                opened = os.open(path, flags, 0o644)
+                os.dup2(opened, fd)
+                os.close(opened)
 
         to_srun = run.writer is not None
         t.proc = subprocess.Popen(
@@ -462,7 +462,7 @@ async def _exited(proc: subprocess.Popen) -> int:
         return proc.returncode
     loop = asyncio.get_running_loop()
     ended = loop.create_future()
-    loop.add_reader(pidfd, lambda: ended.done() or ended.set_result(None))
+    loop.add_reader(pidfd, lambda: None if ended.done() else ended.set_result(None))
     try:
         if proc.poll() is None:
             await ended

@@ -201,7 +201,7 @@ def spec_from_options(o: dict, script: str, default_name: str, now: float | None
     spec: dict = {"name": o.get("job_name") or default_name, "script": script,
                   "workdir": o.get("chdir") or os.getcwd(),
                   "env": env, "hold": bool(o.get("hold")), "exclusive": bool(o.get("exclusive")),
-                  "requeue": bool(o.get("requeue")) and not o.get("no_requeue"),
+                  "requeue": not o.get("no_requeue"),     # JobRequeue=1, Slurm's default
                   "submit_line": " ".join(["sbatch"] + sys.argv[1:])}
     spec["_warnings"] = _unsupported(o)
     _counts(o, spec)

@@ -100,8 +100,9 @@ END_REASONS = {"TIMEOUT": "TimeLimit", "FAILED": "NonZeroExitCode", "OUT_OF_MEMO
                "NODE_FAIL": "NodeDown"}
 
 
-def show_job(ids: list[str]) -> list[str]:
-    """Slurm's ``scontrol show job`` layout, from the controller's view of the job."""
+def show_job(ids: list[str], details: bool = False) -> list[str]:
+    """Slurm's ``scontrol show job`` layout, from the controller's view of the job (``-d``: each node's
+    CPUs, memory and GPU indices too)."""
     if not ids or not ids[0].split("_")[0].isdecimal():
         raise Fail("slurm_load_jobs error: Invalid job id specified")
     reply = _request("job", {"job_id": int(ids[0].split("_")[0])})
@@ -109,7 +110,7 @@ def show_job(ids: list[str]) -> list[str]:
         raise Fail("slurm_load_jobs error: Invalid job id specified")
     j, now = reply["job"], reply["now"]
     d = _JobFigures(j, now)
-    return _job_state_lines(j, d, now) + _job_resource_lines(j, d)
+    return _job_state_lines(j, d, now) + _job_resource_lines(j, d, details)
 
 
 class _JobFigures:
@@ -155,7 +156,8 @@ def _job_state_lines(j: dict, d: _JobFigures, now: int) -> list[str]:
         f"   Priority={j['priority']} Nice={j['nice']} Account={spec.get('account') or '(null)'} "
         f"QOS={spec.get('qos') or 'normal'}",
         f"   JobState={j['state']} Reason={d.reason} Dependency={spec.get('dependency') or '(null)'}",
-        f"   Requeue={1 if spec.get('requeue') else 0} Restarts={j['restarts']} BatchFlag=1 Reboot=0 "
+        f"   Requeue={1 if spec.get('requeue') else 0} Restarts={j['restarts']} "
+        f"BatchFlag={0 if spec.get('allocation') else 1} Reboot=0 "
         f"ExitCode={d.exit_code}",
         f"   RunTime={format_duration(d.run_time)} TimeLimit={format_duration(d.limit) if d.limit else 'UNLIMITED'} "
         "TimeMin=N/A",
@@ -175,7 +177,30 @@ def _job_state_lines(j: dict, d: _JobFigures, now: int) -> list[str]:
     return lines
 
 
-def _job_resource_lines(j: dict, d: _JobFigures) -> list[str]:
+def _detail_lines(j: dict) -> list[str]:
+    """``-d``: Slurm's per-node lines (nodes with the same holdings share one)."""
+    from rota.core.hostlist import compress
+
+    spec = j["spec"]
+    gtype = spec.get("gpu_type")
+    gpus = sum(len(a[3]) for a in j.get("alloc") or [])
+    lines = [f"   JOB_GRES=gpu:{gtype + ':' if gtype else ''}{gpus}" if gpus else "   JOB_GRES=(null)"]
+    groups: dict[tuple, list[str]] = {}
+    for node, cpu_ids, mem, idx in j.get("alloc") or []:
+        groups.setdefault((cpu_ids, mem, tuple(idx)), []).append(node)
+    for (cpu_ids, mem, idx), nodes in groups.items():
+        gres = f" GRES=gpu:{gtype + ':' if gtype else ''}{len(idx)}(IDX:{_ranges(list(idx))})" if idx else ""
+        lines.append(f"     Nodes={compress(nodes)} CPU_IDs={cpu_ids} Mem={mem}{gres}")
+    return lines
+
+
+def _ranges(values: list[int]) -> str:
+    from rota.core.arrays import format_indices
+
+    return format_indices(sorted(values), 0)
+
+
+def _job_resource_lines(j: dict, d: _JobFigures, details: bool = False) -> list[str]:
     """What it holds or asks for, and its files."""
     spec = j["spec"]
     tres = f"cpu={d.cpus},mem={_size(d.mem)},node={d.nnodes},billing={d.cpus}" + \
@@ -187,6 +212,7 @@ def _job_resource_lines(j: dict, d: _JobFigures) -> list[str]:
         "ReqB:S:C:T=0:0:*:*",
         f"   TRES={tres}",
         "   Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=*",
+        *(_detail_lines(j) if details and j.get("alloc") else []),
         f"   MinCPUsNode={d.cpn} {memory} MinTmpDiskNode=0",
         f"   Features={spec.get('constraint') or '(null)'} DelayBoot=00:00:00",
         "   OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null)",
@@ -326,11 +352,52 @@ def job_verb(verb: str, ids: list[str]) -> list[str]:
     return []
 
 
+def show_config() -> list[str]:
+    """``scontrol show config``: the configuration the controller runs on, in Slurm's ``Key = Value`` layout."""
+    from rota.core import __version__
+    from rota.core.timefmt import format_duration
+
+    reply = _request("config", {})
+    if not reply.get("ok") or reply.get("config") is None:
+        raise Fail("slurm_load_ctl_conf error: the controller has no configuration yet")
+    c, now = reply["config"], reply["now"]
+    sched, prio, auth = c["scheduler"], c["priority"], c["auth"]
+    params = [f"bf_window={sched['bf_window'] // 60}", f"bf_resolution={sched['bf_resolution']}"]
+    if sched["bf_max_job_test"]:
+        params.append(f"bf_max_job_test={sched['bf_max_job_test']}")
+    pairs = [
+        ("AuthType", "auth/rota (SO_PEERCRED, key-signed credentials)"),
+        ("AuthInfo", f"ttl={auth['cred_ttl']}"), ("ClusterName", c["cluster_name"]),
+        ("EnforcePartLimits", sched["enforce_part_limits"]), ("GresTypes", ",".join(c["gres_types"]) or "(null)"),
+        ("JobRequeue", "1"), ("MaxArraySize", str(sched["max_array_size"])), ("MinJobAge", f"{sched['min_job_age']} sec"),
+        ("PreemptType", "preempt/none"), ("PriorityFavorSmall", "Yes" if prio["favor_small"] else "No"),
+        ("PriorityMaxAge", format_duration(prio["max_age"]).replace("-", "-")), ("PriorityType", "priority/multifactor"),
+        ("PriorityWeightAge", str(prio["age"])), ("PriorityWeightFairShare", str(prio["fairshare"])),
+        ("PriorityWeightJobSize", str(prio["job_size"])), ("PriorityWeightPartition", str(prio["partition"])),
+        ("PriorityWeightQOS", str(prio["qos"])), ("PrivateData", ",".join(auth["private_data"]) or "none"),
+        ("SchedulerParameters", ",".join(params)),
+        ("SchedulerType", "sched/builtin" if sched["policy"] == "fifo" else "sched/backfill"),
+        ("RotaSchedulerPolicy", sched["policy"]), ("SelectType", "select/cons_tres"), ("SlurmUser", auth["slurm_user"]),
+        ("SLURM_VERSION", f"22.05 (rota {__version__})"),
+    ]
+    return [f"Configuration data as of {_when(now)}"] + [f"{k:<23} = {v}" for k, v in sorted(pairs)] + [""]
+
+
+def reconfigure() -> list[str]:
+    """``scontrol reconfigure``: the controller reads its configuration again (a broken file changes nothing)."""
+    reply = _request("reconfigure", {})
+    if not reply.get("ok"):
+        lines = reply.get("error") or ["unknown error"]
+        raise Fail("\n".join(lines[:-1] + [f"slurm_reconfigure error: {lines[-1]}"]))
+    return []
+
+
 def run(argv: list[str], out=sys.stdout, err=sys.stderr, db: str | None = None) -> int:
+    details = any(a in ("-d", "--details") for a in argv)
     args = [a for a in argv if a not in ("-o", "--oneliner", "-d", "--details")]
     if not args or args[0] in ("-h", "--help", "help"):
-        out.write("Usage: scontrol show node|partition|hostnames|hostlist [NAME] | update NodeName=... State=... "
-                  "Reason=... | update JobId=N TimeLimit=T | hold|release|requeue IDS\n")
+        out.write("Usage: scontrol [-d] show job|node|partition|config|hostnames|hostlist [NAME] | update NodeName=... "
+                  "State=... Reason=... | update JobId=N TimeLimit=T | hold|release|requeue IDS | reconfigure\n")
         return 0
     cmd, rest = args[0].lower(), args[1:]
     try:
@@ -340,7 +407,9 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, db: str | None = None) 
             if what in ("node", "nodes"):
                 lines = show_node([n for arg in names for n in expand(arg)], db)
             elif what in ("job", "jobs"):
-                lines = show_job(names)
+                lines = show_job(names, details)
+            elif what in ("config", "conf"):
+                lines = show_config()
             elif what in ("partition", "partitions"):
                 lines = show_partition(names, db)
             elif what == "hostnames":
@@ -353,6 +422,8 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, db: str | None = None) 
             lines = update(rest)
         elif cmd in ("hold", "uhold", "release", "requeue", "requeuehold"):
             lines = job_verb(cmd, rest)
+        elif cmd in ("reconfigure", "reconfig"):
+            lines = reconfigure()
         else:
             raise Fail(f"invalid keyword: {args[0]}")
     except _Remote:   # the projection is private to the cluster's administrator: the controller shows it

@@ -18,12 +18,12 @@ OPTIONS = table(
     ("n", "name", REQUIRED, "names"), ("", "noconvert", NO, "noconvert"), ("w", "nodelist", REQUIRED, "nodelist"),
     ("o", "format", REQUIRED, "format"), ("O", "Format", REQUIRED, "Format"), ("p", "partition", REQUIRED, "partitions"),
     ("P", "priority", NO, "!priority"), ("q", "qos", REQUIRED, "!qos"), ("R", "reservation", REQUIRED, "!reservation"),
-    ("", "sibling", NO, "~sibling"), ("S", "sort", REQUIRED, "!sort"), ("", "start", NO, "start"),
+    ("", "sibling", NO, "~sibling"), ("S", "sort", REQUIRED, "sort"), ("", "start", NO, "start"),
     ("t", "states", REQUIRED, "states"), ("s", "steps", OPTIONAL, "!steps"), ("u", "user", REQUIRED, "users"),
     ("", "usage", NO, "help"), ("v", "verbose", NO, "verbose"), ("V", "version", NO, "version"),
     ("", "json", NO, "!json"), ("", "yaml", NO, "!yaml"))
-USAGE = ("Usage: squeue [-j jobs] [-u users|--me] [-p partitions] [-t states] [-n names] [-w nodes]\n"
-         "              [-o format|-O fields] [-l] [-h] [--start]\n")
+USAGE = ("Usage: squeue [-j jobs] [-u users|--me] [-p partitions] [-t states|all] [-n names] [-w nodes]\n"
+         "              [-o format|-O fields] [-S sort] [-r] [-l] [-h] [--start]\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     if o.get("jobs") is True:
         o.pop("jobs")
     request = {k: v for k, v in o.items() if k in ("jobs", "users", "partitions", "states", "format", "Format",
-                                                   "noheader", "long", "start", "me", "names", "nodelist")}
+                                                   "noheader", "long", "start", "me", "names", "nodelist", "array", "sort")}
     from .client import NoCluster, request as send
 
     try:

@@ -86,11 +86,12 @@ def prepare_state_dir(state_dir: Path) -> Any:
 async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, nats_port: int | None,
               echo=print, *, agent_node: str | None = None, fake_gpus: str | None = None,
               node_timeout: float = 300.0, agent_options: dict | None = None, tls: dict[str, str] | None = None,
-              listen: str = "127.0.0.1") -> None:
+              listen: str = "127.0.0.1", config_path: str | None = None) -> None:
     """Run the whole cluster in this process until SIGINT or SIGTERM: NATS (unless ``nats_url`` names
     servers), the controller, the agents' link, the projection, this node's agent and the signer."""
     os.umask(0o077)   # every file rota writes is private unless made public on purpose
     up = _Up(state_dir, config, echo, agent_node, fake_gpus, node_timeout, agent_options, tls)
+    up.config_path = config_path
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -131,6 +132,7 @@ class _Up:
         self.projecting: asyncio.Task | None = None
         self.agent: Agent | None = None
         self.signer: Any = None
+        self.config_path: str | None = None
 
     async def start_log(self, nats_url: str | None, nats_port: int | None, listen: str) -> None:
         """Our own NATS server (unless told to use others) and the event log on it."""
@@ -158,6 +160,7 @@ class _Up:
         self.controller = Controller(self.eventlog, config=self.config, keyring=self.keyring, outbox=Outbox(),
                                      reports=runner(str(self.state_dir / "projections.sqlite")),
                                      timetravel_env=timetravel_environment(str(self.state_dir)))
+        self.controller.reload_config = lambda: load_config(self.config_path, self.fake_gpus)
         await self.controller.start()
         await self.controller.serve(self.eventlog.nc)
         self.link = AgentLink(self.controller, self.eventlog.nc, node_timeout=self.node_timeout,
@@ -295,7 +298,7 @@ def main(state_dir: str | None, config: str | None, nats: str | None, nats_port:
     try:
         asyncio.run(run(Path(state_dir) if state_dir else default_state_dir(), cfg, nats, nats_port, echo,
                         agent_node=node, fake_gpus=fake_gpus, node_timeout=node_timeout,
-                        agent_options=agent_options, tls=tls, listen=listen))
+                        agent_options=agent_options, tls=tls, listen=listen, config_path=config))
     except natsserver.NatsServerError as exc:
         echo(f"rota up: {exc}")
         return 1

@@ -248,6 +248,38 @@ async def _step_create(c: Any, caller: Caller, r: rq.StepCreate, rid: str) -> di
             "tasks": [list(a.tasks) for a in e.alloc], "warnings": warnings}
 
 
+@verb("config", rq.NoArgs)
+async def _config(c: Any, caller: Caller, r: rq.NoArgs, rid: str) -> dict:
+    cfg = c.state.config
+    return {"ok": True, "config": cfg.model_dump(mode="json") if cfg is not None else None,
+            "since": c.state.config_seq, "now": c.now()}
+
+
+@verb("reconfigure", rq.NoArgs, writes=True)
+async def _reconfigure(c: Any, caller: Caller, r: rq.NoArgs, rid: str) -> dict:
+    import asyncio
+
+    from rota.core.slurmconf import ConfigError
+
+    if caller.level < 2:
+        raise commands.Rejected(commands.INVALID_USER, code="permission")
+    if c.reload_config is None:
+        raise commands.Rejected("this controller has no configuration file to read again", code="config")
+    try:
+        config = await asyncio.to_thread(c.reload_config)
+    except ConfigError as exc:
+        raise commands.Rejected(*[str(d) for d in exc.diagnostics],
+                                "the configuration has errors: nothing changed, the cluster runs on", code="config") \
+            from None
+    except (OSError, ValueError) as exc:
+        raise commands.Rejected(f"{exc}: nothing changed, the cluster runs on", code="config") from None
+    if config == c.state.config:
+        return {"ok": True, "changed": False}
+    await c.write(lambda s: commands.reconfigure(s, config, "scontrol reconfigure", caller), caller.actor(),
+                  f"{caller.uid}:{rid}" if rid else "")
+    return {"ok": True, "changed": True}
+
+
 @verb("release_allocation", rq.ReleaseAllocation, writes=True)
 async def _release_allocation(c: Any, caller: Caller, r: rq.ReleaseAllocation, rid: str) -> dict:
     return await _write(c, caller, rid, lambda s: commands.release_allocation(s, r.job_id, r.exit_code, r.signal,

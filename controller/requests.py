@@ -144,6 +144,8 @@ class Squeue(Request):
     me: bool = False                 # the caller's own jobs (its uid, from the credential)
     names: Filter | None = None      # -n: job names
     nodelist: Filter | None = None   # -w: jobs running on any of these nodes (a hostlist)
+    array: bool = False              # -r: an array's pending tasks one per line
+    sort: Filter | None = None       # -S: sort fields
 
 
 class Accounting(Request):

@@ -44,6 +44,7 @@ class Controller:
                  reports: Any = None, timetravel_env: dict[str, str] | None = None) -> None:
         self.log = eventlog
         self.config = config
+        self.reload_config: Callable[[], ev.ClusterConfig] | None = None   # scontrol reconfigure: read it again
         self.clock = clock
         self.name = name
         self.cycle_interval, self.debounce = cycle_interval, debounce

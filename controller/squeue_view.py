@@ -73,7 +73,8 @@ FIELDS = {
     "u": lambda j, now: j["user"],
     "t": lambda j, now: STATE_CODES.get(j["state"], j["state"][:2]),
     "T": lambda j, now: j["state"],
-    "M": lambda j, now: format_squeue_time(now - j["start_time"]) if _running(j) else "0:00",
+    "M": lambda j, now: format_squeue_time(now - j["start_time"]) if _running(j) else
+    format_squeue_time(j["end_time"] - j["start_time"]) if j.get("end_time") and j["start_time"] else "0:00",
     "l": lambda j, now: format_limit(j["time_limit"]),
     "L": _time_left,
     "D": lambda j, now: str(j["num_nodes"]),
@@ -149,11 +150,61 @@ def format_from_names(text: str) -> str:
 
 
 def order(job: dict) -> tuple:
-    """Slurm's default order "P,t,-p": partition, then state (pending first), then priority, highest first."""
-    return job["partition"], 0 if job["state"] == "PENDING" else 1, -job.get("priority", 0), job["job_id"]
+    """Slurm's default order "P,t,-p": partition, then state (pending first), then priority, highest first;
+    an array's members together, in task order."""
+    return (job["partition"], 0 if job["state"] == "PENDING" else 1, -job.get("priority", 0),
+            job["array_job_id"] or job["job_id"], -1 if job["array_task_id"] is None else job["array_task_id"])
 
 
-STATE_NAMES = {"PD": "PENDING", "R": "RUNNING", "CG": "COMPLETING", "S": "SUSPENDED", "CF": "CONFIGURING"}
+# -S/--sort fields: what each sorts by
+SORT_KEYS = {
+    "i": lambda j: (j["array_job_id"] or j["job_id"], -1 if j["array_task_id"] is None else j["array_task_id"]),
+    "A": lambda j: j["job_id"], "P": lambda j: j["partition"], "j": lambda j: j["name"], "u": lambda j: j["user"],
+    "U": lambda j: j.get("uid", 0), "t": lambda j: j["state"], "T": lambda j: j["state"],
+    "p": lambda j: j.get("priority", 0), "Q": lambda j: j.get("priority", 0), "V": lambda j: j["submit_time"],
+    "S": lambda j: j["start_time"] or j.get("expected_start") or 0, "D": lambda j: j["num_nodes"],
+    "C": lambda j: j["cpus"], "l": lambda j: j["time_limit"] or 0, "M": lambda j: -(j["start_time"] or 0),
+    "N": lambda j: ",".join(j["nodes"]), "r": lambda j: j["reason"], "R": lambda j: j["reason"],
+}
+
+
+def sort_jobs(jobs: list[dict], spec: str) -> list[dict]:
+    """``-S`` (``--sort``): comma-separated specifiers, each ascending or, with a leading ``-``, descending;
+    applied last key first, so the first one decides."""
+    for item in reversed([x.strip() for x in spec.split(",") if x.strip()]):
+        descending = item.startswith("-")
+        code = item.lstrip("+-")
+        key = SORT_KEYS.get(code)
+        if key is None:
+            raise FormatError(f"Invalid sort specification: {item}")
+        jobs = sorted(jobs, key=key, reverse=descending)
+    return jobs
+
+
+def expand_arrays(jobs: list[dict]) -> list[dict]:
+    """``-r``: an array's pending remainder as one row per pending task, as Slurm lists them."""
+    out: list[dict] = []
+    for j in jobs:
+        if j["array_pending"] is None:
+            out.append(j)
+            continue
+        head = j["array_job_id"] or j["job_id"]
+        out.extend({**j, "array_pending": None, "array_job_id": head, "array_task_id": i} for i in j["array_pending"])
+    return out
+
+
+STATE_NAMES = {"PD": "PENDING", "R": "RUNNING", "CG": "COMPLETING", "S": "SUSPENDED", "CF": "CONFIGURING",
+               "CD": "COMPLETED", "F": "FAILED", "CA": "CANCELLED", "TO": "TIMEOUT", "OOM": "OUT_OF_MEMORY",
+               "NF": "NODE_FAIL"}
+ENDED = frozenset(("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"))
+
+
+def wants_ended(states_text: str | None) -> bool:
+    """Whether ``-t`` asks for jobs that have ended (``all``, or an end state): they are held MinJobAge."""
+    if not states_text:
+        return False
+    names = {STATE_NAMES.get(s.upper(), s.upper()) for s in states_text.split(",")}
+    return "ALL" in names or bool(names & ENDED)
 
 
 def requested_ids(text: str) -> set[int] | str:
@@ -205,6 +256,13 @@ def answer(jobs: list[dict], request: dict, now: int) -> dict:
         states = {STATE_NAMES.get(s.upper(), s.upper()) for s in states_text.split(",")}
         jobs = [j for j in jobs if j["state"] in states]
     jobs = sorted(jobs, key=order)
+    if request.get("array"):
+        jobs = expand_arrays(jobs)
+    if request.get("sort"):
+        try:
+            jobs = sort_jobs(jobs, request["sort"])
+        except FormatError as exc:
+            return {"ok": False, "error": [f"squeue: error: {exc}"], "code": "invalid"}
     start = bool(request.get("start"))
     if start:   # Slurm: --sort=S --states=PENDING
         jobs = [j for j in jobs if j["state"] == "PENDING"]

@@ -76,7 +76,7 @@ class Views:
         more often than the queue changes) and, for output with running jobs' times, the same second."""
         import orjson
 
-        from .squeue_view import answer, requested_ids
+        from .squeue_view import answer, requested_ids, wants_ended
 
         clean = {k: v for k, v in sorted(request.items()) if v not in (None, False)}
         full = view = self.queue_view()
@@ -93,6 +93,11 @@ class Views:
                 mine_only = private_jobs(self.c.state, caller)
                 clean["_ended"] = sorted(i for i in ids if i in jobs and jobs[i].state in TERMINAL_STATES
                                          and (not mine_only or jobs[i].spec.uid == caller.uid))
+        if wants_ended(clean.get("states")):    # -t all: also the jobs that ended within MinJobAge
+            ended = self._ended_rows(caller)
+            view = view + ended
+            full = full + ended
+            clean["_seq"] = self.c.state.seq
         if clean.get("start"):   # jobs without a reservation: the plan's estimate, as Slurm's backfill plan gives one
             estimates = self.start_estimates()
             view = [j if j["expected_start"] or j["state"] != "PENDING" else
@@ -148,29 +153,47 @@ class Views:
         c.last_decision = (c.state.seq, d)
         return d
 
+    def _ended_rows(self, caller: Caller) -> list[dict]:
+        """squeue rows of the jobs that ended but are still held (MinJobAge), the caller's own when jobs are private."""
+        state = self.c.state
+        mine = private_jobs(state, caller)
+        rows = []
+        for _end, jid in state.finished:
+            job = state.jobs.get(jid)
+            if job is None or job.state not in TERMINAL_STATES or (mine and job.spec.uid != caller.uid):
+                continue
+            rows.append(self._row(job, None, None))
+        return rows
+
     def _build_queue_view(self) -> list[dict]:
         state = self.c.state
         d = self._decision() if state.pending else None
         out = []
         for jid in list(state.pending) + list(state.running):
             job = state.jobs[jid]
-            p = d.pending.get(jid) if d is not None else None
-            pending = job.state == "PENDING"
-            out.append({
-                "job_id": jid, "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
-                "array_pending": job.array_pending, "array_throttle": job.array_throttle,
-                "partition": job.partition, "name": job.spec.name, "user": job.spec.user,
-                "state": job.state, "start_time": job.start_time, "submit_time": job.submit_time,
-                "time_limit": job.time_limit, "nodes": [a.node for a in job.alloc],
-                "num_nodes": len(job.alloc) or (job.req.nnodes if job.req else 1),
-                "reason": (p.display if p is not None else "None") if pending else "None",
-                "expected_start": p.start if p is not None else None,
-                "priority": (d.priorities.get(jid, 0) if d is not None else 0) if pending else 0,
-                "sched_nodes": list(d.reservations[jid].nodes) if d is not None and jid in d.reservations else [],
-                "account": job.spec.account, "uid": job.spec.uid,
-                "cpus": sum(a.cpus for a in job.alloc) or (job.req.total_cpus if job.req else 1),
-            })
+            out.append(self._row(job, d, d.pending.get(jid) if d is not None else None))
         return out
+
+    @staticmethod
+    def _row(job: Any, d: Any, p: Any) -> dict:
+        """One job's squeue row (``d``: the decision; ``p``: its pending entry, if it waits)."""
+        jid = job.job_id
+        pending = job.state == "PENDING"
+        return {
+            "job_id": jid, "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
+            "array_pending": job.array_pending, "array_throttle": job.array_throttle,
+            "partition": job.partition, "name": job.spec.name, "user": job.spec.user,
+            "state": job.state, "start_time": job.start_time, "submit_time": job.submit_time,
+            "time_limit": job.time_limit, "nodes": [a.node for a in job.alloc],
+            "num_nodes": len(job.alloc) or (job.req.nnodes if job.req else 1),
+            "reason": (p.display if p is not None else "None") if pending else "None",
+            "expected_start": p.start if p is not None else None,
+            "priority": (d.priorities.get(jid, 0) if d is not None else 0) if pending else 0,
+            "sched_nodes": list(d.reservations[jid].nodes) if d is not None and jid in d.reservations else [],
+            "account": job.spec.account, "uid": job.spec.uid,
+            "cpus": sum(a.cpus for a in job.alloc) or (job.req.total_cpus if job.req else 1),
+            "end_time": job.end_time,
+        }
 
     # ------------------------------------------------------------ one job, nodes, a trial submit
 
@@ -194,8 +217,27 @@ class Views:
             "restarts": job.restarts, "nodes": [a.node for a in job.alloc], "alloc_cpus": sum(a.cpus for a in job.alloc),
             "alloc_mem": sum(a.mem for a in job.alloc), "alloc_gpus": sum(len(a.gpus) for a in job.alloc),
             "req": list(req) if req is not None else None, "backfilled": job.backfilled, "nice": job.nice,
-            "steps": sorted(job.steps),
+            "steps": sorted(job.steps), "alloc": self._alloc_details(job),
         }
+
+    def _alloc_details(self, job: Any) -> list[list]:
+        """Each node of a running job: [node, CPU ids, MiB, GPU indices]. The CPU ids are the node's CPUs
+        handed out in the order its running jobs started (what an agent binds when the host has them)."""
+        from rota.core.arrays import format_indices
+
+        if job.state != "RUNNING":
+            return []
+        out = []
+        for a in job.alloc:
+            node = self.c.state.nodes.get(a.node)
+            first = 0
+            for other in (node.jobs if node is not None else ()):
+                if other == job.job_id:
+                    break
+                held = self.c.state.jobs.get(other)
+                first += next((x.cpus for x in held.alloc if x.node == a.node), 0) if held is not None else 0
+            out.append([a.node, format_indices(list(range(first, first + a.cpus)), 0), a.mem, list(a.gpus)])
+        return out
 
     def nodes(self) -> list[dict]:
         return [{"name": n.name, "state": n.display_state(), "cpus": n.cpus, "alloc_cpus": n.alloc_cpus,

@@ -289,6 +289,16 @@ def _node_with_reason(state: State, node: str, reason: str) -> None:
                        code="reason")
 
 
+def reconfigure(state: State, config: ev.ClusterConfig, source: str, caller: Caller = ROOT) -> ev.ClusterConfigured:
+    """``scontrol reconfigure``: the configuration as read again, as an event (administrators only; one that
+    changes nothing is not logged)."""
+    if caller.level < 2:
+        raise Rejected(INVALID_USER, code="permission")
+    if state.config == config:
+        raise Rejected("the configuration has not changed", code="noop")
+    return ev.ClusterConfigured(config=config, source=source)
+
+
 def drain(state: State, node: str, reason: str, caller: Caller = ROOT) -> ev.NodeDrained:
     _operator(caller)
     _node_with_reason(state, node, reason)

@@ -35,12 +35,12 @@ def orders(state: State, changes: Changes) -> list[tuple[str, Order]]:
         elif running:
             out.append((job.alloc[0].node, launch(job)))
     for (jid, restarts, sid), (step, new) in changes.steps.items():
-        job = state.jobs.get(jid)
-        if step.state == RUNNING and new and job is not None and job.state == RUNNING and job.restarts == restarts:
-            base = launch(job)
+        owner = state.jobs.get(jid)
+        if step.state == RUNNING and new and owner is not None and owner.state == RUNNING and owner.restarts == restarts:
+            base = launch(owner)
             for a in step.started.alloc:
-                here = next(x for x in job.alloc if x.node == a.node)
-                facts = base.model_copy(update={"node_index": job.alloc.index(here), "cpus": here.cpus,
+                here = next(x for x in owner.alloc if x.node == a.node)
+                facts = base.model_copy(update={"node_index": owner.alloc.index(here), "cpus": here.cpus,
                                                 "mem": here.mem, "gpus": here.gpus})
                 out.append((a.node, StepLaunch(job_id=jid, restarts=restarts, step_id=sid, job=facts,
                                                step=step.started)))
@@ -58,7 +58,7 @@ def launches(state: State) -> list[tuple[str, Order]]:
 
 def launch(job: Job) -> Launch:
     """Everything the batch host's agent needs to run ``job`` (which is RUNNING)."""
-    spec, req, alloc = job.spec, job.req, job.alloc
+    spec, alloc = job.spec, job.alloc
     first = alloc[0]
     ntasks = job_tasks(job)
     base, extra = divmod(ntasks, len(alloc))
