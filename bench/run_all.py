@@ -9,7 +9,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import agent_bench, cli_bench, core_bench, fuzz_bench, log_bench, sim_bench, timetravel_bench
+from . import agent_bench, cli_bench, core_bench, fuzz_bench, log_bench, sim_bench, step_bench, timetravel_bench
 from .common import Figure, print_table, write_json
 
 
@@ -26,6 +26,7 @@ def main() -> None:
     figures += log_bench.run(20_000 if args.quick else 100_000, 500 if args.quick else 2000, 2 if args.quick else 3)
     figures += agent_bench.bench(200 if args.quick else 1000, 1 if args.quick else 3)
     figures += cli_bench.run(10_000 if args.quick else 100_000, 1_000 if args.quick else 10_000, 3 if args.quick else 10)
+    figures += step_bench.run(5 if args.quick else 20)
     figures += timetravel_bench.run(3_000 if args.quick else 12_000, 1 if args.quick else 3)
     figures += fuzz_bench.run(1_000 if args.quick else 10_000)
     print()

@@ -121,6 +121,21 @@ def job_values(r: queries.Row, now: int) -> dict[str, str]:
     }
 
 
+def requeued_values(job: dict[str, str], run: queries.Row) -> dict[str, str]:
+    """``sacct -D``: an earlier run of a requeued job, as Slurm lists it (REQUEUED)."""
+    from rota.core.hostlist import compress
+
+    v = dict(job)
+    elapsed = max(0, (run["end_time"] or 0) - (run["start"] or 0))
+    v.update({"state": "REQUEUED", "exitcode": f"{run['exit_code']}:{run['signal']}", "start": timestamp(run["start"]),
+              "end": timestamp(run["end_time"]), "elapsed": format_duration(elapsed), "elapsedraw": str(elapsed),
+              "nodelist": compress(run["nodes"].split(",")) if run["nodes"] else "None assigned",
+              "alloccpus": str(run["alloc_cpus"] or 0), "restarts": str(run["restarts"]),
+              "cputime": format_duration(elapsed * (run["alloc_cpus"] or 0)),
+              "cputimeraw": str(elapsed * (run["alloc_cpus"] or 0))})
+    return v
+
+
 def step_values(job: dict[str, str], r: queries.Row, s: queries.Row, now: int) -> dict[str, str]:
     """A step's row (``N.batch``, ``N.0``, ...): its own state, exit code, MaxRSS, elapsed time, tasks, nodes."""
     from rota.core.hostlist import compress
@@ -257,6 +272,7 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
         conn = queries.connect(path)
         jobs = queries.jobs(conn, query)
         steps = {} if ns.allocations else queries.steps(conn, [r["job_id"] for r in jobs])
+        earlier = queries.runs(conn, [r["job_id"] for r in jobs if r["restarts"]]) if ns.duplicates else {}
     except queries.Error as exc:
         err.write(f"sacct: error: Problem talking to the database: {exc}\n")
         return 1
@@ -268,6 +284,8 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
     rows = []
     for r in jobs:
         v = job_values(r, int(now))
+        for run in earlier.get(r["job_id"], ()):
+            rows.append(requeued_values(v, run))
         rows.append(v)
         for s in steps.get(r["job_id"], ()):
             rows.append(step_values(v, r, s, int(now)))

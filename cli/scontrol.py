@@ -181,12 +181,12 @@ def _detail_lines(j: dict) -> list[str]:
     """``-d``: Slurm's per-node lines (nodes with the same holdings share one)."""
     from rota.core.hostlist import compress
 
-    spec = j["spec"]
-    gtype = spec.get("gpu_type")
-    gpus = sum(len(a[3]) for a in j.get("alloc") or [])
+    alloc = j.get("alloc") or []
+    gtype = next((a[4] for a in alloc if a[4]), "")
+    gpus = sum(len(a[3]) for a in alloc)
     lines = [f"   JOB_GRES=gpu:{gtype + ':' if gtype else ''}{gpus}" if gpus else "   JOB_GRES=(null)"]
     groups: dict[tuple, list[str]] = {}
-    for node, cpu_ids, mem, idx in j.get("alloc") or []:
+    for node, cpu_ids, mem, idx, _type in alloc:
         groups.setdefault((cpu_ids, mem, tuple(idx)), []).append(node)
     for (cpu_ids, mem, idx), nodes in groups.items():
         gres = f" GRES=gpu:{gtype + ':' if gtype else ''}{len(idx)}(IDX:{_ranges(list(idx))})" if idx else ""

@@ -221,7 +221,7 @@ class Views:
         }
 
     def _alloc_details(self, job: Any) -> list[list]:
-        """Each node of a running job: [node, CPU ids, MiB, GPU indices]. The CPU ids are the node's CPUs
+        """Each node of a running job: [node, CPU ids, MiB, GPU indices, GPU type]. The CPU ids are the node's CPUs
         handed out in the order its running jobs started (what an agent binds when the host has them)."""
         from rota.core.arrays import format_indices
 
@@ -236,7 +236,9 @@ class Views:
                     break
                 held = self.c.state.jobs.get(other)
                 first += next((x.cpus for x in held.alloc if x.node == a.node), 0) if held is not None else 0
-            out.append([a.node, format_indices(list(range(first, first + a.cpus)), 0), a.mem, list(a.gpus)])
+            types = node.gpu_types if node is not None else []
+            gtype = types[a.gpus[0]] if a.gpus and a.gpus[0] < len(types) else ""
+            out.append([a.node, format_indices(list(range(first, first + a.cpus)), 0), a.mem, list(a.gpus), gtype])
         return out
 
     def nodes(self) -> list[dict]:

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from . import events as ev
 from .arrays import parse_array
-from .changes import NOTHING, Changes
+from .changes import NOTHING, Changes, EndedRun
 from .request import node_request
 from .state import (
     CANCELLED, COMPLETED, NODE_FAIL, PENDING, RUNNING, TERMINAL_STATES, Job, Node, State, Step, node_from_config,
@@ -133,6 +133,10 @@ def _finish(state: State, job: Job, end_state: str, ts: int, ch: Changes) -> Non
 
 def _requeue(state: State, job: Job, ts: int, ch: Changes, hold: bool, user_hold: bool = False) -> None:
     ch.job(job)
+    if job.start_time:
+        ch.run_ended(EndedRun(job.job_id, job.restarts, job.start_time, job.end_time or ts,
+                              tuple(a.node for a in job.alloc), sum(a.cpus for a in job.alloc), job.exit_code,
+                              job.signal))
     if job.state == RUNNING:
         _release(state, job, ts, ch)
         _end_steps(job, ts, ch)

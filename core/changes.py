@@ -15,6 +15,20 @@ if TYPE_CHECKING:
     from .state import Job, Step
 
 
+@dataclass(frozen=True, slots=True)
+class EndedRun:
+    """A run of a job that was requeued: what ``sacct -D`` lists as REQUEUED."""
+
+    job_id: int
+    restarts: int
+    start: int
+    end: int
+    nodes: tuple[str, ...]
+    cpus: int
+    exit_code: int
+    signal: int
+
+
 @dataclass(slots=True)
 class Before:
     """A job as it was before the changes (``state`` None: it did not exist)."""
@@ -31,7 +45,7 @@ class Before:
 class Changes:
     """Collected while folding; read afterwards. One instance may span many events (a batch)."""
 
-    __slots__ = ("jobs", "nodes", "config", "reported", "signals", "invalid", "seq", "touches", "steps")
+    __slots__ = ("jobs", "nodes", "config", "reported", "signals", "invalid", "seq", "touches", "steps", "runs")
 
     def __init__(self) -> None:
         self.jobs: dict[int, Before] = {}
@@ -44,6 +58,7 @@ class Changes:
         self.touches = 0                        # notes taken (jobs and nodes): whether an event changed anything
         # steps touched, by (job id, run, step id): the step object and whether it existed before
         self.steps: dict[tuple[int, int, int], tuple["Step", bool]] = {}
+        self.runs: list[EndedRun] = []          # runs of jobs that went back to the queue (sacct -D)
 
     def job(self, job: "Job") -> None:
         """Note ``job`` before the current event changes it."""
@@ -69,6 +84,10 @@ class Changes:
         key = (job_id, restarts, step.step_id)
         if key not in self.steps:
             self.steps[key] = (step, new)
+
+    def run_ended(self, run: "EndedRun") -> None:
+        """Note a run that ended because its job was requeued."""
+        self.runs.append(run)
 
     def node(self, name: str) -> None:
         """Note that the current event changes node ``name`` (its resources, flags or jobs)."""
@@ -100,6 +119,9 @@ class InvalidOnly(Changes):
         return None
 
     def step(self, job_id: int, restarts: int, step: "Step", new: bool = False) -> None:
+        return None
+
+    def run_ended(self, run: "EndedRun") -> None:
         return None
 
     def node(self, name: str) -> None:

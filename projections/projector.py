@@ -202,19 +202,24 @@ class Projector:
             rows.append(job_row(job, before.seq, reason))
         for (jid, _run, _sid), (step, _new) in changes.steps.items():
             steps.append(step_row(jid, step))
+        runs = [(r.job_id, r.restarts, r.start, r.end, ",".join(r.nodes), r.cpus, r.exit_code, r.signal)
+                for r in changes.runs]
         nodes = self._node_rows() if changes.nodes or changes.config else None
         partitions = self._partition_rows() if changes.config else None
         snapshot = None
         if state.seq - self._last_snapshot >= self.snapshot_every:
             snapshot = dump_snapshot(state)
             self._last_snapshot = state.seq
-        return rows, steps, usage, nodes, partitions, snapshot, state.seq, state.now
+        return rows, steps, runs, usage, nodes, partitions, snapshot, state.seq, state.now
 
-    async def _write(self, rows: list[tuple], steps: list[tuple], usage: dict, nodes: list[tuple] | None,
-                     partitions: list[tuple] | None, snapshot: bytes | None, seq: int, now: int) -> None:
+    async def _write(self, rows: list[tuple], steps: list[tuple], runs: list[tuple], usage: dict,
+                     nodes: list[tuple] | None, partitions: list[tuple] | None, snapshot: bytes | None, seq: int,
+                     now: int) -> None:
         """One batch's rows and its checkpoint, in one transaction."""
         db = self.db
         await db.executemany(_UPSERT_JOB, rows)
+        if runs:
+            await db.executemany("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)", runs)
         if steps:
             await db.executemany(f"INSERT OR REPLACE INTO steps VALUES ({', '.join('?' * 13)})", steps)
         for (user, account, part), (cpu, gpu, jobs) in usage.items():

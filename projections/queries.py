@@ -99,6 +99,17 @@ def steps(conn, job_ids: list[int]) -> dict:
     return out
 
 
+def runs(conn, job_ids: list[int]) -> dict:
+    """The earlier runs of each of these jobs that was requeued, oldest first."""
+    if not job_ids:
+        return {}
+    listed = ",".join(str(int(j)) for j in job_ids)
+    out: dict = {}
+    for r in conn.execute(f"SELECT * FROM runs WHERE job_id IN ({listed}) ORDER BY job_id, restarts"):
+        out.setdefault(r["job_id"], []).append(r)
+    return out
+
+
 def nodes(conn) -> list:
     return conn.execute("SELECT * FROM nodes ORDER BY idx").fetchall()
 

@@ -36,6 +36,11 @@ CREATE TABLE IF NOT EXISTS steps (   -- ``batch`` and each srun step (``0``, ``1
     ntasks INTEGER, cpus INTEGER, nodes TEXT,
     PRIMARY KEY (job_id, step)
 );
+CREATE TABLE IF NOT EXISTS runs (    -- earlier runs of requeued jobs (sacct -D: REQUEUED)
+    job_id INTEGER, restarts INTEGER, start INTEGER, end_time INTEGER, nodes TEXT, alloc_cpus INTEGER,
+    exit_code INTEGER, signal INTEGER,
+    PRIMARY KEY (job_id, restarts)
+);
 CREATE TABLE IF NOT EXISTS nodes (
     name TEXT PRIMARY KEY, idx INTEGER, state TEXT, reason TEXT, reason_by TEXT, reason_time INTEGER,
     cpus INTEGER, alloc_cpus INTEGER, memory INTEGER, alloc_mem INTEGER,

@@ -50,8 +50,12 @@ def test_users_act_on_their_own_jobs_only():
     denied(commands.hold, s, jobs[("bob", "pending")], ALICE)
     denied(commands.release, s, jobs[("bob", "pending")], ALICE)
     denied(commands.update_job, s, theirs, time_limit=60, caller=ALICE)
-    node, order = commands.signal(s, mine, 10, ALICE)
+    (node, order), = commands.signal(s, mine, 10, ALICE)
     assert order.job_id == mine and order.signal == 10 and node == s.jobs[mine].alloc[0].node
+    assert order.batch and not order.steps
+    to_steps = commands.signal(s, mine, 10, ALICE, batch=False, steps=True)     # scancel --signal: every node
+    assert [n for n, _o in to_steps] == [a.node for a in s.jobs[mine].alloc]
+    assert all(o.steps and not o.batch for _n, o in to_steps)
     assert commands.cancel(s, theirs, OP).by_uid == OP.uid     # operators act on anyone's
 
 

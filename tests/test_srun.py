@@ -1,6 +1,7 @@
 """Steps end to end: ``srun``/``salloc`` and the client libraries people drive Slurm with, against a real
 ``rota up`` whose second node is served by a second agent process (rota's commands first on PATH)."""
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -280,6 +281,8 @@ print("result", job.result(), job.job_id)
     jid = int(line.split()[-1])
     rows = up.sacct(jid, "JobID,State,Restarts")
     assert rows[0] == [str(jid), "COMPLETED", "1"]
+    history = up.run("sacct", "-D", "-X", "-n", "-P", "-o", "JobID,State,Restarts", "-j", str(jid)).stdout.split()
+    assert history == [f"{jid}|REQUEUED|0", f"{jid}|COMPLETED|1"]      # every run, as Slurm's -D lists them
     assert "Caught signal SIGUSR2" in next(folder.glob(f"{jid}_0_log.err")).read_text()
 
 
@@ -304,3 +307,55 @@ cluster.close()
     assert "workers 2" in r.stdout.splitlines() and "sum 285" in r.stdout.splitlines()
     errs = sorted(p.name for p in logs.glob("dask-worker-*.err"))
     assert len(errs) >= 2 and "dask-worker-%J.err" not in errs
+
+
+# ---------------------------------------------------------------- daily use, as in Slurm 22.05
+
+
+def test_squeue_lists_array_tasks_finished_jobs_and_sorts(up):
+    hog = up.sbatch("#!/bin/sh\n#SBATCH -N 2 --exclusive -J hog\nsleep 60\n")
+    wait_for(lambda: up.state(hog) == "RUNNING", what="the hog")
+    arr = up.sbatch("#!/bin/sh\n#SBATCH -a 0-3 -J arr\ntrue\n")
+    fmt = ["-h", "-o", "%i %T"]
+    assert up.run("squeue", "-j", str(arr), *fmt).stdout.split("\n")[0] == f"{arr}_[0-3] PENDING"
+    assert up.run("squeue", "-r", "-j", str(arr), *fmt).stdout.splitlines() == [f"{arr}_{i} PENDING" for i in range(4)]
+    listed = up.run("squeue", "-S", "-i", "-j", f"{arr},{hog}", *fmt).stdout.splitlines()
+    assert listed == [f"{arr}_[0-3] PENDING", f"{hog} RUNNING"]
+    assert up.run("squeue", "-S", "x").stderr == "squeue: error: Invalid sort specification: x\n"
+    up.run("scancel", str(hog))
+    wait_for(lambda: up.state(hog).startswith("CANCELLED"), what="the hog to end")
+    assert f"{hog} CANCELLED" in up.run("squeue", "-t", "all", *fmt).stdout.splitlines()
+    assert f"{hog} CANCELLED" not in up.run("squeue", *fmt).stdout.splitlines()
+
+
+def test_scontrol_show_job_details_requeue_default_and_config(up):
+    jid = up.sbatch("#!/bin/sh\n#SBATCH -N 2 -c 2 --gres=gpu:2\nsleep 30\n")
+    wait_for(lambda: up.state(jid) == "RUNNING", what="the job")
+    shown = up.run("scontrol", "show", "job", "-d", str(jid)).stdout.splitlines()
+    assert any(line.startswith("   Requeue=1 Restarts=0 BatchFlag=1") for line in shown)
+    assert "   JOB_GRES=gpu:a100:4" in shown
+    assert any(re.fullmatch(r"     Nodes=n\[1-2\] CPU_IDs=\d+-\d+ Mem=\d+ GRES=gpu:a100:2\(IDX:0-1\)", line)
+               for line in shown), shown
+    up.run("scancel", str(jid))
+    config = up.run("scontrol", "show", "config").stdout.splitlines()
+    assert config[0].startswith("Configuration data as of ")
+    assert "ClusterName             = rota" in config and "JobRequeue              = 1" in config
+
+
+def test_scontrol_reconfigure_refuses_a_broken_file_and_applies_a_good_one(up):
+    conf = up.base / "slurm.conf"
+    good = conf.read_text()
+    try:
+        conf.write_text(good + "NoSuchKey=1\n")
+        r = up.run("scontrol", "reconfigure")
+        assert r.returncode == 1
+        assert f"{conf}:4: error: unknown key 'NoSuchKey'" in r.stderr
+        assert "slurm_reconfigure error: the configuration has errors: nothing changed" in r.stderr
+        conf.write_text(good + "PartitionName=debug Nodes=n1 MaxTime=10\n")
+        assert up.run("scontrol", "reconfigure").returncode == 0
+        wait_for(lambda: "debug" in up.run("sinfo", "-h", "-o", "%P").stdout.split(), what="the new partition")
+        r = up.run("sinfo", "-h", "-o", "%P %l", "-p", "debug")
+        assert r.stdout.split() == ["debug", "10:00"]
+    finally:
+        conf.write_text(good)
+        up.run("scontrol", "reconfigure")
