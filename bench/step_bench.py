@@ -82,6 +82,7 @@ def run(runs: int) -> list[Figure]:
                               f"{t1 - floor:.0f} ms above the floor; min {min(ones) * 1000:.0f} ms"))
         figures.append(Figure(f"8-task step over 2 nodes (srun process, median of {runs})", t8, "ms", "", None,
                               "python -m rota.bench.step_bench", f"min {min(eights) * 1000:.0f} ms"))
+        figures.append(_in_process(job, env, runs))
         subprocess.run([str(BIN / "scancel"), job], env=env, check=False)
         figures.append(_submitit(base, env, max(3, runs // 4)))
     finally:
@@ -93,6 +94,27 @@ def run(runs: int) -> list[Figure]:
                 p.kill()
         shutil.rmtree(base, ignore_errors=True)
     return figures
+
+
+def _in_process(job: str, env: dict, runs: int) -> Figure:
+    """The step's own path, without the interpreter's start: srun's request, the log, the agent's launch,
+    the task's run and its end back at srun (srun's code, driven in one process)."""
+    script = f"""
+import io, os, statistics, sys, time
+from rota.cli import srun
+ts = []
+for _ in range({runs}):
+    t0 = time.perf_counter()
+    code = srun.Step({job}, srun.step_body({{}}, ["true"], {job}), io.BytesIO(), io.StringIO(), {{}}).run()
+    ts.append(time.perf_counter() - t0)
+    assert code == 0
+print(statistics.median(ts) * 1000, min(ts) * 1000)
+"""
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    median, low = map(float, out.stdout.split())
+    return Figure(f"1-task step launch inside a running job, srun's path without the interpreter (median of {runs})",
+                  median, "ms", "<= 50 ms", median <= 50, "python -m rota.bench.step_bench",
+                  f"min {low:.0f} ms: request, log append, order to the agent, task start, its end back at srun")
 
 
 def _submitit(base: Path, env: dict, runs: int) -> Figure:
