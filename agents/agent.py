@@ -270,9 +270,11 @@ class Agent:
             return
         if isinstance(order, Signal) and order.steps:
             self.steps.send_signal(order.job_id, order.restarts, order.signal, order.step_id)
+        run = self.runs.get(order.job_id)
         if isinstance(order, Kill):
             self.steps.kill(order.job_id, order.restarts)   # the job's end ends its steps here
-        run = self.runs.get(order.job_id)
+            if run is None:      # a node of the job that runs no batch script of it: its part is over
+                self.steps.end_job(order.job_id, order.restarts, remove_cgroup=True)
         if run is None or (order.restarts is not None and order.restarts != run.restarts):
             return   # not here, or meant for an earlier run of a requeued job
         if isinstance(order, Signal) and not order.batch:
@@ -376,6 +378,7 @@ class Agent:
         del self.runs[run.job_id]
         self._signal(run, signal.SIGKILL)     # nothing of a job outlives it
         self.steps.kill(run.job_id, run.restarts)
+        self.steps.end_job(run.job_id, run.restarts, remove_cgroup=False)
         oom = run.kill_reason == "oom"
         if run.cgroup is not None:
             oom = oom or run.cgroup.oom_killed()

@@ -25,6 +25,7 @@ from rota.core.signals import Warning, parse_warning
 from rota.wire import stepio
 
 from . import launch
+from .spawner import Spawner, SpawnerGone, returncode
 
 log = logging.getLogger("rota.agent.steps")
 
@@ -35,7 +36,10 @@ KEEP_FROM_JOB = ("SLURM_", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
 class Task:
     rank: int
     local: int
-    proc: subprocess.Popen | None = None
+    pid: int | None = None                  # also its process group (each task is a session leader)
+    wait: Callable[[], Awaitable[int]] | None = None   # its end: a Popen-style return code
+    stdin_fd: int | None = None             # the pipe to its stdin, when srun's stdin reaches it
+    out_fds: list[tuple[int, int]] = field(default_factory=list)   # (our end of its pipe, STDOUT|STDERR)
     code: int | None = None
     sig: int = 0
     peak_kib: int = 0
@@ -65,7 +69,7 @@ class StepRun:
         return self.order.job_id, self.order.restarts, self.order.step_id
 
     def pgids(self) -> list[int]:
-        return [t.proc.pid for t in self.tasks if t.proc is not None and t.code is None]
+        return [t.pid for t in self.tasks if t.pid is not None and t.code is None]
 
 
 def task_env(o: StepLaunch, alloc: ev.StepAlloc, node: str, rank: int, local: int, node_id: int) -> dict[str, str]:
@@ -114,6 +118,7 @@ class Steps:
         self.node, self.spool, self.cgroups, self.report, self.kill_wait = node, spool, cgroups, report, kill_wait
         self.runs: dict[tuple[int, int, int], StepRun] = {}
         self.seen: set[tuple[int, int, int]] = set()
+        self.spawners: dict[tuple[int, int], Spawner] = {}   # (job, run): its spawner on this node
         self._tasks: set[asyncio.Task] = set()
 
     def launch(self, o: StepLaunch) -> None:
@@ -163,7 +168,26 @@ class Steps:
                 run.warned = True
                 self._signal(run, warn.signal)
 
+    def end_job(self, job_id: int, restarts: int | None, remove_cgroup: bool) -> None:
+        """The job's run is over here: its spawner goes (and, on a node that ran no batch script of it, the
+        cgroup its steps ran in)."""
+        for (j, n), spawner in list(self.spawners.items()):
+            if j == job_id and (restarts is None or n == restarts):
+                spawner.close()
+                del self.spawners[(j, n)]
+                if remove_cgroup and self.cgroups is not None:
+                    job_cg = self.cgroups.existing(j, n)
+                    if job_cg is not None:
+                        job_cg.remove()
+        if remove_cgroup and self.cgroups is not None and restarts is not None:
+            job_cg = self.cgroups.existing(job_id, restarts)
+            if job_cg is not None:
+                job_cg.remove()
+
     async def stop(self) -> None:
+        for spawner in self.spawners.values():
+            spawner.close()
+        self.spawners.clear()
         for run in list(self.runs.values()):
             self._signal(run, signal.SIGKILL)
         for t in list(self._tasks):
@@ -186,15 +210,17 @@ class Steps:
                 await self._connect(run)
             self._make_cgroup(run)
             for t in run.tasks:
-                self._start(run, t)
+                await self._start(run, t)
         except Exception as exc:  # noqa: BLE001 - a step that cannot start here fails here, clearly
             why = exc.args[0] if isinstance(exc, launch.LaunchError) else f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, FileNotFoundError):
+                why = f"execve(): {step.argv[0]}: No such file or directory"
             log.error("step %s.%s cannot start on %s: %s", o.job_id, o.step_id, self.node, why)
             await self._send(run, stepio.STDERR, alloc.tasks[0], f"slurmstepd-{self.node}: error: {why}\n".encode())
             for t in run.tasks:
-                if t.proc is None:
+                if t.pid is None:
                     t.code = 1 if not isinstance(exc, FileNotFoundError) else 2
-        pumps = [asyncio.create_task(self._pump(run, t)) for t in run.tasks if t.proc is not None]
+        pumps = [asyncio.create_task(self._pump(run, t)) for t in run.tasks if t.pid is not None]
         reader = asyncio.create_task(self._from_srun(run)) if run.writer is not None else None
         sampler = asyncio.create_task(self._sample(run))
         await asyncio.gather(*pumps, return_exceptions=True)
@@ -227,7 +253,9 @@ class Steps:
             run.cgroup, run.shared_cgroup = job_cg, True
             run.oom_before = job_cg.oom_kills()
 
-    def _start(self, run: StepRun, t: Task) -> None:
+    async def _start(self, run: StepRun, t: Task) -> None:
+        """Start one task as the job's user, in the step's cgroup: through the job's spawner when the step
+        shares the job's cgroup (no attach of its own), else forked here."""
         o, alloc, step = run.order, run.alloc, run.order.step
         uid, gid, groups, _name = launch.identity(o.job)
         me = os.geteuid()
@@ -236,14 +264,67 @@ class Steps:
         node_id = [a.node for a in step.alloc].index(self.node)
         env = task_env(o, alloc, self.node, t.rank, t.local, node_id)
         workdir = step.workdir or "/"
-        files = {}
+        append = o.job.spec.open_mode == "append"
+        files: dict[int, tuple[str, int]] = {}     # opened as the user: a task writes only where its user may
         for fd, pattern in ((1, step.output), (2, step.error or step.output), (0, step.input)):
             if pattern and pattern != "none":
                 path = Path(launch.expand_pattern(pattern, o.job, self.node, step.step_id, t.rank, node_id))
-                files[fd] = str(path if path.is_absolute() else Path(workdir) / path)
+                flags = os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+                files[fd] = (str(path if path.is_absolute() else Path(workdir) / path), flags)
+        if files.get(2) is not None and files.get(2) == files.get(1):
+            files[2] = (files[2][0], files[2][1] & ~os.O_TRUNC | os.O_APPEND)
+        to_srun = run.writer is not None
+        if run.shared_cgroup and run.cgroup is not None:
+            spawner = self._spawner(run, uid, gid, groups, me == 0)
+            await self._spawn(spawner, t, list(step.argv), env, workdir, files, to_srun)
+        else:
+            self._fork(run, t, list(step.argv), env, workdir, files, to_srun, (uid, gid, groups, me == 0))
+
+    def _spawner(self, run: StepRun, uid: int, gid: int, groups: list[int], become: bool) -> Spawner:
+        key = (run.order.job_id, run.order.restarts)
+        spawner = self.spawners.get(key)
+        if spawner is None or spawner.proc.poll() is not None:
+            procs = [str(p) for p in run.cgroup.proc_files()]
+            spawner = self.spawners[key] = Spawner.start(procs, uid, gid, groups, become)
+        return spawner
+
+    async def _spawn(self, spawner: Spawner, t: Task, argv: list[str], env: dict[str, str], cwd: str,
+                     files: dict[int, tuple[str, int]], to_srun: bool) -> None:
+        theirs: list[int] = []
+        ours: list[int] = []
+        try:
+            for fd in (0, 1, 2):
+                if to_srun and fd not in files:
+                    r, w = os.pipe()
+                    theirs.append(r if fd == 0 else w)
+                    ours.append(w if fd == 0 else r)
+                    if fd == 0:
+                        t.stdin_fd = w
+                    else:
+                        t.out_fds.append((r, stepio.STDOUT if fd == 1 else stepio.STDERR))
+                else:
+                    theirs.append(os.open(os.devnull, os.O_RDWR))
+            t.pid = await spawner.spawn(argv, env, cwd, files, (theirs[0], theirs[1], theirs[2]))
+        except BaseException:
+            for fd in ours:
+                os.close(fd)
+            t.stdin_fd, t.out_fds = None, []
+            raise
+        finally:
+            for fd in theirs:
+                os.close(fd)
+
+        async def wait() -> int:
+            status, rss = await spawner.wait(t.pid or 0)
+            t.peak_kib = max(t.peak_kib, rss)
+            return returncode(status)
+
+        t.wait = wait
+
+    def _fork(self, run: StepRun, t: Task, argv: list[str], env: dict[str, str], workdir: str,
+              files: dict[int, tuple[str, int]], to_srun: bool, who: tuple[int, int, list[int], bool]) -> None:
+        uid, gid, groups, become = who
         cg_procs = [str(p) for p in run.cgroup.proc_files()] if run.cgroup is not None else []
-        become = me == 0
-        append = o.job.spec.open_mode == "append"
 
         def in_child() -> None:   # in the forked child before exec: plain syscalls only
             pid = str(os.getpid())
@@ -258,37 +339,40 @@ class Steps:
                 os.chdir(workdir)
             except OSError:
                 os.chdir("/tmp")
-            for fd, path in files.items():   # opened as the user: a task writes only where its user may
-                flags = os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
-                if fd == 2 and files.get(1) == path:
-                    os.dup2(1, 2)
-                    continue
+            for fd, (path, flags) in files.items():
                 opened = os.open(path, flags, 0o644)
                 os.dup2(opened, fd)
                 os.close(opened)
 
-        to_srun = run.writer is not None
-        t.proc = subprocess.Popen(
-            list(step.argv), env=env, preexec_fn=in_child, start_new_session=True, close_fds=True,
+        proc = subprocess.Popen(
+            argv, env=env, preexec_fn=in_child, start_new_session=True, close_fds=True,
             stdin=subprocess.PIPE if to_srun and 0 not in files else subprocess.DEVNULL,
             stdout=subprocess.PIPE if to_srun and 1 not in files else subprocess.DEVNULL,
             stderr=subprocess.PIPE if to_srun and 2 not in files else subprocess.DEVNULL)
+        t.pid = proc.pid
+        t.stdin_fd = os.dup(proc.stdin.fileno()) if proc.stdin is not None else None
+        for pipe, kind in ((proc.stdout, stepio.STDOUT), (proc.stderr, stepio.STDERR)):
+            if pipe is not None:
+                t.out_fds.append((os.dup(pipe.fileno()), kind))
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        t.wait = lambda: _exited(proc)
 
     async def _pump(self, run: StepRun, t: Task) -> None:
         """Carry a task's output to srun until it ends; then its exit status."""
-        proc = t.proc
-        assert proc is not None
-        readers = []
-        for pipe, kind in ((proc.stdout, stepio.STDOUT), (proc.stderr, stepio.STDERR)):
-            if pipe is not None:
-                readers.append(asyncio.create_task(self._drain_pipe(run, t, pipe, kind)))
-        status = await _exited(proc)
+        readers = [asyncio.create_task(self._drain_pipe(run, t, fd, kind)) for fd, kind in t.out_fds]
+        try:
+            status = await t.wait() if t.wait is not None else 1
+        except SpawnerGone:
+            status = -signal.SIGKILL        # the job's cgroup was killed under it
         await asyncio.gather(*readers, return_exceptions=True)
         t.code, t.sig = (0, -status) if status < 0 else (status, 0)
+        if t.stdin_fd is not None:
+            _close_stdin(t)
 
-    async def _drain_pipe(self, run: StepRun, t: Task, pipe: Any, kind: int) -> None:
+    async def _drain_pipe(self, run: StepRun, t: Task, fd: int, kind: int) -> None:
         loop = asyncio.get_running_loop()
-        fd = pipe.fileno()
         os.set_blocking(fd, False)
         queue: asyncio.Queue[bytes] = asyncio.Queue()
 
@@ -312,7 +396,7 @@ class Steps:
                 await self._send(run, kind, t.rank, data)
         finally:
             loop.remove_reader(fd)
-            pipe.close()
+            os.close(fd)
 
     async def _send(self, run: StepRun, kind: int, rank: int, data: bytes) -> None:
         w = run.writer
@@ -357,8 +441,8 @@ class Steps:
         while True:
             await asyncio.sleep(0.5)
             for t in run.tasks:
-                if t.proc is not None and t.code is None:
-                    t.peak_kib = max(t.peak_kib, launch.group_rss_kib(t.proc.pid))
+                if t.pid is not None and t.code is None:
+                    t.peak_kib = max(t.peak_kib, launch.group_rss_kib(t.pid))
 
     async def _finish(self, run: StepRun) -> None:
         o = run.order
@@ -368,13 +452,8 @@ class Steps:
             oom = run.cgroup.oom_killed()
             peak = max(peak, run.cgroup.peak_kib())
             await asyncio.to_thread(run.cgroup.remove)
-        if run.cgroup is not None:
-            if run.shared_cgroup:
-                oom = run.cgroup.oom_kills() > run.oom_before
-            if not self.runs_of_job_besides(run) and o.job.nodes and o.job.nodes[0] != self.node:
-                job_cg = self.cgroups.existing(o.job_id, o.restarts)
-                if job_cg is not None:
-                    await asyncio.to_thread(job_cg.remove)
+        if run.cgroup is not None and run.shared_cgroup:
+            oom = run.cgroup.oom_kills() > run.oom_before
         ends = []
         for t in run.tasks:
             code, sig = t.code or 0, t.sig
@@ -422,15 +501,14 @@ STDIN_BUFFER = 1 << 20
 
 def _feed(t: Task, data: bytes | None) -> None:
     """Queue ``data`` for a task's stdin (None: end of input) and write what the pipe takes now."""
-    proc = t.proc
-    if proc is None or proc.stdin is None or proc.stdin.closed:
+    fd = t.stdin_fd
+    if fd is None:
         t.stdin.clear()
         return
     if data is None:
         t.stdin_eof = True
     else:
         t.stdin += data
-    fd = proc.stdin.fileno()
     os.set_blocking(fd, False)
     loop = asyncio.get_running_loop()
 
@@ -444,13 +522,23 @@ def _feed(t: Task, data: bytes | None) -> None:
         except OSError:
             t.stdin.clear()
         loop.remove_writer(fd)
-        if t.stdin_eof and proc.stdin is not None:
-            proc.stdin.close()
+        if t.stdin_eof:
+            _close_stdin(t)
 
     loop.remove_writer(fd)
     writable()
-    if (t.stdin or t.stdin_eof) and proc.stdin is not None and not proc.stdin.closed:
+    if (t.stdin or t.stdin_eof) and t.stdin_fd is not None:
         loop.add_writer(fd, writable)
+
+
+def _close_stdin(t: Task) -> None:
+    fd, t.stdin_fd = t.stdin_fd, None
+    if fd is not None:
+        try:
+            asyncio.get_running_loop().remove_writer(fd)
+        except RuntimeError:
+            pass
+        os.close(fd)
 
 
 async def _exited(proc: subprocess.Popen) -> int:

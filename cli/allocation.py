@@ -11,17 +11,12 @@ import sys
 import time
 from typing import Any
 
-from .client import NoCluster, request
+from .client import AllocationError, NoCluster, request
 from .sbatch import SbatchError, spec_from_options
 
 PLACEHOLDER = "#!/bin/sh\n# an allocation held by srun or salloc; it ends when they give it back\nexec sleep infinity\n"
 
-
 QUIET_WAIT = 1.0     # seconds an allocation may take before srun/salloc says it waits
-
-
-class AllocationError(Exception):
-    """An allocation that could not be had (the message is the error line, without the prefix)."""
 
 
 def allocate(prog: str, values: dict, default_name: str, err: Any = sys.stderr) -> dict:

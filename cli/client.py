@@ -17,6 +17,10 @@ class NoCluster(Exception):
     """No running rota could be found or reached."""
 
 
+class AllocationError(Exception):
+    """An allocation (``srun``, ``salloc``) that could not be had (the message is the error line)."""
+
+
 def request(verb: str, body: dict, timeout: float = 45.0) -> dict:
     """Send one API request and return the controller's reply (a retry carries the same request id)."""
     rid = os.urandom(16).hex()

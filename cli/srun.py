@@ -70,8 +70,6 @@ def _count(values: dict, key: str, option: str) -> int | None:
 
 def step_body(values: dict, argv: list[str], job_id: int) -> dict:
     """The ``step_create`` request for these options."""
-    from .sbatch import SbatchError, parse_mem
-
     body: dict = {"job_id": job_id, "argv": argv, "workdir": values.get("chdir") or os.getcwd(),
                   "env": {k: v for k, v in os.environ.items() if "\0" not in v}, "label": bool(values.get("label"))}
     for key, option in (("ntasks", "--ntasks"), ("nodes", "--nodes"), ("ntasks_per_node", "--ntasks-per-node"),
@@ -86,6 +84,8 @@ def step_body(values: dict, argv: list[str], job_id: int) -> dict:
             raise SrunError("srun: error: Invalid generic resource (gres) specification")
         body["gpus_per_node"] = int(count)
     if values.get("mem") is not None:
+        from .sbatch import SbatchError, parse_mem
+
         try:
             body["mem"] = parse_mem(values["mem"])
         except SbatchError:
@@ -128,8 +128,7 @@ def main(argv: list[str], out=None, err=None) -> int:
     if not command:
         err.write("srun: fatal: No command given to execute.\n")
         return 1
-    from .allocation import AllocationError, allocate, release
-    from .client import NoCluster
+    from .client import AllocationError, NoCluster
 
     given = values.get("jobid") or os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID")
     made: int | None = None
@@ -141,6 +140,8 @@ def main(argv: list[str], out=None, err=None) -> int:
                 raise SrunError(f"srun: error: Invalid job id: {given}")
             job_id = int(given)
         else:
+            from .allocation import allocate
+
             view = allocate("srun", _job_options(values), os.path.basename(command[0]), err)
             job_id = made = int(view["job_id"])
         step = Step(job_id, step_body(values, command, job_id), out, err, values)
@@ -157,6 +158,8 @@ def main(argv: list[str], out=None, err=None) -> int:
         code = 130
     finally:
         if made is not None:    # the allocation srun asked for goes back, whatever happened
+            from .allocation import release
+
             release(made, code if code < 128 else 0, code - 128 if code > 128 else 0,
                     step.step_id if step is not None and step.step_id >= 0 else None)
     return code
@@ -191,7 +194,7 @@ class Step:
 
     def run(self) -> int:
         listener = socket.create_server(("", 0), family=socket.AF_INET, backlog=128)
-        host = os.environ.get("ROTA_SRUN_HOST") or _my_address()
+        host = _my_address()
         self.body.update(io=f"{host}:{listener.getsockname()[1]}", io_key=self.key)
         self._install_signals()
         reply = self._create()
@@ -402,13 +405,9 @@ def _read_line(conn: socket.socket, limit: int = 4096) -> bytes:
 
 
 def _my_address() -> str:
-    """An address of this host the nodes can reach: its name when that resolves, else loopback."""
-    name = socket.gethostname()
-    try:
-        socket.getaddrinfo(name, None)
-        return name
-    except OSError:
-        return "127.0.0.1"
+    """How the step's nodes reach this srun: ``ROTA_SRUN_HOST``, else this host's name (resolved by the
+    nodes, not here: a lookup costs a few milliseconds on every srun)."""
+    return os.environ.get("ROTA_SRUN_HOST") or socket.gethostname() or "127.0.0.1"
 
 
 def _signal_words(sig: int) -> str:
@@ -430,9 +429,19 @@ def _ranges(ranks: list[int]) -> str:
 
 
 def main_exit() -> None:
-    from .exits import exit_with
-
-    exit_with(main)
+    """Run srun and leave at once: its threads (stdin, the nodes' streams) need no orderly shutdown."""
+    try:
+        code = main(sys.argv[1:])
+    except BrokenPipeError:
+        code = 0
+    except KeyboardInterrupt:
+        code = 130
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (BrokenPipeError, ValueError):
+        pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ class Before:
     time_limit: int | None
     node: str | None           # its batch host, when it ran
     seq: int                   # the last log sequence that touched it
+    nodes: tuple[str, ...] = ()   # every node it held, when it ran
 
 
 class Changes:
@@ -66,7 +67,8 @@ class Changes:
         before = self.jobs.get(job.job_id)
         if before is None:
             self.jobs[job.job_id] = Before(job, job.state, job.restarts, job.cancel_by, job.time_limit,
-                                           job.alloc[0].node if job.alloc else None, self.seq)
+                                           job.alloc[0].node if job.alloc else None, self.seq,
+                                           tuple(a.node for a in job.alloc))
         else:
             before.job, before.seq = job, self.seq
 

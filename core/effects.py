@@ -25,6 +25,8 @@ def orders(state: State, changes: Changes) -> list[tuple[str, Order]]:
         same_run = ran_on is not None and running and job.restarts == before.restarts
         if ran_on is not None and not same_run and jid not in changes.reported:
             out.append((ran_on, Kill(job_id=jid, restarts=before.restarts, reason="stopped")))
+        if ran_on is not None and not same_run:     # its other nodes hold what its steps left there
+            out.extend((n, Kill(job_id=jid, restarts=before.restarts, reason="stopped")) for n in before.nodes[1:])
         if same_run:
             node = job.alloc[0].node
             signal = changes.signals.get(jid)

@@ -14,6 +14,7 @@ from typing import Any, AsyncIterator
 from . import subjects as sj
 
 log = logging.getLogger("rota.wire")
+MORE_WAIT = 0.002    # seconds a fetch of "whatever else is there" may take (the server answers at once)
 
 
 async def _retrying(what: str, action: Any, attempts: int = 40) -> Any:
@@ -91,8 +92,8 @@ async def work_queue(js: Any, stream: str, subject: str, durable: str, *, batch:
             # first has come), then whatever else is already waiting
             msgs = await sub.fetch(1, timeout=1.0)
             if batch > 1:
-                try:
-                    msgs += await sub.fetch(batch - 1, timeout=0.005)
+                try:    # only the server's immediate answer: no time to wait out for more
+                    msgs += await sub.fetch(batch - 1, timeout=MORE_WAIT)
                 except asyncio.TimeoutError:
                     pass
         except asyncio.TimeoutError:
