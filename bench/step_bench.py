@@ -1,12 +1,14 @@
 """Step launch and a submitit round trip, through the commands as processes against a real ``rota up``.
 
-    python -m rota.bench.step_bench [--runs 20]
+    python -m rota.bench.step_bench [--runs 20] [--installed VENV]
 
 A two-node cluster on this host (``rota up`` serves n1, a second ``rota agent`` serves n2). Timed:
 ``srun --jobid=N true`` inside a running job (a 1-task step: the srun process from start to exit,
 alternating with a bare ``python -c pass``, the floor every Python command pays), an 8-task step over
 both nodes, and submitit's Slurm executor running a trivial function (submit, start, Python start,
-result pickle back).
+result pickle back). ``--installed VENV`` also times the srun of a normal (not editable) install of rota
+in VENV (``pip install --no-deps .``), against that interpreter's own floor: an editable install's
+import hook costs every command of this checkout about 20 ms before it does anything.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ def _wait(check, timeout: float = 60.0) -> None:
         time.sleep(0.1)
 
 
-def run(runs: int) -> list[Figure]:
+def run(runs: int, installed: str | None = None) -> list[Figure]:
     base = Path(tempfile.mkdtemp(prefix="rota-step-bench-"))
     base.chmod(0o755)
     (base / "slurm.conf").write_text(CONF)
@@ -83,6 +85,8 @@ def run(runs: int) -> list[Figure]:
         figures.append(Figure(f"8-task step over 2 nodes (srun process, median of {runs})", t8, "ms", "", None,
                               "python -m rota.bench.step_bench", f"min {min(eights) * 1000:.0f} ms"))
         figures.append(_in_process(job, env, runs))
+        if installed:
+            figures += _installed(Path(installed), job, env, runs)
         subprocess.run([str(BIN / "scancel"), job], env=env, check=False)
         figures.append(_submitit(base, env, max(3, runs // 4)))
     finally:
@@ -94,6 +98,23 @@ def run(runs: int) -> list[Figure]:
                 p.kill()
         shutil.rmtree(base, ignore_errors=True)
     return figures
+
+
+def _installed(venv: Path, job: str, env: dict, runs: int) -> list[Figure]:
+    """The same 1-task step through the srun of a normal install, beside that interpreter's floor."""
+    floor_cmd = [str(venv / "bin" / "python"), "-c", "pass"]
+    one = [str(venv / "bin" / "srun"), f"--jobid={job}", "-n", "1", "true"]
+    timed(one, env)
+    floors, ones = [], []
+    for _ in range(runs):
+        floors.append(timed(floor_cmd, env))
+        ones.append(timed(one, env))
+    floor, t1 = statistics.median(floors) * 1000, statistics.median(ones) * 1000
+    return [Figure("bare `python -c pass` of a normal install (its floor)", floor, "ms", "", None,
+                   "python -m rota.bench.step_bench --installed VENV"),
+            Figure(f"1-task step launch, srun of a normal install (median of {runs})", t1, "ms", "<= 50 ms", t1 <= 50,
+                   "python -m rota.bench.step_bench --installed VENV",
+                   f"{t1 - floor:.0f} ms above its floor; min {min(ones) * 1000:.0f} ms")]
 
 
 def _in_process(job: str, env: dict, runs: int) -> Figure:
@@ -143,9 +164,10 @@ print(statistics.median(ts), min(ts))
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--installed", default=None, help="a virtual environment with rota installed normally")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    figures = run(args.runs)
+    figures = run(args.runs, args.installed)
     print_table(figures, "rota step launch benchmark (medians)")
     write_json(figures, args.json)
 
