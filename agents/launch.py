@@ -235,14 +235,7 @@ def start(o: Launch, node: str, spool: Path, cgroup: Any | None) -> tuple[subpro
     become = me == 0
 
     def in_child() -> None:   # runs in the forked child before exec: plain syscalls only
-        pid = str(os.getpid())
-        for f in cg_procs:
-            with open(f, "w") as fh:
-                fh.write(pid)
-        if become:
-            os.setgroups(groups)
-            os.setresgid(gid, gid, gid)
-            os.setresuid(uid, uid, uid)
+        enter(cg_procs, (uid, gid, groups) if become else None)
         os.umask(umask)
         try:
             os.chdir(workdir)
@@ -256,6 +249,20 @@ def start(o: Launch, node: str, spool: Path, cgroup: Any | None) -> tuple[subpro
     return proc, status
 
 
+def enter(cg_procs: list[str], user: tuple[int, int, list[int]] | None) -> None:
+    """In a forked child before it execs (plain syscalls only): join the cgroups whose ``cgroup.procs``
+    files are named, then become ``user`` (uid, gid, groups), if given, for good."""
+    pid = str(os.getpid())
+    for f in cg_procs:
+        with open(f, "w") as fh:
+            fh.write(pid)
+    if user is not None:
+        uid, gid, groups = user
+        os.setgroups(groups)
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+
+
 def append_as_user(o: Launch, path: Path, line: str) -> None:
     """Append a line to one of the job's files with the job's own rights (never root's)."""
     try:
@@ -265,10 +272,7 @@ def append_as_user(o: Launch, path: Path, line: str) -> None:
     become = os.geteuid() == 0
 
     def drop() -> None:
-        if become:
-            os.setgroups(groups)
-            os.setresgid(gid, gid, gid)
-            os.setresuid(uid, uid, uid)
+        enter([], (uid, gid, groups) if become else None)
 
     try:
         subprocess.run(["/bin/sh", "-c", 'printf "%s\\n" "$1" >> "$2"', "sh", line, str(path)],

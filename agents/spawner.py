@@ -99,19 +99,12 @@ class Spawner:
         """Start the spawner inside the job's cgroup (``cg_procs``), as the job's user."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 
-        def in_child() -> None:   # the forked child, before exec: plain syscalls only
-            pid = str(os.getpid())
-            for f in cg_procs:
-                with open(f, "w") as fh:
-                    fh.write(pid)
-            if become:
-                os.setgroups(groups)
-                os.setresgid(gid, gid, gid)
-                os.setresuid(uid, uid, uid)
+        from .launch import enter
 
         try:
             proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", CODE, str(theirs.fileno())],
-                                    preexec_fn=in_child, close_fds=True,
+                                    preexec_fn=lambda: enter(cg_procs, (uid, gid, groups) if become else None),
+                                    close_fds=True,
                                     pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL, start_new_session=True, cwd="/")
         finally:

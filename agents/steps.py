@@ -235,9 +235,17 @@ class Steps:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 10)
         except (OSError, ValueError, asyncio.TimeoutError) as exc:
             raise launch.LaunchError(f"cannot reach srun at {run.order.step.io}: {exc}") from None
-        hello = {"key": run.order.step.io_key, "node": self.node, "tasks": list(run.alloc.tasks)}
+        nonce = os.urandom(16).hex()
+        hello = {"key": run.order.step.io_key, "node": self.node, "tasks": list(run.alloc.tasks), "nonce": nonce}
         writer.write(json.dumps(hello).encode() + b"\n")
-        await writer.drain()
+        try:     # nothing of the tasks goes out before the other end proves it is this step's srun
+            await writer.drain()
+            answer = await asyncio.wait_for(reader.readline(), 10)
+        except (OSError, asyncio.TimeoutError):
+            answer = b""
+        if answer != f"ok {nonce}\n".encode():
+            writer.close()
+            raise launch.LaunchError(f"{run.order.step.io} did not answer as this step's srun")
         run.writer, run.reader = writer, reader
 
     def _make_cgroup(self, run: StepRun) -> None:
@@ -327,14 +335,7 @@ class Steps:
         cg_procs = [str(p) for p in run.cgroup.proc_files()] if run.cgroup is not None else []
 
         def in_child() -> None:   # in the forked child before exec: plain syscalls only
-            pid = str(os.getpid())
-            for f in cg_procs:
-                with open(f, "w") as fh:
-                    fh.write(pid)
-            if become:
-                os.setgroups(groups)
-                os.setresgid(gid, gid, gid)
-                os.setresuid(uid, uid, uid)
+            launch.enter(cg_procs, (uid, gid, groups) if become else None)
             try:
                 os.chdir(workdir)
             except OSError:

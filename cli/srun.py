@@ -250,6 +250,11 @@ class Step:
             if not isinstance(hello, dict) or not _same(str(hello.get("key", "")), self.key):
                 conn.close()     # not one of this step's nodes
                 continue
+            try:
+                conn.sendall(f"ok {hello.get('nonce', '')}\n".encode())
+            except OSError:
+                conn.close()
+                continue
             conn.settimeout(None)
             self.conns.append(conn)
             met += 1

@@ -72,6 +72,15 @@ class Signal(Request):
     step_id: int | None = Field(None, ge=0, le=MAX_COUNT)
 
 
+def _io_address(text: str) -> str:
+    """Where a step's srun listens: ``host:port``, an unprivileged port (the agents connect there as root)."""
+    host, sep, port = text.rpartition(":")
+    if text and (not sep or not host or not port.isdecimal() or not 1024 <= int(port) <= 65535
+                 or not all(c.isalnum() or c in "._-" for c in host)):
+        raise ValueError("io must be HOST:PORT with a port from 1024 to 65535")
+    return text
+
+
 Count = Annotated[int, Field(ge=1, le=MAX_COUNT)]
 EnvValue = Annotated[str, Field(max_length=1 << 16)]
 
@@ -93,8 +102,8 @@ class StepCreate(Request):
     mem: int | None = Field(None, ge=0, le=1 << 40)
     nodelist: tuple[NodeName, ...] = Field((), max_length=MAX_LIST)
     overlap: bool = False
-    io: Annotated[str, Field(max_length=300)] = ""
-    io_key: Annotated[str, Field(max_length=128)] = ""
+    io: Annotated[str, Field(max_length=300), AfterValidator(_io_address)] = ""
+    io_key: Annotated[str, Field(pattern=r"^([0-9a-f]{32,128})?$")] = ""
     output: Arg | None = None
     error: Arg | None = None
     input: Arg | None = None

@@ -264,8 +264,10 @@ def test_changes_name_every_job_and_node_the_events_changed(cfg, ops, cut):
     for jid, b in changes.jobs.items():       # and every running job that stopped or moved is told
         job = after.jobs.get(jid, b.job)
         stopped = b.state == RUNNING and (job.state != RUNNING or job.restarts != b.restarts)
-        kills = [o for _n, o in effects.orders(after, changes) if o.job_id == jid and o.op == "kill"]
-        assert bool(kills) == (stopped and jid not in changes.reported)
+        kills = [(n, o) for n, o in effects.orders(after, changes) if o.job_id == jid and o.op == "kill"]
+        assert bool([o for n, o in kills if n == b.node]) == (stopped and jid not in changes.reported)
+        # its other nodes are told whenever it stops (what its steps left there goes)
+        assert {n for n, _o in kills if n != b.node} == (set(b.nodes[1:]) if stopped else set())
 
 
 DETERMINISM_SCRIPT = textwrap.dedent("""

@@ -359,3 +359,43 @@ def test_scontrol_reconfigure_refuses_a_broken_file_and_applies_a_good_one(up):
     finally:
         conf.write_text(good)
         up.run("scontrol", "reconfigure")
+
+
+def test_an_agent_sends_nothing_of_a_step_to_a_port_that_is_not_its_srun(up):
+    """A user who names another service as their srun's address gets a failed step; that service gets one
+    greeting line, never the tasks' output."""
+    import socket
+    import threading
+
+    jid = up.sbatch("#!/bin/sh\nsleep 60\n")
+    wait_for(lambda: up.state(jid) == "RUNNING", what="the job")
+    victim = socket.create_server(("127.0.0.1", 0))
+    port = victim.getsockname()[1]
+    got: list[bytes] = []
+
+    def serve() -> None:
+        victim.settimeout(20)
+        conn, _ = victim.accept()
+        conn.settimeout(5)
+        conn.sendall(b"+OK\r\n")
+        try:
+            while data := conn.recv(65536):
+                got.append(data)
+        except OSError:
+            pass
+        conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    ask = ("from rota.cli.client import request; import sys; print(request('step_create', {'job_id': %d, "
+           "'argv': ['sh', '-c', 'echo SECRET'], 'io': sys.argv[1], 'io_key': 'ab' * 16}))")
+    r = up.run(sys.executable, "-c", ask % jid, f"127.0.0.1:{port}")
+    assert "'ok': True" in r.stdout, r.stdout + r.stderr
+    thread.join(15)
+    sent = b"".join(got)
+    assert b"SECRET" not in sent and sent.count(b"\n") == 1 and b'"nonce"' in sent
+    wait_for(lambda: [row for row in up.sacct(jid, "JobID,State") if row == [f"{jid}.0", "FAILED"]],
+             what="the step to fail")
+    r = up.run(sys.executable, "-c", ask % jid, "127.0.0.1:22")
+    assert "port from 1024 to 65535" in r.stdout
+    up.run("scancel", str(jid))
