@@ -4,12 +4,23 @@ from __future__ import annotations
 import sys
 
 
-def exit_with(run) -> None:
-    """Run ``run(argv) -> status`` on ``sys.argv`` and exit with it (a closed pipe or Ctrl-C is not a traceback)."""
+def exit_with(run, at_once: bool = False) -> None:
+    """Run ``run(argv) -> status`` on ``sys.argv`` and exit with it (a closed pipe or Ctrl-C is not a traceback).
+    ``at_once``: flush and leave without the interpreter's shutdown (a command with threads still blocked
+    in reads, such as srun's)."""
     try:
         code = run(sys.argv[1:])
     except BrokenPipeError:
         code = 0
     except KeyboardInterrupt:
         code = 130
+    if at_once:
+        import os
+
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+        os._exit(code)
     raise SystemExit(code)

@@ -434,19 +434,9 @@ def _ranges(ranks: list[int]) -> str:
 
 
 def main_exit() -> None:
-    """Run srun and leave at once: its threads (stdin, the nodes' streams) need no orderly shutdown."""
-    try:
-        code = main(sys.argv[1:])
-    except BrokenPipeError:
-        code = 0
-    except KeyboardInterrupt:
-        code = 130
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (BrokenPipeError, ValueError):
-        pass
-    os._exit(code)
+    from .exits import exit_with
+
+    exit_with(main, at_once=True)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from typing import Any
 from . import commands
 from . import events as ev
 from .apply import apply
+from .changes import Changes
 from .schedule import Decision, schedule
 from .state import State
 
@@ -40,6 +41,16 @@ class Harness:
         apply(self.state, env)
         self.log.append(env)
         return env
+
+    def batch(self, *events: Any) -> Changes:
+        """Apply ``events`` as one batch (as the controller commits them); what they changed."""
+        changes = Changes()
+        for event in events:
+            env = ev.Envelope(seq=len(self.log) + 1, ts=self.now, actor="test", idem=f"t-{len(self.log) + 1}",
+                              event=event)
+            apply(self.state, env, changes)
+            self.log.append(env)
+        return changes
 
     def advance(self, seconds: int) -> int:
         self.now += seconds

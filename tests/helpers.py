@@ -19,6 +19,19 @@ PRELOAD = ("inspect", "argparse", "locale", "gettext", "shutil", "textwrap", "tr
            "rota.core.states")
 
 
+def wait_for(check: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
+    """``check()``'s first true value, polled every 0.1 s; AssertionError naming ``what`` after ``timeout`` s."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def signed_headers(keyring: Any, host: str, subject: str, rid: str, payload: bytes, uid: int = 0,
                    gid: int = 0, now: float | None = None) -> dict[str, str]:
     """The headers a request carries when ``host``'s signer forwards it for ``uid``/``gid`` (at ``now``)."""

@@ -11,11 +11,7 @@ from rota.wire import orders as wire
 
 def step(h: Harness, *events: object) -> tuple[Changes, list]:
     """Apply ``events`` as one batch; the changes and the orders they imply."""
-    ch = Changes()
-    for event in events:
-        env = ev.Envelope(seq=len(h.log) + 1, ts=h.now, actor="test", idem=f"t-{len(h.log) + 1}", event=event)
-        apply(h.state, env, ch)
-        h.log.append(env)
+    ch = h.batch(*events)
     return ch, orders(h.state, ch)
 
 

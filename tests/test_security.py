@@ -22,7 +22,7 @@ from rota.cli import sbatch, scancel, scontrol
 from rota.controller.eventlog import JetStreamLog
 from rota.wire import keys, natsauth
 
-from helpers import run_as
+from helpers import run_as, wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a second local user needs root to become (CI runs as root)")
 
@@ -54,13 +54,7 @@ class Up:
         return json.loads((self.state / "cluster.json").read_text())["nats"]
 
     def wait(self, check, timeout: float = 20, what: str = "condition"):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = check()
-            if value:
-                return value
-            time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {what}")
+        return wait_for(check, timeout, what)
 
     def job_state(self, jid: str) -> str:
         r = self.run("sacct", "-X", "-n", "-P", "-j", jid, "--format=State")

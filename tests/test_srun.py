@@ -12,21 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from helpers import wait_for
+
 BIN = Path(sys.executable).parent
 CONF = """GresTypes=gpu
 NodeName=n[1-2] CPUs=4 RealMemory=2000 Gres=gpu:a100:2
 PartitionName=main Nodes=n[1-2] Default=YES MaxTime=1:00:00
 """
-
-
-def wait_for(check, timeout: float = 30, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Up:

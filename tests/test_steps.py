@@ -21,11 +21,7 @@ FIELDS = {"name": "t", "argv": ("true",)}
 
 
 def batch(h: Harness, *events: object) -> tuple[Changes, list]:
-    ch = Changes()
-    for event in events:
-        env = ev.Envelope(seq=len(h.log) + 1, ts=h.now, actor="test", idem=f"t-{len(h.log) + 1}", event=event)
-        apply(h.state, env, ch)
-        h.log.append(env)
+    ch = h.batch(*events)
     return ch, orders(h.state, ch)
 
 
