@@ -13,6 +13,7 @@ signer. Here, in this order and nowhere else:
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import pwd
 from dataclasses import dataclass
@@ -223,6 +224,9 @@ async def _signal(c: Any, caller: Caller, r: rq.Signal, rid: str) -> dict:
     return {"ok": True}
 
 
+STEP_BUSY_WAIT = 1.0    # seconds a step request waits for a running step to end before srun hears "busy"
+
+
 @verb("step_create", rq.StepCreate, writes=True)
 async def _step_create(c: Any, caller: Caller, r: rq.StepCreate, rid: str) -> dict:
     from rota.core.steps import StepAsk
@@ -234,6 +238,17 @@ async def _step_create(c: Any, caller: Caller, r: rq.StepCreate, rid: str) -> di
               "env": r.env, "io": r.io, "io_key": r.io_key, "output": r.output, "error": r.error, "input": r.input,
               "label": r.label}
     warnings: list[str] = []
+    # a step that would fit once a running one ends waits here a moment first: the step before it (srun a;
+    # srun b) has ended on its nodes, and its end is on its way through the inbox
+    deadline = asyncio.get_running_loop().time() + STEP_BUSY_WAIT
+    while True:
+        try:
+            commands.step_create(c.state, r.job_id, ask, caller, **fields)
+            break
+        except commands.Rejected as refused:
+            if refused.code != "busy" or asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.005)
 
     def prepare(state: Any) -> ev.StepStarted:
         event, said = commands.step_create(state, r.job_id, ask, caller, **fields)
@@ -257,8 +272,6 @@ async def _config(c: Any, caller: Caller, r: rq.NoArgs, rid: str) -> dict:
 
 @verb("reconfigure", rq.NoArgs, writes=True)
 async def _reconfigure(c: Any, caller: Caller, r: rq.NoArgs, rid: str) -> dict:
-    import asyncio
-
     from rota.core.slurmconf import ConfigError
 
     if caller.level < 2:

@@ -391,3 +391,17 @@ def test_an_agent_sends_nothing_of_a_step_to_a_port_that_is_not_its_srun(up):
     r = up.run(sys.executable, "-c", ask % jid, "127.0.0.1:22")
     assert "port from 1024 to 65535" in r.stdout
     up.run("scancel", str(jid))
+
+
+def test_back_to_back_steps_over_the_whole_allocation_do_not_wait(up):
+    """srun a; srun b: each step takes every CPU of the job; the second is created as soon as the first's end
+    is on the log, without srun's "busy" retry."""
+    out = up.base / "back-to-back.out"
+    jid = up.sbatch(f"#!/bin/sh\n#SBATCH -N 2 --ntasks-per-node=2 -o {out}\n"
+                    "start=$(date +%s%N); for i in 1 2 3 4 5 6; do srun true; done\n"
+                    "echo took $(( ($(date +%s%N) - start) / 1000000 ))\n")
+    assert up.ended(jid) == "COMPLETED"
+    text = out.read_text()
+    assert "temporarily disabled" not in text, text
+    assert int(text.split("took ")[1]) < 5000
+    assert [r[0] for r in up.sacct(jid, "JobID")][2:] == [f"{jid}.{i}" for i in range(6)]
