@@ -8,11 +8,11 @@ allocation (waiting, and saying why), runs the step, and gives the allocation ba
 """
 from __future__ import annotations
 
+import _signal as signal      # the C modules under signal, socket and threading: no enum, no selectors
+import _socket as socket
+import _thread
 import os
-import signal
-import socket
 import sys
-import threading
 import time
 
 from . import lightjson
@@ -182,18 +182,21 @@ class Step:
     def __init__(self, job_id: int, body: dict, out, err, values: dict) -> None:
         self.job_id, self.body, self.out, self.err, self.values = job_id, body, out, err, values
         self.key = os.urandom(24).hex()
-        self.lock = threading.Lock()
+        self.lock = _thread.allocate_lock()
         self.conns: list[socket.socket] = []
         self.ends: dict[int, tuple[int, int]] = {}
         self.where: dict[int, str] = {}
         self.partial: dict[tuple[int, int], bytes] = {}
-        self.done = threading.Event()
+        self.done = _Latch()
         self.step_id = -1
         self.ntasks = 0
         self.interrupted = 0.0
 
     def run(self) -> int:
-        listener = socket.create_server(("", 0), family=socket.AF_INET, backlog=128)
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("", 0))
+        listener.listen(128)
         host = _my_address()
         self.body.update(io=f"{host}:{listener.getsockname()[1]}", io_key=self.key)
         self._install_signals()
@@ -203,7 +206,7 @@ class Step:
             for t in tasks:
                 self.where[t] = node
         self._meet(listener, len(reply["nodes"]))
-        threading.Thread(target=self._stdin, daemon=True).start()
+        _thread.start_new_thread(self._stdin, ())
         while not self.done.wait(0.2):
             pass
         return self._result()
@@ -236,8 +239,9 @@ class Step:
         met = 0
         while met < nodes:
             try:
-                conn, _addr = listener.accept()
-            except socket.timeout:
+                fd, _addr = listener._accept()   # type: ignore[attr-defined]  # the C socket's accept: (fd, address)
+                conn = socket.socket(fileno=fd)
+            except TimeoutError:
                 listener.close()
                 raise SrunError(f"srun: error: the step's nodes did not connect within {CONNECT_TIMEOUT:.0f} s") \
                     from None
@@ -258,18 +262,17 @@ class Step:
             conn.settimeout(None)
             self.conns.append(conn)
             met += 1
-            threading.Thread(target=self._read, args=(conn, str(hello.get("node", "?"))), daemon=True).start()
+            _thread.start_new_thread(self._read, (conn, str(hello.get("node", "?"))))
         listener.close()
 
     def _read(self, conn: socket.socket, node: str) -> None:
-        f = conn.makefile("rb")
         try:
             while True:
-                head = f.read(stepio.HEADER.size)
+                head = _recv_exactly(conn, stepio.HEADER.size)
                 if len(head) < stepio.HEADER.size:
                     break
                 kind, rank, size = stepio.HEADER.unpack(head)
-                data = f.read(size) if size else b""
+                data = _recv_exactly(conn, size) if size else b""
                 if kind in (stepio.STDOUT, stepio.STDERR):
                     self._write(kind, rank, data)
                 elif kind == stepio.EXIT:
@@ -364,7 +367,7 @@ class Step:
             self._send_all(stepio.STDIN, stepio.ALL_TASKS, data)
 
     def _install_signals(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
+        if _thread.get_ident() != _MAIN_THREAD:
             return
         signal.signal(signal.SIGINT, self._on_interrupt)
         for sig in _FORWARDED:
@@ -397,6 +400,43 @@ def _same(given: str, key: str) -> bool:
     """The step's key, compared in time that does not depend on where they differ."""
     a, b = given.encode(), key.encode()
     return len(a) == len(b) and not sum(x ^ y for x, y in zip(a, b))
+
+
+_MAIN_THREAD = _thread.get_ident()
+
+
+class _Latch:
+    """Set once, waited on with a timeout (threading.Event's part srun needs, on a bare lock)."""
+
+    def __init__(self) -> None:
+        self._lock = _thread.allocate_lock()
+        self._lock.acquire()
+        self._set = False
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            self._lock.release()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float) -> bool:
+        if self._lock.acquire(True, timeout):
+            self._lock.release()
+        return self._set
+
+
+def _recv_exactly(conn: socket.socket, size: int) -> bytes:
+    """``size`` bytes from ``conn`` (fewer only when it closes)."""
+    parts, left = [], size
+    while left:
+        chunk = conn.recv(min(left, 1 << 20))
+        if not chunk:
+            break
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
 
 
 def _read_line(conn: socket.socket, limit: int = 4096) -> bytes:
