@@ -12,6 +12,15 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="rota: an event-sourced batch scheduler for shared GPU machines.")
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             add_help_option=False)
+def acctmgr(ctx: typer.Context) -> None:
+    """Accounts, users and QOS: sacctmgr's commands (rota acctmgr add qos gpu MaxJobsPerUser=2 ...)."""
+    from .sacctmgr import main as sacctmgr_main
+
+    raise typer.Exit(sacctmgr_main(list(ctx.args)))
+
+
 @app.command()
 def up(
     state_dir: Optional[str] = typer.Option(None, help="where the log and state live (default "

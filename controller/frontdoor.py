@@ -293,6 +293,28 @@ async def _reconfigure(c: Any, caller: Caller, r: rq.NoArgs, rid: str) -> dict:
     return {"ok": True, "changed": True}
 
 
+@verb("acct_change", rq.AccountingChange, writes=True)
+async def _acct_change(c: Any, caller: Caller, r: rq.AccountingChange, rid: str) -> dict:
+    done: list[ev.AccountingChanged] = []
+
+    def prepare(state: Any) -> ev.AccountingChanged:
+        event = commands.change_accounting(state, r.op, r.entity, list(r.names), dict(r.where), dict(r.values), caller)
+        done[:] = [event]
+        return event
+
+    await c.write(prepare, caller.actor(), f"{caller.uid}:{rid}" if rid else "")
+    return {"ok": True, "change": done[0].model_dump(mode="json") if done else None}
+
+
+@verb("acct_show", rq.NoArgs)
+async def _acct_show(c: Any, caller: Caller, r: rq.NoArgs, rid: str) -> dict:
+    s = c.state
+    return {"ok": True, "accounts": [a.model_dump(mode="json") for a in s.accounts.values()],
+            "associations": [a.model_dump(mode="json") for a in s.associations.values()],
+            "defaults": s.default_accounts, "qos": [q.model_dump(mode="json") for q in s.qos.values()],
+            "cluster": s.config.cluster_name if s.config is not None else "rota"}
+
+
 @verb("release_allocation", rq.ReleaseAllocation, writes=True)
 async def _release_allocation(c: Any, caller: Caller, r: rq.ReleaseAllocation, rid: str) -> dict:
     return await _write(c, caller, rid, lambda s: commands.release_allocation(s, r.job_id, r.exit_code, r.signal,

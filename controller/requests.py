@@ -110,6 +110,16 @@ class StepCreate(Request):
     label: bool = False
 
 
+class AccountingChange(Request):
+    """``sacctmgr add|modify|delete account|user|qos NAMES [where ...] [set ...]`` (keys lower-cased)."""
+
+    op: Literal["add", "modify", "delete"]
+    entity: Literal["account", "user", "qos"]
+    names: tuple[Name, ...] = Field((), max_length=MAX_LIST)
+    where: dict[Name, Filter] = Field(default_factory=dict, max_length=64)
+    values: dict[Name, Filter] = Field(default_factory=dict, max_length=64)
+
+
 class ReleaseAllocation(Request):
     """``srun``/``salloc`` giving back the allocation it asked for: the job ends with this exit code."""
 

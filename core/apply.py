@@ -427,6 +427,26 @@ def _step_ended(state: State, env: ev.Envelope, e: ev.StepEnded, ch: Changes) ->
         del job.steps[e.step_id]
 
 
+def _accounting_changed(state: State, env: ev.Envelope, e: ev.AccountingChanged, ch: Changes) -> None:
+    for name in e.deleted_accounts:
+        state.accounts.pop(name, None)
+    for key in e.deleted_associations:
+        state.associations.pop((key[0], key[1]), None)
+    for name in e.deleted_qos:
+        state.qos.pop(name, None)
+    for record in e.accounts:
+        state.accounts[record.name] = record
+    for assoc in e.associations:
+        state.associations[(assoc.user, assoc.account)] = assoc
+    for user, default in e.default_accounts.items():
+        state.default_accounts[user] = default
+    for user in [u for u, a in state.default_accounts.items() if (u, a) not in state.associations]:
+        del state.default_accounts[user]
+    for qos in e.qos:
+        state.qos[qos.name] = qos
+    ch.config = True
+
+
 def _set_reason(node: Node, reason: str, by: str, ts: int) -> None:
     node.reason, node.reason_by, node.reason_time = reason, by, ts
 
@@ -541,6 +561,7 @@ _HANDLERS: dict[type, Callable[[State, ev.Envelope, Any, Changes], None]] = {
     ev.JobExited: _job_exited,
     ev.StepStarted: _step_started,
     ev.StepEnded: _step_ended,
+    ev.AccountingChanged: _accounting_changed,
     ev.NodeRegistered: _node_registered,
     ev.NodeDrained: _node_drained,
     ev.NodeResumed: _node_resumed,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import accounting
 from . import events as ev
 from .arrays import ArraySpecError, parse_array
 from .auth import ROOT, Caller
@@ -86,7 +87,25 @@ def submit(state: State, spec: ev.JobSpec, job_id: int, caller: Caller = ROOT) -
             refusals.append(r)
     if refusals and (enforce == "ALL" or len(refusals) == len(names)):
         raise refusals[0]
+    if accounting.enforced(state):
+        try:
+            account, qos = accounting.check_submit(state, spec.user, spec.account, spec.qos)
+        except accounting.AccountingError as exc:
+            raise Rejected(str(exc), code="account" if str(exc) == accounting.INVALID_ACCOUNT else "qos") from None
+        if (account, qos) != (spec.account, spec.qos):
+            spec = spec.model_copy(update={"account": account, "qos": qos})
     return ev.JobSubmitted(job_id=job_id, spec=spec)
+
+
+def change_accounting(state: State, op: str, entity: str, names: list[str], where: dict[str, str],
+                      values: dict[str, str], caller: Caller = ROOT) -> ev.AccountingChanged:
+    """``sacctmgr add|modify|delete account|user|qos``: administrators only; the new records as one event."""
+    if caller.level < 2:
+        raise Rejected(ACCESS_DENIED, code="permission")
+    try:
+        return accounting.plan(state, op, entity, names, where, values, by=caller.user)
+    except accounting.AccountingError as exc:
+        raise Rejected(str(exc), code="accounting") from None
 
 
 def _gpus_of(node, gpu_type: str | None) -> int:

@@ -113,6 +113,7 @@ class ClusterConfig(Model):
     gres_types: tuple[str, ...] = ("gpu",)
     auth: AuthConfig = AuthConfig()
     agents: bool = False          # nodes run jobs through agents: a node takes work once its agent registered
+    accounting_enforce: tuple[str, ...] = ()   # AccountingStorageEnforce: associations, limits, qos, safe
 
     def default_partition(self) -> PartitionConfig | None:
         for p in self.partitions:
@@ -369,6 +370,57 @@ class StepEnded(Model):
     elapsed: int = 0
 
 
+class QosRecord(Model):
+    """A QOS as ``sacctmgr`` defines it: its priority and what it allows each user's jobs."""
+
+    name: str
+    description: str = ""
+    priority: int = 0
+    max_jobs_per_user: int | None = None          # MaxJobsPerUser: running at once
+    max_submit_jobs_per_user: int | None = None   # MaxSubmitJobsPerUser: pending and running
+    max_tres_per_user: dict[str, int] = Field(default_factory=dict)   # MaxTRESPerUser: cpu, mem, gres/gpu
+    max_wall: int | None = None                   # MaxWall, seconds
+    preempt: tuple[str, ...] = ()
+    preempt_mode: str = "off"
+
+
+class AccountRecord(Model):
+    """An account in the tree (``sacctmgr add account``): its parent and its fair-share shares."""
+
+    name: str
+    parent: str = "root"
+    description: str = ""
+    organization: str = ""
+    fairshare: int = 1
+
+
+class Association(Model):
+    """A user's membership of an account, with the QOS it may use and its own limits."""
+
+    user: str
+    account: str
+    fairshare: int = 1
+    qos: tuple[str, ...] = ("normal",)
+    default_qos: str = ""
+    max_jobs: int | None = None
+    max_submit_jobs: int | None = None
+
+
+class AccountingChanged(Model):
+    """``sacctmgr`` changed accounts, users' associations or QOS: the new records whole, and what was deleted."""
+
+    type: Literal["accounting.changed"] = "accounting.changed"
+    v: int = 1
+    accounts: tuple[AccountRecord, ...] = ()
+    deleted_accounts: tuple[str, ...] = ()
+    associations: tuple[Association, ...] = ()
+    deleted_associations: tuple[tuple[str, str], ...] = ()    # (user, account)
+    default_accounts: dict[str, str] = Field(default_factory=dict)   # user -> default account
+    qos: tuple[QosRecord, ...] = ()
+    deleted_qos: tuple[str, ...] = ()
+    by: str = ""
+
+
 class GpuInfo(Model):
     """One GPU a node's agent found (NVML): index, UUID, model, type and memory."""
 
@@ -460,12 +512,13 @@ EVENT_TYPES: tuple[type[Model], ...] = (
     ClusterConfigured, ControllerStarted, JobSubmitted, JobCancelled, JobHeld, JobReleased,
     JobUpdated, JobRequeued, JobsStarted, JobExited, NodeRegistered, NodeDrained,
     NodeResumed, NodeDown, NodeNotResponding, HealthFault, RequestDenied, StepStarted, StepEnded,
+    AccountingChanged,
 )
 
 Event = Annotated[Union[ClusterConfigured, ControllerStarted, JobSubmitted, JobCancelled, JobHeld, JobReleased,
                         JobUpdated, JobRequeued, JobsStarted, JobExited, NodeRegistered, NodeDrained,
                         NodeResumed, NodeDown, NodeNotResponding, HealthFault, RequestDenied, StepStarted,
-                        StepEnded],
+                        StepEnded, AccountingChanged],
                   Field(discriminator="type")]   # the same types as EVENT_TYPES (a test keeps them equal)
 
 

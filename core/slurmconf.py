@@ -37,7 +37,7 @@ GLOBAL_KEYS = {
     "clustername", "grestypes", "schedulertype", "schedulerparameters", "prioritytype",
     "priorityweightage", "priorityweightfairshare", "priorityweightjobsize", "priorityweightpartition",
     "priorityweightqos", "prioritymaxage", "priorityfavorsmall", "enforcepartlimits", "maxarraysize",
-    "minjobage", "slurmuser", "authinfo", "privatedata", "adminusers", "operatorusers",
+    "minjobage", "slurmuser", "authinfo", "privatedata", "adminusers", "operatorusers", "accountingstorageenforce",
 }
 # rota's own keys for how its processes run here (not part of the cluster's configuration in the log)
 SHELL_KEYS = {"rotanatslisten": "listen", "rotatlscertfile": "cert_file", "rotatlskeyfile": "key_file",
@@ -48,7 +48,7 @@ IGNORED_KEYS = {
     "returntoservice", "slurmctldpidfile", "slurmctldport", "slurmdpidfile", "slurmdport",
     "slurmdspooldir", "statesavelocation", "switchtype", "taskplugin", "inactivelimit",
     "killwait", "slurmctldtimeout", "slurmdtimeout", "waittime", "selecttype", "selecttypeparameters",
-    "accountingstoragetype", "accountingstorageenforce", "accountingstoragehost", "jobcomptype",
+    "accountingstoragetype", "accountingstoragehost", "jobcomptype",
     "jobacctgathertype", "jobacctgatherfrequency", "slurmctlddebug", "slurmctldlogfile", "slurmddebug",
     "slurmdlogfile", "healthcheckprogram", "healthcheckinterval", "healthchecknodestate",
     "prologflags", "prolog", "epilog", "maxjobcount", "firstjobid", "maxjobid", "authinfo",
@@ -240,6 +240,7 @@ def check_config(text: str, file: str = "slurm.conf", gres_text: str | None = No
     parts = _parse_partitions(ctx, part_lines, nodes, declared)
     sched, prio, cluster_name = _parse_globals(ctx, global_vals)
     auth = _parse_auth(ctx, global_vals)
+    enforce = _parse_enforce(ctx, global_vals)
     if gres_text is not None:
         nodes = _apply_gres_conf(ctx, gres_text, gres_file, nodes)
     if not node_lines:
@@ -251,11 +252,36 @@ def check_config(text: str, file: str = "slurm.conf", gres_text: str | None = No
     try:
         cfg = ev.ClusterConfig(cluster_name=cluster_name, nodes=tuple(nodes.values()),
                                partitions=tuple(parts), scheduler=sched, priority=prio, auth=auth,
-                               gres_types=tuple(sorted(gres_types)) if gres_types else ("gpu",))
+                               gres_types=tuple(sorted(gres_types)) if gres_types else ("gpu",),
+                               accounting_enforce=enforce)
     except ValueError as exc:   # pydantic validation: should not happen after the checks above
         ctx.err(1, f"invalid configuration: {exc}")
         return None, _ordered(ctx.diags)
     return cfg, _ordered(ctx.diags)
+
+
+ENFORCE_WORDS = ("associations", "limits", "qos", "safe", "wckeys", "nojobs", "nosteps", "all", "none")
+
+
+def _parse_enforce(ctx: _Ctx, vals: dict[str, tuple[int, str]]) -> tuple[str, ...]:
+    """AccountingStorageEnforce: which accounting rules submits must satisfy (``limits`` and ``qos`` imply
+    ``associations``, as in Slurm)."""
+    if "accountingstorageenforce" not in vals:
+        return ()
+    lineno, value = vals["accountingstorageenforce"]
+    words = [w.strip().lower() for w in value.split(",") if w.strip()]
+    bad = [w for w in words if w not in ENFORCE_WORDS]
+    if bad:
+        ctx.err(lineno, f"AccountingStorageEnforce={value}: {bad[0]!r} is not one of its words",
+                "use associations, limits, qos, safe (comma-separated) or none")
+        return ()
+    if "none" in words:
+        return ()
+    if "all" in words:
+        words = ["associations", "limits", "qos", "safe"]
+    if {"limits", "qos", "safe"} & set(words) and "associations" not in words:
+        words.append("associations")
+    return tuple(sorted(set(words) & {"associations", "limits", "qos", "safe"}))
 
 
 def _ordered(diags: list[Diagnostic]) -> list[Diagnostic]:

@@ -9,7 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from .events import ClusterConfig, JobSpec, NodeAlloc, NodeConfig, StepStarted
+from .events import AccountRecord, Association, ClusterConfig, JobSpec, NodeAlloc, NodeConfig, QosRecord, StepStarted
 from .request import NodeRequest, PartitionShape, partition_shape
 
 from .states import (  # noqa: F401 - re-exported: the job state names live in a light module
@@ -164,6 +164,11 @@ class State:
     # jobs purged MinJobAge after they ended: id -> (members that completed with exit 0, other members),
     # all dependencies need of them
     ended: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # accounting (sacctmgr): accounts, users' associations (user, account), users' default accounts, QOS
+    accounts: dict[str, AccountRecord] = field(default_factory=dict)
+    associations: dict[tuple[str, str], Association] = field(default_factory=dict)
+    default_accounts: dict[str, str] = field(default_factory=dict)
+    qos: dict[str, QosRecord] = field(default_factory=dict)
     # derived indexes (rebuilt, not stored):
     pending: dict[int, None] = field(default_factory=dict)
     running: dict[int, None] = field(default_factory=dict)
@@ -284,7 +289,11 @@ def dump_snapshot(state: State) -> bytes:
            # most purged jobs are single jobs that did (1, 0) or did not (0, 1) complete: two id lists
            "ended_ok": [k for k, v in state.ended.items() if v == (1, 0)],
            "ended_bad": [k for k, v in state.ended.items() if v == (0, 1)],
-           "ended": [[k, g, b] for k, (g, b) in state.ended.items() if (g, b) not in ((1, 0), (0, 1))]}
+           "ended": [[k, g, b] for k, (g, b) in state.ended.items() if (g, b) not in ((1, 0), (0, 1))],
+           "accounting": {"accounts": [a.model_dump(mode="json") for a in state.accounts.values()],
+                          "associations": [a.model_dump(mode="json") for a in state.associations.values()],
+                          "defaults": state.default_accounts,
+                          "qos": [q.model_dump(mode="json") for q in state.qos.values()]}}
     return orjson.dumps(doc)
 
 
@@ -332,5 +341,16 @@ def _load(raw: dict[str, Any]) -> State:
     ended.update(dict.fromkeys(raw["ended_bad"], (0, 1)))
     ended.update({k: (g, b) for k, g, b in raw["ended"]})
     state.ended = ended
+    acct = raw.get("accounting") or {}
+    for a in acct.get("accounts", ()):
+        record = AccountRecord.model_validate(a)
+        state.accounts[record.name] = record
+    for a in acct.get("associations", ()):
+        assoc = Association.model_validate(a)
+        state.associations[(assoc.user, assoc.account)] = assoc
+    state.default_accounts = dict(acct.get("defaults", {}))
+    for q in acct.get("qos", ()):
+        qos = QosRecord.model_validate(q)
+        state.qos[qos.name] = qos
     state.rebuild_indexes()
     return state

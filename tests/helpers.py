@@ -14,7 +14,7 @@ from typing import Any, Callable
 # what the commands import on first use; a child that has become another user may not be able to read them
 PRELOAD = ("inspect", "argparse", "locale", "gettext", "shutil", "textwrap", "traceback", "json", "sqlite3", "datetime",
            "rota.cli.client", "rota.cli.options", "rota.cli.exits", "rota.cli.timespec", "rota.cli.sacct",
-           "rota.cli.sinfo", "rota.cli.scontrol", "rota.cli.scancel", "rota.cli.squeue", "rota.cli.sbatch",
+           "rota.cli.sinfo", "rota.cli.sacctmgr", "rota.cli.scontrol", "rota.cli.scancel", "rota.cli.squeue", "rota.cli.sbatch",
            "rota.wire.localsock", "rota.wire.paths", "rota.core.timefmt", "rota.core.hostlist", "rota.core.arrays",
            "rota.core.states")
 

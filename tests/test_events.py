@@ -40,6 +40,12 @@ EXAMPLES = [
                    argv=("python", "train.py"), workdir="/home/alice", env={"A": "1"}, io="login1:40123",
                    io_key="k" * 32, label=True),
     ev.StepEnded(job_id=9, step_id=0, node="gpu01", state="FAILED", exit_code=3, max_rss=2048, elapsed=5),
+    ev.AccountingChanged(accounts=(ev.AccountRecord(name="physics", description="Physics", fairshare=2),),
+                         associations=(ev.Association(user="alice", account="physics", qos=("normal", "gpu")),),
+                         default_accounts={"alice": "physics"},
+                         qos=(ev.QosRecord(name="gpu", priority=10, max_jobs_per_user=2,
+                                           max_tres_per_user={"gres/gpu": 4}, max_wall=7200),),
+                         deleted_qos=("old",), by="root"),
 ]
 
 
@@ -106,7 +112,7 @@ def test_logs_written_by_earlier_versions_fold_to_the_state_they_had(path):
     seen = InvalidOnly()
     state = fold(envs, None, seen)
     assert not state.set_aside and not seen.invalid
-    later = {ev.RequestDenied, ev.StepStarted, ev.StepEnded}   # types added after these logs were recorded
+    later = {ev.RequestDenied, ev.StepStarted, ev.StepEnded, ev.AccountingChanged}   # added after these logs
     assert {type(e.event) for e in envs} >= set(ev.EVENT_TYPES) - later
     want = json.loads(path.with_suffix(".state.json").read_text())
     assert (state.seq, state.next_job_id) == (want["seq"], want["next_job_id"])

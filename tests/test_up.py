@@ -460,3 +460,22 @@ def test_whatif_on_a_real_clusters_log_reproduces_its_history(up):
                                                       "NODELIST(REASON)"], r.stdout + r.stderr
     r = run(up, "squeue", "-j", "999999")
     assert r.returncode == 1 and "Invalid job id specified" in r.stderr
+
+
+def test_sacctmgr_manages_accounts_users_and_qos_and_only_admins_change_them(up):
+    from rota.cli import sacctmgr
+
+    assert run(up, "sacctmgr", "-i", "add", "account", "physics", "Description=Physics").returncode == 0
+    r = run(up, "sacctmgr", "-i", "add", "qos", "gpu", "Priority=10", "MaxJobsPerUser=2", "MaxTRESPerUser=gres/gpu=4")
+    assert r.returncode == 0 and r.stdout == " Adding QOS(s)\n  gpu\n"
+    assert run(up, "sacctmgr", "-i", "add", "user", "root", "Account=physics", "QOS=normal,gpu").returncode == 0
+    assert run(up, "sacctmgr", "-P", "show", "qos", "gpu", "format=name,priority,maxjobspu,maxtrespu").stdout == \
+        "Name|Priority|MaxJobsPU|MaxTRESPU\ngpu|10|2|gres/gpu=4\n"
+    assert run(up, "sacctmgr", "-P", "-n", "show", "assoc", "format=account,user,qos").stdout == \
+        "physics|root|normal,gpu\n"
+    r = run(up, "sacctmgr", "-i", "delete", "account", "physics")
+    assert r.returncode == 1 and "account physics still has users (root)" in r.stderr
+    code, out, err = run_as("nobody", sacctmgr.main, ["-i", "add", "qos", "mine"], "/", dict(up))
+    assert code == 1 and "Access/permission denied" in err
+    code, out, err = run_as("nobody", sacctmgr.main, ["-n", "-P", "show", "qos", "format=name"], "/", dict(up))
+    assert code == 0 and out.split() == ["normal", "gpu"]

@@ -1,0 +1,243 @@
+"""``sacctmgr``: accounts, users' associations and QOS, in sacctmgr's common syntax.
+
+    sacctmgr [-i] [-n] [-p|-P] add|modify|delete|show account|user|qos|assoc [NAMES] [where K=V ...]
+             [set K=V ...] [format=F,...]
+
+Changes are events on the log (``accounting.changed``), made by administrators; anyone may show.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+OPS = {"add": "add", "create": "add", "modify": "modify", "update": "modify", "delete": "delete",
+       "remove": "delete", "show": "show", "list": "show"}
+ENTITIES = {"account": "account", "accounts": "account", "user": "user", "users": "user", "qos": "qos",
+            "assoc": "assoc", "association": "assoc", "associations": "assoc"}
+USAGE = ("Usage: sacctmgr [-i] [-n] [-p|-P] add|modify|delete|show account|user|qos|assoc [NAME...] "
+         "[where KEY=VALUE ...] [set KEY=VALUE ...] [format=FIELD,...]\n")
+
+
+def _limit(v: Any) -> str:
+    return "" if v is None else str(v)
+
+
+def _wall(v: Any) -> str:
+    from rota.core.timefmt import format_duration
+
+    return "" if v is None else format_duration(v)
+
+
+def _tres(v: dict) -> str:
+    return ",".join(f"{k}={n}" for k, n in sorted(v.items()))
+
+
+Field = tuple[str, int, Callable[[dict], str]]
+FIELDS: dict[str, dict[str, Field]] = {
+    "account": {"account": ("Account", 10, lambda r: r["name"]), "descr": ("Descr", 20, lambda r: r["description"]),
+                "description": ("Descr", 20, lambda r: r["description"]),
+                "org": ("Org", 20, lambda r: r["organization"]), "organization": ("Org", 20, lambda r: r["organization"]),
+                "parentname": ("Par Name", 10, lambda r: r["parent"]), "parent": ("Par Name", 10, lambda r: r["parent"]),
+                "share": ("Share", 9, lambda r: str(r["fairshare"])), "fairshare": ("Share", 9, lambda r: str(r["fairshare"]))},
+    "user": {"user": ("User", 10, lambda r: r["user"]), "defaultaccount": ("Def Acct", 10, lambda r: r["default"]),
+             "defacct": ("Def Acct", 10, lambda r: r["default"]), "admin": ("Admin", 9, lambda r: "None")},
+    "qos": {"name": ("Name", 10, lambda r: r["name"]), "priority": ("Priority", 10, lambda r: str(r["priority"])),
+            "maxwall": ("MaxWall", 11, lambda r: _wall(r["max_wall"])),
+            "maxtrespu": ("MaxTRESPU", 13, lambda r: _tres(r["max_tres_per_user"])),
+            "maxtresperuser": ("MaxTRESPU", 13, lambda r: _tres(r["max_tres_per_user"])),
+            "maxjobspu": ("MaxJobsPU", 9, lambda r: _limit(r["max_jobs_per_user"])),
+            "maxjobsperuser": ("MaxJobsPU", 9, lambda r: _limit(r["max_jobs_per_user"])),
+            "maxsubmitpu": ("MaxSubmitPU", 11, lambda r: _limit(r["max_submit_jobs_per_user"])),
+            "maxsubmitjobsperuser": ("MaxSubmitPU", 11, lambda r: _limit(r["max_submit_jobs_per_user"])),
+            "preempt": ("Preempt", 10, lambda r: ",".join(r["preempt"])),
+            "preemptmode": ("PreemptMode", 11, lambda r: r["preempt_mode"]),
+            "descr": ("Descr", 11, lambda r: r["description"]), "description": ("Descr", 11, lambda r: r["description"])},
+    "assoc": {"cluster": ("Cluster", 10, lambda r: r["cluster"]), "account": ("Account", 10, lambda r: r["account"]),
+              "user": ("User", 10, lambda r: r["user"]), "share": ("Share", 9, lambda r: str(r["fairshare"])),
+              "fairshare": ("Share", 9, lambda r: str(r["fairshare"])),
+              "maxjobs": ("MaxJobs", 7, lambda r: _limit(r["max_jobs"])),
+              "maxsubmit": ("MaxSubmit", 9, lambda r: _limit(r["max_submit_jobs"])),
+              "maxsubmitjobs": ("MaxSubmit", 9, lambda r: _limit(r["max_submit_jobs"])),
+              "qos": ("QOS", 20, lambda r: ",".join(r["qos"])), "defaultqos": ("Def QOS", 9, lambda r: r["default_qos"]),
+              "defqos": ("Def QOS", 9, lambda r: r["default_qos"])},
+}
+DEFAULT_FORMAT = {"account": "account,descr,org", "user": "user,defaultaccount,admin",
+                  "qos": "name,priority,maxwall,maxtrespu,maxjobspu,maxsubmitpu,preempt,preemptmode",
+                  "assoc": "cluster,account,user,share,maxjobs,maxsubmit,qos,defqos"}
+TITLES = {"account": "Account(s)", "user": "User(s)", "qos": "QOS(s)"}
+
+
+class Usage(Exception):
+    """A command line sacctmgr cannot read (the message is its error line)."""
+
+
+def parse(argv: list[str]) -> tuple[dict, str, str, list[str], dict[str, str], dict[str, str], str | None]:
+    """(flags, op, entity, names, where, values, format) of a sacctmgr command line."""
+    flags: dict[str, Any] = {"immediate": False, "noheader": False, "parsable": None}
+    words: list[str] = []
+    for a in argv:
+        if a in ("-i", "--immediate"):
+            flags["immediate"] = True
+        elif a in ("-n", "--noheader"):
+            flags["noheader"] = True
+        elif a in ("-P", "--parsable2"):
+            flags["parsable"] = "|"
+        elif a in ("-p", "--parsable"):
+            flags["parsable"] = "|+"
+        elif a in ("-Q", "--quiet", "-v", "--verbose"):
+            continue
+        elif a.startswith("-") and a not in ("-1",):
+            raise Usage(f"sacctmgr: error: unrecognized option '{a}'")
+        else:
+            words.append(a)
+    if len(words) < 2:
+        raise Usage("sacctmgr: error: give a command and an entity, e.g. sacctmgr show qos")
+    op, entity = OPS.get(words[0].lower()), ENTITIES.get(words[1].lower())
+    if op is None:
+        raise Usage(f"sacctmgr: error: Unknown command: {words[0]} (add, modify, delete or show)")
+    if entity is None or (entity == "assoc" and op != "show"):
+        raise Usage(f"sacctmgr: error: Unknown entity: {words[1]} (account, user, qos; assoc for show)")
+    names: list[str] = []
+    where: dict[str, str] = {}
+    values: dict[str, str] = {}
+    fmt: str | None = None
+    target = values if op == "add" else where
+    for w in words[2:]:
+        low = w.lower()
+        if low == "where":
+            target = where
+        elif low == "set":
+            target = values
+        elif "=" in w:
+            key, _, value = w.partition("=")
+            key = key.strip().lower()
+            if key == "format":
+                fmt = value
+            elif key in target and key in ("account", "name"):
+                target[key] = f"{target[key]},{value}"
+            else:
+                target[key] = value
+        else:
+            names.extend(n for n in w.split(",") if n)
+    return flags, op, entity, names, where, values, fmt
+
+
+def main(argv: list[str] | None = None, out=None, err=None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help", "help"):
+        out.write(USAGE)
+        return 0
+    if args[0] in ("-V", "--version"):
+        out.write("slurm 22.05 (rota)\n")
+        return 0
+    from .client import NoCluster, request
+
+    try:
+        flags, op, entity, names, where, values, fmt = parse(args)
+        if op == "show":
+            reply = request("acct_show", {})
+            if not reply.get("ok"):
+                raise Usage(f"sacctmgr: error: {(reply.get('error') or ['unknown error'])[-1]}")
+            for line in show(reply, entity, names, where, fmt, flags):
+                out.write(line + "\n")
+            return 0
+        if not flags["immediate"] and sys.stdin.isatty():
+            out.write(f" {op.capitalize()} {TITLES[entity]}: {', '.join(names) or where.get('name', '')}\n")
+            out.write("Would you like to commit changes? (You have 30 seconds to decide)\n(N/y): ")
+            out.flush()
+            if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+                out.write(" Changes Discarded\n")
+                return 0
+        reply = request("acct_change", {"op": op, "entity": entity, "names": names, "where": where,
+                                        "values": values})
+        if not reply.get("ok"):
+            lines = reply.get("error") or ["unknown error"]
+            prefix = " Error with request: " if reply.get("code") == "accounting" else "sacctmgr: error: "
+            err.write(prefix + lines[-1] + "\n")
+            return 1
+        out.write(_said(op, entity, reply.get("change") or {}))
+        return 0
+    except Usage as exc:
+        err.write(f"{exc}\n")
+        return 1
+    except NoCluster as exc:
+        err.write(f"sacctmgr: error: {exc}\n")
+        return 1
+
+
+def _said(op: str, entity: str, change: dict) -> str:
+    """What sacctmgr says it did."""
+    verb = {"add": "Adding", "modify": "Modified", "delete": "Deleting"}[op]
+    if entity == "account":
+        names = [a["name"] for a in change.get("accounts", ())] or list(change.get("deleted_accounts", ()))
+    elif entity == "qos":
+        names = [q["name"] for q in change.get("qos", ())] or list(change.get("deleted_qos", ()))
+    else:
+        names = [f"{a['user']} account={a['account']}" for a in change.get("associations", ())] or \
+            [f"{u} account={a}" for u, a in change.get("deleted_associations", ())] or \
+            [f"{u} default account={a}" for u, a in change.get("default_accounts", {}).items()]
+    return f" {verb} {TITLES[entity]}\n" + "".join(f"  {n}\n" for n in names)
+
+
+def show(reply: dict, entity: str, names: list[str], where: dict[str, str], fmt: str | None,
+         flags: dict) -> list[str]:
+    """sacctmgr's table (or -p/-P lines) of the records asked for."""
+    wanted = set(names) | {n for n in where.get("name", "").split(",") if n}
+    if entity == "account":
+        rows = [a for a in reply["accounts"] if not wanted or a["name"] in wanted]
+    elif entity == "qos":
+        rows = [q for q in reply["qos"] if not wanted or q["name"] in wanted]
+        if not any(q["name"] == "normal" for q in reply["qos"]) and (not wanted or "normal" in wanted):
+            rows.insert(0, {"name": "normal", "priority": 0, "max_wall": None, "max_tres_per_user": {},
+                            "max_jobs_per_user": None, "max_submit_jobs_per_user": None, "preempt": [],
+                            "preempt_mode": "off", "description": "Normal QOS default"})
+    elif entity == "user":
+        users = sorted({a["user"] for a in reply["associations"]})
+        rows = [{"user": u, "default": reply["defaults"].get(u, "")} for u in users if not wanted or u in wanted]
+    else:
+        in_accounts = {a for a in where.get("account", "").split(",") if a}
+        of_users = {u for u in where.get("user", "").split(",") if u} | wanted
+        rows = [{**a, "cluster": reply["cluster"]} for a in sorted(reply["associations"],
+                                                                  key=lambda a: (a["account"], a["user"]))
+                if (not in_accounts or a["account"] in in_accounts) and (not of_users or a["user"] in of_users)]
+    table = FIELDS[entity]
+    fields: list[Field] = []
+    for item in (fmt or DEFAULT_FORMAT[entity]).split(","):
+        name, _, width = item.strip().partition("%")
+        field = table.get(name.lower())
+        if field is None:
+            raise Usage(f"sacctmgr: error: Unknown field '{name}' (one of: {', '.join(sorted(table))})")
+        if width:
+            if not width.isdecimal():
+                raise Usage(f"sacctmgr: error: bad width in {item!r}")
+            field = (field[0], int(width), field[2])
+        fields.append(field)
+    out: list[str] = []
+    parsable = flags["parsable"]
+    if parsable is not None:
+        tail = "|" if parsable == "|+" else ""
+        if not flags["noheader"]:
+            out.append("|".join(f[0] for f in fields) + tail)
+        out += ["|".join(f[2](r) for f in fields) + tail for r in rows]
+        return out
+
+    def cell(text: str, w: int) -> str:
+        return (text[: w - 1] + "+" if len(text) > w else text).rjust(w)
+
+    if not flags["noheader"]:
+        out.append(" ".join(cell(f[0], f[1]) for f in fields) + " ")
+        out.append(" ".join("-" * f[1] for f in fields) + " ")
+    out += [" ".join(cell(f[2](r), f[1]) for f in fields) + " " for r in rows]
+    return out
+
+
+def main_exit() -> None:
+    from .exits import exit_with
+
+    exit_with(main)
+
+
+if __name__ == "__main__":
+    main_exit()

@@ -1,0 +1,93 @@
+"""Accounts, associations and QOS (sacctmgr) in the core: plans, refusals, the submit rule, snapshots."""
+import pytest
+
+from rota.core import events as ev
+from rota.core.accounting import AccountingError, check_submit, plan
+from rota.core.auth import Caller
+from rota.core.commands import Rejected, change_accounting, submit
+from rota.core.slurmconf import ConfigError, parse_config
+from rota.core.state import dump_snapshot, load_snapshot
+from rota.core.testing import Harness, make_cluster
+
+ALICE = Caller(1001, 1001, "alice")
+
+
+def harness(enforce: tuple[str, ...] = ("associations",)) -> Harness:
+    h = Harness(make_cluster(nodes=2).model_copy(update={"accounting_enforce": enforce}))
+    for args in (("add", "account", ["physics"], {}, {"description": "Physics"}),
+                 ("add", "account", ["theory"], {}, {"parent": "physics"}),
+                 ("add", "qos", ["gpu"], {}, {"priority": "10", "maxjobsperuser": "2",
+                                              "maxtresperuser": "gres/gpu=4", "maxwall": "2:00:00"}),
+                 ("add", "user", ["alice"], {}, {"account": "physics,theory", "qos": "normal,gpu",
+                                                 "defaultaccount": "theory"})):
+        h.put(plan(h.state, *args, by="root"), actor="root")
+    return h
+
+
+def test_sacctmgr_plans_become_records_in_the_state():
+    h = harness()
+    s = h.state
+    assert s.accounts["theory"].parent == "physics" and s.accounts["physics"].description == "Physics"
+    assert s.qos["gpu"].max_tres_per_user == {"gres/gpu": 4} and s.qos["gpu"].max_wall == 7200
+    assert s.associations[("alice", "physics")].qos == ("normal", "gpu") and s.default_accounts["alice"] == "theory"
+    h.put(plan(s, "modify", "qos", [], {"name": "gpu"}, {"maxjobsperuser": "-1", "priority": "20"}))
+    assert s.qos["gpu"].max_jobs_per_user is None and s.qos["gpu"].priority == 20
+    h.put(plan(s, "modify", "user", ["alice"], {"account": "physics"}, {"maxjobs": "5"}))
+    assert s.associations[("alice", "physics")].max_jobs == 5 and s.associations[("alice", "theory")].max_jobs is None
+    back = load_snapshot(dump_snapshot(s))
+    assert (back.accounts, back.associations, back.default_accounts, back.qos) == \
+        (s.accounts, s.associations, s.default_accounts, s.qos)
+    h.put(plan(s, "delete", "user", ["alice"], {"account": "theory"}, {}))
+    assert ("alice", "theory") not in s.associations and "alice" not in s.default_accounts
+
+
+@pytest.mark.parametrize("args, words", [
+    (("add", "account", ["physics"], {}, {}), "account physics already exists"),
+    (("add", "user", ["bob"], {}, {"account": "chemistry"}), "account chemistry does not exist"),
+    (("add", "user", ["bob"], {}, {}), "sacctmgr add user NAME Account=ACCOUNT"),
+    (("add", "user", ["bob"], {}, {"account": "physics", "qos": "fast"}), "qos fast does not exist"),
+    (("add", "qos", ["fast"], {}, {"maxwall": "soon"}), "MaxWall=soon: not a time"),
+    (("add", "qos", ["fast"], {}, {"maxtresperuser": "disk=4"}), "TRES 'disk=4'"),
+    (("add", "qos", ["fast"], {}, {"preemptmode": "suspend"}), "PreemptMode=suspend: use off, cancel or requeue"),
+    (("delete", "account", ["physics"], {}, {}), "account physics still has users (alice)"),
+    (("delete", "qos", ["gpu"], {}, {}), "qos gpu is still allowed to alice/physics"),
+    (("modify", "qos", ["nope"], {}, {"priority": "1"}), "qos nope does not exist"),
+    (("add", "account", ["bad name"], {}, {}), "invalid name 'bad name'"),
+])
+def test_sacctmgr_refusals_say_what_and_how(args, words):
+    with pytest.raises(AccountingError) as refused:
+        plan(harness().state, *args)
+    assert words in str(refused.value)
+
+
+def test_only_administrators_change_accounting():
+    h = harness()
+    with pytest.raises(Rejected) as refused:
+        change_accounting(h.state, "add", "qos", ["mine"], {}, {}, ALICE)
+    assert refused.value.lines[-1] == "Access/permission denied"
+
+
+def test_submits_name_an_association_when_accounting_is_enforced():
+    h = harness()
+    spec = ev.JobSpec(user="alice", uid=1001)
+    job = submit(h.state, spec, 9, ALICE)
+    assert (job.spec.account, job.spec.qos) == ("theory", "normal")      # the user's default account
+    assert submit(h.state, spec.model_copy(update={"account": "physics", "qos": "gpu"}), 9, ALICE).spec.qos == "gpu"
+    for change, words in (({"account": "chemistry"}, "Invalid account or account/partition combination specified"),
+                          ({"qos": "fast"}, "Invalid qos specification"),
+                          ({"user": "bob", "uid": 1002}, "Invalid account or account/partition combination specified")):
+        who = Caller(1002, 1002, "bob") if "user" in change else ALICE
+        with pytest.raises(Rejected) as refused:
+            submit(h.state, spec.model_copy(update=change), 9, who)
+        assert refused.value.lines[-1] == words
+    assert check_submit(harness(()).state, "bob", "anything", "normal") == ("anything", "normal")   # not enforced
+
+
+def test_accounting_storage_enforce_is_read_as_slurm_reads_it():
+    base = "NodeName=n1 CPUs=4 RealMemory=1000\nPartitionName=p Nodes=n1 Default=YES\n"
+    cfg = parse_config(base + "AccountingStorageEnforce=limits,qos\n")
+    assert cfg.accounting_enforce == ("associations", "limits", "qos")
+    assert parse_config(base + "AccountingStorageEnforce=none\n").accounting_enforce == ()
+    with pytest.raises(ConfigError) as bad:
+        parse_config(base + "AccountingStorageEnforce=limits,bogus\n")
+    assert "'bogus' is not one of its words" in str(bad.value)
