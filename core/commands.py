@@ -16,6 +16,7 @@ from .limits import MAX_COUNT, MAX_NICE, MAX_TIME, spec_problems
 from .orders import Signal
 from .request import constraint_matches, effective_time_limit, node_request, partition_shape
 from .state import PENDING, RUNNING, TERMINAL_STATES, Job, State
+from .qos_limits import limits_enforced
 from .steps import StepAsk, StepRefused, layout
 
 
@@ -94,7 +95,26 @@ def submit(state: State, spec: ev.JobSpec, job_id: int, caller: Caller = ROOT) -
             raise Rejected(str(exc), code="account" if str(exc) == accounting.INVALID_ACCOUNT else "qos") from None
         if (account, qos) != (spec.account, spec.qos):
             spec = spec.model_copy(update={"account": account, "qos": qos})
+        _submit_limit(state, spec)
     return ev.JobSubmitted(job_id=job_id, spec=spec)
+
+
+QOS_POLICY = "Job violates accounting/QOS policy (job submit limit, user's size and/or time limits)"
+
+
+def _submit_limit(state: State, spec: ev.JobSpec) -> None:
+    """MaxSubmitJobsPerUser of the job's QOS (AccountingStorageEnforce=limits): pending and running jobs,
+    each pending array task counted, as slurmctld counts them."""
+    q = state.qos.get(spec.qos)
+    if q is None or q.max_submit_jobs_per_user is None or not limits_enforced(state):
+        return
+    held = 0
+    for job in state.jobs.values():
+        if job.spec.user == spec.user and job.spec.qos == spec.qos and job.state in (PENDING, RUNNING):
+            held += len(job.array_pending) if job.array_pending is not None else 1
+    adding = len(parse_array(spec.array, 1 << 30).indices) if spec.array else 1
+    if held + adding > q.max_submit_jobs_per_user:
+        raise Rejected("QOSMaxSubmitJobPerUserLimit", QOS_POLICY, code="qos_limit")
 
 
 def change_accounting(state: State, op: str, entity: str, names: list[str], where: dict[str, str],

@@ -2,6 +2,8 @@
 requests, searches and their caches, and the GPUs picked so far."""
 from __future__ import annotations
 
+from .qos_limits import QosUse, limits_enforced
+
 from typing import Iterable, NamedTuple
 
 from . import events as ev
@@ -77,6 +79,8 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         self.verdicts: dict[SearchKey, Reason | None] = {}
         self.gpu_owner: dict[str, list[int]] = {}
         self.next_id = state.next_job_id
+        # per-user QOS limits (AccountingStorageEnforce=limits): what each user holds under each QOS
+        self.qos_use = QosUse(state) if limits_enforced(state) else None
         self.prio_ctx = PriorityContext(cfg, sum(n.cpus for n in state.nodes.values()))
         default = cfg.default_partition()
         self.default_parts = [default.name] if default is not None else []

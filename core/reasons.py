@@ -14,8 +14,9 @@ from typing import Literal, get_args
 Code = Literal[
     "JobHeldAdmin", "JobHeldUser",
     "PartitionConfig", "PartitionDown", "PartitionInactive", "PartitionTimeLimit", "PartitionNodeLimit",
-    "BadConstraints", "ReqNodeNotAvail", "Resources",
+    "BadConstraints", "ReqNodeNotAvail", "QOSMaxWallDurationPerJobLimit", "Resources",
     "DependencyNeverSatisfied", "Dependency", "BeginTime", "JobArrayTaskLimit",
+    "QOSMaxJobsPerUserLimit", "QOSMaxGRESPerUser", "QOSMaxCpuPerUserLimit",
     "Priority",
 ]
 """Every reason rota gives, in rank order (the tier is the position)."""
@@ -37,6 +38,10 @@ SENTENCES: dict[Code, str] = {
     "Dependency": "waiting for the jobs it depends on",
     "BeginTime": "its requested begin time had not come",
     "JobArrayTaskLimit": "its array already ran as many tasks as its limit allows",
+    "QOSMaxWallDurationPerJobLimit": "its time limit is longer than its QOS allows (MaxWall)",
+    "QOSMaxJobsPerUserLimit": "its user already ran as many jobs as its QOS allows each user (MaxJobsPerUser)",
+    "QOSMaxGRESPerUser": "its user's running jobs already held as many GPUs as its QOS allows (MaxTRESPerUser)",
+    "QOSMaxCpuPerUserLimit": "its user's running jobs already held as many CPUs as its QOS allows (MaxTRESPerUser)",
     "Priority": "waiting behind higher-priority jobs",
 }
 """The plain sentence for each reason (``rota why``)."""
@@ -112,6 +117,14 @@ class Reason:
             return f"not before {self.at} ({self.asked}s from now)"
         if c == "JobArrayTaskLimit":
             return f"{self.asked} tasks running, array limit %{self.limit}"
+        if c == "QOSMaxWallDurationPerJobLimit":
+            return f"time limit {self.asked}s exceeds QOS {about} MaxWall {self.limit}s"
+        if c == "QOSMaxJobsPerUserLimit":
+            return f"{self.asked} of the user's jobs running under QOS {about}, MaxJobsPerUser {self.limit}"
+        if c in ("QOSMaxGRESPerUser", "QOSMaxCpuPerUserLimit"):
+            what = "GPUs" if c == "QOSMaxGRESPerUser" else "CPUs"
+            return (f"the user's running jobs under QOS {about} hold {self.asked} {what}, this job adds "
+                    f"{self.note}; MaxTRESPerUser allows {self.limit}")
         if self.needs is not None and self.free is not None:
             n, f = self.needs, self.free
             need = f"{n.cpus} CPUs, {n.mem} MiB"

@@ -1,5 +1,7 @@
 """Accounts, associations and QOS (sacctmgr) in the core: plans, refusals, the submit rule, snapshots."""
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rota.core import events as ev
 from rota.core.accounting import AccountingError, check_submit, plan
@@ -91,3 +93,82 @@ def test_accounting_storage_enforce_is_read_as_slurm_reads_it():
     with pytest.raises(ConfigError) as bad:
         parse_config(base + "AccountingStorageEnforce=limits,bogus\n")
     assert "'bogus' is not one of its words" in str(bad.value)
+
+
+# ---------------------------------------------------------------- QOS limits in the scheduler
+
+
+def limited(enforce=("associations", "limits")) -> Harness:
+    h = harness(enforce)
+    h.put(plan(h.state, "modify", "qos", ["gpu"], {}, {"maxjobsperuser": "2", "maxtresperuser": "gres/gpu=4",
+                                                       "maxsubmitjobsperuser": "4"}))
+    return h
+
+
+def test_qos_max_jobs_per_user_holds_a_job_until_one_of_the_users_jobs_ends():
+    h = limited()
+    jobs = [h.submit(user="alice", uid=1001, account="physics", qos="gpu", time_limit=600) for _ in range(3)]
+    d = h.cycle()
+    assert [s.job_id for s in d.starts] == jobs[:2]
+    why = d.pending[jobs[2]].why
+    assert (why.code, why.asked, why.limit, why.about) == ("QOSMaxJobsPerUserLimit", 2, 2, "gpu")
+    assert "2 of the user's jobs running under QOS gpu, MaxJobsPerUser 2" in why.numbers()
+    h.finish(jobs[0])
+    assert [s.job_id for s in h.cycle().starts] == [jobs[2]]
+
+
+def test_qos_max_gres_per_user_counts_the_gpus_the_users_jobs_hold():
+    h = limited()
+    a = h.submit(user="alice", uid=1001, account="physics", qos="gpu", gpus_per_node=3, gpu_given=True)
+    b = h.submit(user="alice", uid=1001, account="physics", qos="gpu", gpus_per_node=2, gpu_given=True)
+    d = h.cycle()
+    assert [s.job_id for s in d.starts] == [a]
+    why = d.pending[b].why
+    assert (why.code, why.asked, why.limit, why.note) == ("QOSMaxGRESPerUser", 3, 4, "2")
+    h.finish(a)
+    assert [s.job_id for s in h.cycle().starts] == [b]
+
+
+def test_qos_max_wall_and_max_submit_jobs_per_user():
+    h = limited()
+    h.put(plan(h.state, "modify", "qos", ["gpu"], {}, {"maxwall": "30"}))
+    long = h.submit(user="alice", uid=1001, account="physics", qos="gpu", time_limit=45 * 60)
+    why = h.cycle().pending[long].why
+    assert (why.code, why.asked, why.limit) == ("QOSMaxWallDurationPerJobLimit", 2700, 1800)
+    for _ in range(3):
+        h.submit(user="alice", uid=1001, account="physics", qos="gpu")
+    with pytest.raises(Rejected) as refused:
+        h.submit(user="alice", uid=1001, account="physics", qos="gpu")
+    assert refused.value.lines == ("QOSMaxSubmitJobPerUserLimit",
+                                   "Job violates accounting/QOS policy (job submit limit, user's size and/or time "
+                                   "limits)")
+    h.submit(user="alice", uid=1001, account="physics", qos="normal")      # another QOS: its own count
+
+
+def test_qos_limits_hold_only_where_limits_are_enforced():
+    h = limited(("associations",))
+    jobs = [h.submit(user="alice", uid=1001, account="physics", qos="gpu") for _ in range(3)]
+    assert [s.job_id for s in h.cycle().starts] == jobs
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["alice", "bob"]), st.integers(0, 4), st.booleans()), min_size=1,
+                max_size=25), st.integers(1, 3), st.integers(1, 6))
+def test_started_jobs_never_exceed_their_users_qos_limits(jobs, max_jobs, max_gpus):
+    h = Harness(make_cluster(nodes=3, gpus=8).model_copy(update={"accounting_enforce": ("associations", "limits")}))
+    h.put(plan(h.state, "add", "account", ["lab"], {}, {}))
+    h.put(plan(h.state, "add", "qos", ["q"], {}, {"maxjobsperuser": str(max_jobs),
+                                                 "maxtresperuser": f"gres/gpu={max_gpus}"}))
+    h.put(plan(h.state, "add", "user", ["alice", "bob"], {}, {"account": "lab", "qos": "normal,q"}))
+    for user, gpus, finish in jobs:
+        h.submit(user=user, uid=1001 if user == "alice" else 1002, account="lab", qos="q", gpus_per_node=gpus,
+                 gpu_given=bool(gpus))
+        h.cycle()
+        for user_ in ("alice", "bob"):
+            mine = [j for j in h.state.jobs.values() if j.state == "RUNNING" and j.spec.user == user_]
+            assert len(mine) <= max_jobs
+            assert sum(len(a.gpus) for j in mine for a in j.alloc) <= max_gpus
+        if finish:
+            running = sorted(h.state.running)
+            if running:
+                h.finish(running[0])
