@@ -159,6 +159,26 @@ def event_stream(n_events: int, seed: int = 2, nodes: int = 1000) -> list[ev.Env
 TARGETS = {"conservative": (10000, 1.0), "easy": (50000, 1.0)}
 
 
+def _with_qos_limits(state: State, pending: int, runs: int, cmd: str) -> Figure:
+    """The conservative cycle with per-user QOS limits enforced on every job (AccountingStorageEnforce=limits:
+    MaxJobsPerUser and MaxTRESPerUser on the QOS all jobs use)."""
+    config, qos = state.config, state.qos
+    assert config is not None
+    state.config = config.model_copy(update={"accounting_enforce": ("associations", "limits")})
+    state.qos = {"normal": ev.QosRecord(name="normal", max_jobs_per_user=30, max_tres_per_user={"gres/gpu": 48})}
+    try:
+        gc.collect()
+        med, _ = median_time(lambda: schedule(state, T0 + 600, "conservative"), runs)
+        d = schedule(state, T0 + 600, "conservative")
+    finally:
+        state.config, state.qos = config, qos
+    held = sum(1 for p in d.pending.values() if p.reason.startswith("QOS"))
+    target, met = ("<= 1.0 s", med <= 1.0) if pending == 10000 else ("", None)
+    return Figure(f"cycle conservative with QOS limits, {pending:,} pending", med, "s", target, met,
+                  f"{cmd} --pending {pending}", f"{len(d.starts)} starts, {held} held by a QOS limit; "
+                  "no fair-share yet")
+
+
 def run(runs: int, pendings: list[int], n_events: int) -> list[Figure]:
     figures: list[Figure] = []
     cmd = "python -m rota.bench.core_bench"
@@ -180,6 +200,7 @@ def run(runs: int, pendings: list[int], n_events: int) -> list[Figure]:
             figures.append(Figure(f"cycle {policy}, {pending:,} pending", med, "s", target, met,
                                   f"{cmd} --pending {pending}",
                                   f"{len(d.starts)} starts, {len(d.reservations)} reservations"))
+        figures.append(_with_qos_limits(state, pending, runs, cmd))
     if n_events:
         t = time.perf_counter()
         stream = event_stream(n_events)
