@@ -154,8 +154,13 @@ def _account(state: State, record: ev.AccountRecord, v: dict[str, str]) -> ev.Ac
             fields[key] = value[:MAX_NAME]
         elif key == "fairshare":
             fields["fairshare"] = _number(key, value, 1)
+        elif key == "grptres":
+            fields["grp_tres"] = _tres(value)
+        elif key == "grpjobs":
+            fields["grp_jobs"] = _limit(key, value)
         elif key != "name":
-            raise AccountingError(f"unknown account option {key!r}: Parent, Description, Organization, Fairshare")
+            raise AccountingError(f"unknown account option {key!r}: Parent, Description, Organization, Fairshare, "
+                                  "GrpTRES, GrpJobs")
     return record.model_copy(update=fields)
 
 

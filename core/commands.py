@@ -16,7 +16,7 @@ from .limits import MAX_COUNT, MAX_NICE, MAX_TIME, spec_problems
 from .orders import Signal
 from .request import constraint_matches, effective_time_limit, node_request, partition_shape
 from .state import PENDING, RUNNING, TERMINAL_STATES, Job, State
-from .qos_limits import limits_enforced
+from .usage_limits import limits_enforced
 from .steps import StepAsk, StepRefused, layout
 
 
@@ -103,18 +103,27 @@ QOS_POLICY = "Job violates accounting/QOS policy (job submit limit, user's size 
 
 
 def _submit_limit(state: State, spec: ev.JobSpec) -> None:
-    """MaxSubmitJobsPerUser of the job's QOS (AccountingStorageEnforce=limits): pending and running jobs,
-    each pending array task counted, as slurmctld counts them."""
+    """MaxSubmitJobsPerUser of the job's QOS and MaxSubmitJobs of its association
+    (AccountingStorageEnforce=limits): pending and running jobs, each pending array task counted, as
+    slurmctld counts them."""
     q = state.qos.get(spec.qos)
-    if q is None or q.max_submit_jobs_per_user is None or not limits_enforced(state):
+    q_limit = q.max_submit_jobs_per_user if q is not None else None
+    assoc = state.associations.get((spec.user, spec.account))
+    a_limit = assoc.max_submit_jobs if assoc is not None else None
+    if (q_limit is None and a_limit is None) or not limits_enforced(state):
         return
-    held = 0
+    in_qos = in_assoc = 0
     for job in state.jobs.values():
-        if job.spec.user == spec.user and job.spec.qos == spec.qos and job.state in (PENDING, RUNNING):
-            held += len(job.array_pending) if job.array_pending is not None else 1
+        js = job.spec
+        if js.user == spec.user and job.state in (PENDING, RUNNING):
+            n = len(job.array_pending) if job.array_pending is not None else 1
+            in_qos += n if js.qos == spec.qos else 0
+            in_assoc += n if js.account == spec.account else 0
     adding = len(parse_array(spec.array, 1 << 30).indices) if spec.array else 1
-    if held + adding > q.max_submit_jobs_per_user:
+    if q_limit is not None and in_qos + adding > q_limit:
         raise Rejected("QOSMaxSubmitJobPerUserLimit", QOS_POLICY, code="qos_limit")
+    if a_limit is not None and in_assoc + adding > a_limit:
+        raise Rejected("AssocMaxSubmitJobLimit", QOS_POLICY, code="assoc_limit")
 
 
 def change_accounting(state: State, op: str, entity: str, names: list[str], where: dict[str, str],

@@ -2,7 +2,7 @@
 requests, searches and their caches, and the GPUs picked so far."""
 from __future__ import annotations
 
-from .qos_limits import QosUse, limits_enforced
+from .usage_limits import LimitUse, limits_enforced
 
 from typing import Iterable, NamedTuple
 
@@ -80,8 +80,8 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         self.gpu_owner: dict[str, list[int]] = {}
         self.next_id = state.next_job_id
         # per-user QOS limits (AccountingStorageEnforce=limits): what each user holds under each QOS
-        self.qos_use = QosUse(state) if limits_enforced(state) else None
-        self.prio_ctx = PriorityContext(cfg, sum(n.cpus for n in state.nodes.values()))
+        self.limit_use = LimitUse(state) if limits_enforced(state) else None
+        self.prio_ctx = PriorityContext(cfg, sum(n.cpus for n in state.nodes.values()), state.qos)
         default = cfg.default_partition()
         self.default_parts = [default.name] if default is not None else []
 

@@ -392,6 +392,8 @@ class AccountRecord(Model):
     description: str = ""
     organization: str = ""
     fairshare: int = 1
+    grp_tres: dict[str, int] = Field(default_factory=dict)   # GrpTRES: what the account's running jobs may hold
+    grp_jobs: int | None = None                              # GrpJobs: how many of them may run
 
 
 class Association(Model):

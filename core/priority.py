@@ -1,7 +1,7 @@
 """Integer multifactor priority (Slurm's formula with integer arithmetic; pure)."""
 from __future__ import annotations
 
-from .events import ClusterConfig, PartitionConfig
+from .events import ClusterConfig, PartitionConfig, QosRecord
 from .state import Job
 
 
@@ -10,11 +10,12 @@ class PriorityContext:
 
     __slots__ = ("w", "cluster_cpus", "max_pjf", "qos_prio", "max_qos")
 
-    def __init__(self, cfg: ClusterConfig, cluster_cpus: int) -> None:
+    def __init__(self, cfg: ClusterConfig, cluster_cpus: int, qos: dict[str, QosRecord] | None = None) -> None:
         self.w = cfg.priority
         self.cluster_cpus = max(1, cluster_cpus)
         self.max_pjf = max((p.priority_job_factor for p in cfg.partitions), default=1) or 1
-        self.qos_prio = {q.name: q.priority for q in cfg.qos}
+        # sacctmgr's QOS (the log's) over the configuration's
+        self.qos_prio = {q.name: q.priority for q in cfg.qos} | {q.name: q.priority for q in (qos or {}).values()}
         self.max_qos = max(self.qos_prio.values(), default=0) or 1
 
 

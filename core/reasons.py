@@ -17,6 +17,7 @@ Code = Literal[
     "BadConstraints", "ReqNodeNotAvail", "QOSMaxWallDurationPerJobLimit", "Resources",
     "DependencyNeverSatisfied", "Dependency", "BeginTime", "JobArrayTaskLimit",
     "QOSMaxJobsPerUserLimit", "QOSMaxGRESPerUser", "QOSMaxCpuPerUserLimit",
+    "AssocMaxJobsLimit", "AssocGrpJobsLimit", "AssocGrpGRES", "AssocGrpCpuLimit",
     "Priority",
 ]
 """Every reason rota gives, in rank order (the tier is the position)."""
@@ -42,6 +43,10 @@ SENTENCES: dict[Code, str] = {
     "QOSMaxJobsPerUserLimit": "its user already ran as many jobs as its QOS allows each user (MaxJobsPerUser)",
     "QOSMaxGRESPerUser": "its user's running jobs already held as many GPUs as its QOS allows (MaxTRESPerUser)",
     "QOSMaxCpuPerUserLimit": "its user's running jobs already held as many CPUs as its QOS allows (MaxTRESPerUser)",
+    "AssocMaxJobsLimit": "its user already ran as many jobs in its account as the association allows (MaxJobs)",
+    "AssocGrpJobsLimit": "its account already ran as many jobs as it may (GrpJobs)",
+    "AssocGrpGRES": "its account's running jobs already held as many GPUs as it may (GrpTRES)",
+    "AssocGrpCpuLimit": "its account's running jobs already held as many CPUs as it may (GrpTRES)",
     "Priority": "waiting behind higher-priority jobs",
 }
 """The plain sentence for each reason (``rota why``)."""
@@ -121,6 +126,14 @@ class Reason:
             return f"time limit {self.asked}s exceeds QOS {about} MaxWall {self.limit}s"
         if c == "QOSMaxJobsPerUserLimit":
             return f"{self.asked} of the user's jobs running under QOS {about}, MaxJobsPerUser {self.limit}"
+        if c == "AssocMaxJobsLimit":
+            return f"{self.asked} of the user's jobs running in account {about}, MaxJobs {self.limit}"
+        if c == "AssocGrpJobsLimit":
+            return f"{self.asked} jobs of account {about} running, GrpJobs {self.limit}"
+        if c in ("AssocGrpGRES", "AssocGrpCpuLimit"):
+            what = "GPUs" if c == "AssocGrpGRES" else "CPUs"
+            return (f"account {about}'s running jobs hold {self.asked} {what}, this job adds {self.note}; "
+                    f"GrpTRES allows {self.limit}")
         if c in ("QOSMaxGRESPerUser", "QOSMaxCpuPerUserLimit"):
             what = "GPUs" if c == "QOSMaxGRESPerUser" else "CPUs"
             return (f"the user's running jobs under QOS {about} hold {self.asked} {what}, this job adds "

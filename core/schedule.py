@@ -252,16 +252,16 @@ def _walk(cy: Cycle, decision: Decision, ready: list, policy: Policy) -> None:
                 decision.pending[jid] = Pending(Reason("JobArrayTaskLimit", asked=running_tasks,
                                                        limit=job.array_throttle), rank=rank, priority=prio)
                 break
-            if cy.qos_use is not None:
-                over = cy.qos_use.blocking(job, cy.request(job, parts[0]))
+            if cy.limit_use is not None:
+                over = cy.limit_use.blocking(job, cy.request(job, parts[0]))
                 if over is not None:
                     decision.pending[jid] = Pending(over, rank=rank, priority=prio)
                     break
             best = _earliest(cy, job, parts, policy)
             if best is not None and best.start == now:
                 _start(cy, decision, job, task, tasks, ti, best, policy.reserved or bool(decision.reservations))
-                if cy.qos_use is not None:
-                    cy.qos_use.add(job, cy.request(job, best.partition))
+                if cy.limit_use is not None:
+                    cy.limit_use.add(job, cy.request(job, best.partition))
                 running_tasks += 1
                 continue
             why = _RESOURCES

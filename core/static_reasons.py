@@ -9,7 +9,7 @@ from .cycle import Cycle, SearchKey
 from .deps import NEVER, OK, DependencySpecError, dependency_status, parse_dependency
 from .hostlist import compress
 from .reasons import REQ_NODE_NOT_AVAIL_ALL, Amounts, Reason, most_severe
-from .qos_limits import wall_reason
+from .usage_limits import wall_reason
 from .request import NodeRequest, constraint_matches, effective_time_limit
 from .state import RUNNING, Job, State
 
@@ -98,7 +98,7 @@ def static_reason(cy: Cycle, job: Job, parts: list[str]) -> Reason | None:
         if not usable_parts:
             return most_severe(refused)
         parts[:] = usable_parts
-    if cy.qos_use is not None:
+    if cy.limit_use is not None:
         why = wall_reason(cy.state, job, effective_time_limit(job.time_limit, cy.parts[parts[0]]))
         if why is not None:
             return why

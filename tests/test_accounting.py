@@ -153,10 +153,10 @@ def test_qos_limits_hold_only_where_limits_are_enforced():
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["alice", "bob"]), st.integers(0, 4), st.booleans()), min_size=1,
-                max_size=25), st.integers(1, 3), st.integers(1, 6))
-def test_started_jobs_never_exceed_their_users_qos_limits(jobs, max_jobs, max_gpus):
+                max_size=25), st.integers(1, 3), st.integers(1, 6), st.integers(1, 10))
+def test_started_jobs_never_exceed_their_qos_or_account_limits(jobs, max_jobs, max_gpus, group_gpus):
     h = Harness(make_cluster(nodes=3, gpus=8).model_copy(update={"accounting_enforce": ("associations", "limits")}))
-    h.put(plan(h.state, "add", "account", ["lab"], {}, {}))
+    h.put(plan(h.state, "add", "account", ["lab"], {}, {"grptres": f"gres/gpu={group_gpus}"}))
     h.put(plan(h.state, "add", "qos", ["q"], {}, {"maxjobsperuser": str(max_jobs),
                                                  "maxtresperuser": f"gres/gpu={max_gpus}"}))
     h.put(plan(h.state, "add", "user", ["alice", "bob"], {}, {"account": "lab", "qos": "normal,q"}))
@@ -168,7 +168,46 @@ def test_started_jobs_never_exceed_their_users_qos_limits(jobs, max_jobs, max_gp
             mine = [j for j in h.state.jobs.values() if j.state == "RUNNING" and j.spec.user == user_]
             assert len(mine) <= max_jobs
             assert sum(len(a.gpus) for j in mine for a in j.alloc) <= max_gpus
+        running = [j for j in h.state.jobs.values() if j.state == "RUNNING"]
+        assert sum(len(a.gpus) for j in running for a in j.alloc) <= group_gpus     # the account's GrpTRES
         if finish:
             running = sorted(h.state.running)
             if running:
                 h.finish(running[0])
+
+
+def test_association_and_account_limits_hold_jobs_with_their_numbers():
+    h = harness(("associations", "limits"))
+    h.put(plan(h.state, "modify", "user", ["alice"], {"account": "physics"}, {"maxjobs": "1", "maxsubmitjobs": "3"}))
+    h.put(plan(h.state, "modify", "account", ["theory"], {}, {"grptres": "gres/gpu=4"}))
+    a = h.submit(user="alice", uid=1001, account="physics")
+    b = h.submit(user="alice", uid=1001, account="physics")
+    d = h.cycle()
+    assert [s.job_id for s in d.starts] == [a]
+    assert (d.pending[b].reason, d.pending[b].why.asked, d.pending[b].why.limit) == ("AssocMaxJobsLimit", 1, 1)
+    h.submit(user="alice", uid=1001, account="physics")
+    with pytest.raises(Rejected) as refused:
+        h.submit(user="alice", uid=1001, account="physics")
+    assert refused.value.lines[0] == "AssocMaxSubmitJobLimit"
+    g1 = h.submit(user="alice", uid=1001, account="theory", gpus_per_node=3, gpu_given=True)
+    g2 = h.submit(user="alice", uid=1001, account="theory", gpus_per_node=2, gpu_given=True)
+    d = h.cycle()
+    assert g1 in [s.job_id for s in d.starts]
+    why = d.pending[g2].why
+    assert (why.code, why.asked, why.limit, why.note) == ("AssocGrpGRES", 3, 4, "2")
+    assert "account theory's running jobs hold 3 GPUs, this job adds 2; GrpTRES allows 4" in why.numbers()
+    h.finish(g1)
+    assert g2 in [s.job_id for s in h.cycle().starts]
+
+
+def test_a_qos_priority_from_sacctmgr_ranks_its_jobs():
+    h = Harness(make_cluster(nodes=1, gpus=8).model_copy(
+        update={"priority": ev.PriorityWeights(age=0, partition=0, qos=10_000)}))
+    h.put(plan(h.state, "add", "qos", ["high"], {}, {"priority": "100"}))
+    hog = h.submit(user="alice", gpus_per_node=8, gpu_given=True)
+    h.cycle()
+    low = h.submit(user="alice", gpus_per_node=8, gpu_given=True)
+    high = h.submit(user="bob", gpus_per_node=8, gpu_given=True, qos="high")
+    d = h.cycle()
+    assert d.pending[high].priority > d.pending[low].priority and d.order.index(high) < d.order.index(low)
+    assert hog in h.state.running

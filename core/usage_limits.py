@@ -1,0 +1,108 @@
+"""QOS and association limits, as slurmctld applies them with AccountingStorageEnforce=limits (pure): what
+each user's running jobs hold under each QOS and in each account, what each account's jobs hold, and the
+reason a job would break a limit by starting."""
+from __future__ import annotations
+
+from .events import QosRecord
+from .reasons import Reason
+from .request import NodeRequest
+from .state import Job, State
+
+
+def limits_enforced(state: State) -> bool:
+    cfg = state.config
+    return cfg is not None and "limits" in cfg.accounting_enforce and bool(state.qos or state.associations)
+
+
+def job_amounts(job: Job, req: NodeRequest | None) -> tuple[int, int]:
+    """(CPUs, GPUs) a job holds when it runs, or will hold under ``req``."""
+    if job.alloc:
+        return sum(a.cpus for a in job.alloc), sum(len(a.gpus) for a in job.alloc)
+    if req is None:
+        return job.spec.cpus_per_task, job.spec.gpus_per_node
+    return req.cpus * req.nnodes, req.gpus * req.nnodes
+
+
+class LimitUse:
+    """Running jobs, CPUs and GPUs per (user, QOS), per (user, account) and per account, from the running
+    jobs; a cycle adds what it starts."""
+
+    __slots__ = ("qos", "accounts", "assocs", "use", "by_assoc", "by_account")
+
+    def __init__(self, state: State) -> None:
+        self.qos: dict[str, QosRecord] = state.qos
+        self.accounts, self.assocs = state.accounts, state.associations
+        self.use: dict[tuple[str, str], list[int]] = {}
+        self.by_assoc: dict[tuple[str, str], int] = {}
+        self.by_account: dict[str, list[int]] = {}
+        jobs = state.jobs
+        for jid in state.running:
+            self.add(jobs[jid], None)
+
+    def add(self, job: Job, req: NodeRequest | None) -> None:
+        cpus, gpus = job_amounts(job, req)
+        spec = job.spec
+        u = self.use.setdefault((spec.user, spec.qos), [0, 0, 0])
+        u[0] += 1
+        u[1] += cpus
+        u[2] += gpus
+        self.by_assoc[(spec.user, spec.account)] = self.by_assoc.get((spec.user, spec.account), 0) + 1
+        a = self.by_account.setdefault(spec.account, [0, 0, 0])
+        a[0] += 1
+        a[1] += cpus
+        a[2] += gpus
+
+    def blocking(self, job: Job, req: NodeRequest | None) -> Reason | None:
+        """The limit this job would break by starting now (None: none): its QOS's per-user limits, then its
+        association's, then its account's."""
+        why = self._qos(job, req)
+        return why if why is not None else self._assoc(job, req)
+
+    def _assoc(self, job: Job, req: NodeRequest | None) -> Reason | None:
+        spec = job.spec
+        assoc = self.assocs.get((spec.user, spec.account))
+        if assoc is not None and assoc.max_jobs is not None:
+            running = self.by_assoc.get((spec.user, spec.account), 0)
+            if running + 1 > assoc.max_jobs:
+                return Reason("AssocMaxJobsLimit", about=spec.account, asked=running, limit=assoc.max_jobs)
+        account = self.accounts.get(spec.account)
+        if account is None or (account.grp_jobs is None and not account.grp_tres):
+            return None
+        jobs, cpus, gpus = self.by_account.get(spec.account, (0, 0, 0))
+        if account.grp_jobs is not None and jobs + 1 > account.grp_jobs:
+            return Reason("AssocGrpJobsLimit", about=spec.account, asked=jobs, limit=account.grp_jobs)
+        want_cpus, want_gpus = job_amounts(job, req)
+        gpu_limit = account.grp_tres.get("gres/gpu")
+        if gpu_limit is not None and want_gpus and gpus + want_gpus > gpu_limit:
+            return Reason("AssocGrpGRES", about=spec.account, asked=gpus, limit=gpu_limit, note=str(want_gpus))
+        cpu_limit = account.grp_tres.get("cpu")
+        if cpu_limit is not None and cpus + want_cpus > cpu_limit:
+            return Reason("AssocGrpCpuLimit", about=spec.account, asked=cpus, limit=cpu_limit, note=str(want_cpus))
+        return None
+
+    def _qos(self, job: Job, req: NodeRequest | None) -> Reason | None:
+        q = self.qos.get(job.spec.qos)
+        if q is None:
+            return None
+        jobs, cpus, gpus = self.use.get((job.spec.user, job.spec.qos), (0, 0, 0))
+        if q.max_jobs_per_user is not None and jobs + 1 > q.max_jobs_per_user:
+            return Reason("QOSMaxJobsPerUserLimit", about=q.name, asked=jobs, limit=q.max_jobs_per_user)
+        if q.max_tres_per_user:
+            want_cpus, want_gpus = job_amounts(job, req)
+            gpu_limit = q.max_tres_per_user.get("gres/gpu")
+            if gpu_limit is not None and want_gpus and gpus + want_gpus > gpu_limit:
+                return Reason("QOSMaxGRESPerUser", about=q.name, asked=gpus, limit=gpu_limit, note=str(want_gpus))
+            cpu_limit = q.max_tres_per_user.get("cpu")
+            if cpu_limit is not None and cpus + want_cpus > cpu_limit:
+                return Reason("QOSMaxCpuPerUserLimit", about=q.name, asked=cpus, limit=cpu_limit, note=str(want_cpus))
+        return None
+
+
+def wall_reason(state: State, job: Job, limit: int | None) -> Reason | None:
+    """QOSMaxWallDurationPerJobLimit when the job's effective time limit (0: unlimited) exceeds its QOS's MaxWall."""
+    q = state.qos.get(job.spec.qos)
+    if q is None or q.max_wall is None or limit is None:
+        return None
+    if limit == 0 or limit > q.max_wall:
+        return Reason("QOSMaxWallDurationPerJobLimit", about=q.name, asked=limit, limit=q.max_wall)
+    return None
