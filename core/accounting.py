@@ -158,9 +158,11 @@ def _account(state: State, record: ev.AccountRecord, v: dict[str, str]) -> ev.Ac
             fields["grp_tres"] = _tres(value)
         elif key == "grpjobs":
             fields["grp_jobs"] = _limit(key, value)
+        elif key == "grptresmins":
+            fields["grp_tres_mins"] = _tres(value)
         elif key != "name":
             raise AccountingError(f"unknown account option {key!r}: Parent, Description, Organization, Fairshare, "
-                                  "GrpTRES, GrpJobs")
+                                  "GrpTRES, GrpTRESMins, GrpJobs")
     return record.model_copy(update=fields)
 
 

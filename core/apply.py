@@ -92,6 +92,14 @@ def _purge(state: State) -> None:
 def _release(state: State, job: Job, ts: int, ch: Changes) -> None:
     nodes = state.nodes
     jid = job.job_id
+    seconds = ts - job.start_time
+    if seconds > 0:      # what the run used, charged to its account (GrpTRESMins, fair-share)
+        used = state.usage.get(job.spec.account)
+        if used is None:
+            used = state.usage[job.spec.account] = [0, 0]
+        for a in job.alloc:
+            used[0] += a.cpus * seconds
+            used[1] += len(a.gpus) * seconds
     for a in job.alloc:
         node = nodes.get(a.node)
         if node is None:

@@ -394,6 +394,7 @@ class AccountRecord(Model):
     fairshare: int = 1
     grp_tres: dict[str, int] = Field(default_factory=dict)   # GrpTRES: what the account's running jobs may hold
     grp_jobs: int | None = None                              # GrpJobs: how many of them may run
+    grp_tres_mins: dict[str, int] = Field(default_factory=dict)   # GrpTRESMins: cpu and gres/gpu minutes in all
 
 
 class Association(Model):

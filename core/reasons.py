@@ -18,6 +18,7 @@ Code = Literal[
     "DependencyNeverSatisfied", "Dependency", "BeginTime", "JobArrayTaskLimit",
     "QOSMaxJobsPerUserLimit", "QOSMaxGRESPerUser", "QOSMaxCpuPerUserLimit",
     "AssocMaxJobsLimit", "AssocGrpJobsLimit", "AssocGrpGRES", "AssocGrpCpuLimit",
+    "AssocGrpCPUMinutesLimit", "AssocGrpGRESMinutes",
     "Priority",
 ]
 """Every reason rota gives, in rank order (the tier is the position)."""
@@ -47,6 +48,10 @@ SENTENCES: dict[Code, str] = {
     "AssocGrpJobsLimit": "its account already ran as many jobs as it may (GrpJobs)",
     "AssocGrpGRES": "its account's running jobs already held as many GPUs as it may (GrpTRES)",
     "AssocGrpCpuLimit": "its account's running jobs already held as many CPUs as it may (GrpTRES)",
+    "AssocGrpCPUMinutesLimit": "its account's CPU-minutes (used, and reserved by its running jobs) would pass "
+                               "its GrpTRESMins",
+    "AssocGrpGRESMinutes": "its account's GPU-minutes (used, and reserved by its running jobs) would pass its "
+                           "GrpTRESMins",
     "Priority": "waiting behind higher-priority jobs",
 }
 """The plain sentence for each reason (``rota why``)."""
@@ -134,6 +139,10 @@ class Reason:
             what = "GPUs" if c == "AssocGrpGRES" else "CPUs"
             return (f"account {about}'s running jobs hold {self.asked} {what}, this job adds {self.note}; "
                     f"GrpTRES allows {self.limit}")
+        if c in ("AssocGrpCPUMinutesLimit", "AssocGrpGRESMinutes"):
+            what = "CPU" if c == "AssocGrpCPUMinutesLimit" else "GPU"
+            return (f"account {about} has used or reserved {self.asked} {what}-minutes, this job would add "
+                    f"{self.note}; GrpTRESMins allows {self.limit}")
         if c in ("QOSMaxGRESPerUser", "QOSMaxCpuPerUserLimit"):
             what = "GPUs" if c == "QOSMaxGRESPerUser" else "CPUs"
             return (f"the user's running jobs under QOS {about} hold {self.asked} {what}, this job adds "

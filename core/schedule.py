@@ -253,7 +253,8 @@ def _walk(cy: Cycle, decision: Decision, ready: list, policy: Policy) -> None:
                                                        limit=job.array_throttle), rank=rank, priority=prio)
                 break
             if cy.limit_use is not None:
-                over = cy.limit_use.blocking(job, cy.request(job, parts[0]))
+                over = cy.limit_use.blocking(job, cy.request(job, parts[0]),
+                                             effective_time_limit(job.time_limit, cy.parts[parts[0]]))
                 if over is not None:
                     decision.pending[jid] = Pending(over, rank=rank, priority=prio)
                     break
@@ -261,7 +262,7 @@ def _walk(cy: Cycle, decision: Decision, ready: list, policy: Policy) -> None:
             if best is not None and best.start == now:
                 _start(cy, decision, job, task, tasks, ti, best, policy.reserved or bool(decision.reservations))
                 if cy.limit_use is not None:
-                    cy.limit_use.add(job, cy.request(job, best.partition))
+                    cy.limit_use.add(job, cy.request(job, best.partition), best.limit)
                 running_tasks += 1
                 continue
             why = _RESOURCES

@@ -169,6 +169,8 @@ class State:
     associations: dict[tuple[str, str], Association] = field(default_factory=dict)
     default_accounts: dict[str, str] = field(default_factory=dict)
     qos: dict[str, QosRecord] = field(default_factory=dict)
+    # what ended runs used, per account: [CPU-seconds, GPU-seconds] (allocated x elapsed on the log's clock)
+    usage: dict[str, list[int]] = field(default_factory=dict)
     # derived indexes (rebuilt, not stored):
     pending: dict[int, None] = field(default_factory=dict)
     running: dict[int, None] = field(default_factory=dict)
@@ -293,7 +295,8 @@ def dump_snapshot(state: State) -> bytes:
            "accounting": {"accounts": [a.model_dump(mode="json") for a in state.accounts.values()],
                           "associations": [a.model_dump(mode="json") for a in state.associations.values()],
                           "defaults": state.default_accounts,
-                          "qos": [q.model_dump(mode="json") for q in state.qos.values()]}}
+                          "qos": [q.model_dump(mode="json") for q in state.qos.values()],
+                          "usage": state.usage}}
     return orjson.dumps(doc)
 
 
@@ -352,5 +355,6 @@ def _load(raw: dict[str, Any]) -> State:
     for q in acct.get("qos", ()):
         qos = QosRecord.model_validate(q)
         state.qos[qos.name] = qos
+    state.usage = {k: [int(v[0]), int(v[1])] for k, v in acct.get("usage", {}).items()}
     state.rebuild_indexes()
     return state

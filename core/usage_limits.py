@@ -4,7 +4,7 @@ reason a job would break a limit by starting."""
 from __future__ import annotations
 
 from .events import QosRecord
-from .reasons import Reason
+from .reasons import Code, Reason
 from .request import NodeRequest
 from .state import Job, State
 
@@ -27,7 +27,7 @@ class LimitUse:
     """Running jobs, CPUs and GPUs per (user, QOS), per (user, account) and per account, from the running
     jobs; a cycle adds what it starts."""
 
-    __slots__ = ("qos", "accounts", "assocs", "use", "by_assoc", "by_account")
+    __slots__ = ("qos", "accounts", "assocs", "use", "by_assoc", "by_account", "used", "reserved")
 
     def __init__(self, state: State) -> None:
         self.qos: dict[str, QosRecord] = state.qos
@@ -35,13 +35,23 @@ class LimitUse:
         self.use: dict[tuple[str, str], list[int]] = {}
         self.by_assoc: dict[tuple[str, str], int] = {}
         self.by_account: dict[str, list[int]] = {}
+        self.used = state.usage                       # ended runs: CPU- and GPU-seconds per account
+        self.reserved: dict[str, list[int]] = {}      # running jobs, to their limits (-1: one has none)
         jobs = state.jobs
         for jid in state.running:
-            self.add(jobs[jid], None)
+            job = jobs[jid]
+            self.add(job, None, job.time_limit or 0)
 
-    def add(self, job: Job, req: NodeRequest | None) -> None:
+    def add(self, job: Job, req: NodeRequest | None, limit: int) -> None:
+        """Count a running (or just started) job, whose effective time limit is ``limit`` (0: none)."""
         cpus, gpus = job_amounts(job, req)
         spec = job.spec
+        r = self.reserved.setdefault(spec.account, [0, 0])
+        if limit <= 0 or r[0] < 0:
+            r[0] = r[1] = -1
+        else:
+            r[0] += cpus * limit
+            r[1] += gpus * limit
         u = self.use.setdefault((spec.user, spec.qos), [0, 0, 0])
         u[0] += 1
         u[1] += cpus
@@ -52,11 +62,36 @@ class LimitUse:
         a[1] += cpus
         a[2] += gpus
 
-    def blocking(self, job: Job, req: NodeRequest | None) -> Reason | None:
-        """The limit this job would break by starting now (None: none): its QOS's per-user limits, then its
-        association's, then its account's."""
+    def blocking(self, job: Job, req: NodeRequest | None, limit: int) -> Reason | None:
+        """The limit this job (effective time limit ``limit``, 0: none) would break by starting now (None:
+        none): its QOS's per-user limits, then its association's, then its account's."""
         why = self._qos(job, req)
-        return why if why is not None else self._assoc(job, req)
+        if why is None:
+            why = self._assoc(job, req)
+        return why if why is not None else self._minutes(job, req, limit)
+
+    def _minutes(self, job: Job, req: NodeRequest | None, limit: int) -> Reason | None:
+        """GrpTRESMins: what the account's ended runs used, what its running jobs reserve to their limits and
+        what this job would reserve to its own, against the account's minutes."""
+        account = self.accounts.get(job.spec.account)
+        if account is None or not account.grp_tres_mins:
+            return None
+        used = self.used.get(job.spec.account, (0, 0))
+        reserved = self.reserved.get(job.spec.account, (0, 0))
+        want = job_amounts(job, req)
+        checks: tuple[tuple[str, Code], ...] = (("cpu", "AssocGrpCPUMinutesLimit"), ("gres/gpu", "AssocGrpGRESMinutes"))
+        for i, (tres, code) in enumerate(checks):
+            cap = account.grp_tres_mins.get(tres)
+            if cap is None or (i == 1 and not want[1]):
+                continue
+            if reserved[i] < 0 or limit <= 0:     # a job without a time limit could use any number of minutes
+                return Reason(code, about=account.name, asked=(used[i] + max(reserved[i], 0)) // 60, limit=cap,
+                              note="an unlimited number")
+            have = (used[i] + reserved[i]) // 60
+            adds = want[i] * limit // 60
+            if have + adds > cap:
+                return Reason(code, about=account.name, asked=have, limit=cap, note=str(adds))
+        return None
 
     def _assoc(self, job: Job, req: NodeRequest | None) -> Reason | None:
         spec = job.spec

@@ -211,3 +211,50 @@ def test_a_qos_priority_from_sacctmgr_ranks_its_jobs():
     d = h.cycle()
     assert d.pending[high].priority > d.pending[low].priority and d.order.index(high) < d.order.index(low)
     assert hog in h.state.running
+
+
+def test_grp_tres_mins_counts_what_ended_runs_used_and_running_jobs_reserve():
+    h = harness(("associations", "limits"))
+    h.put(plan(h.state, "modify", "account", ["theory"], {}, {"grptresmins": "cpu=100,gres/gpu=30"}))
+    a = h.submit(user="alice", uid=1001, account="theory", time_limit=3600)
+    b = h.submit(user="alice", uid=1001, account="theory", time_limit=3600)
+    d = h.cycle()
+    assert [s.job_id for s in d.starts] == [a]
+    why = d.pending[b].why
+    assert (why.code, why.asked, why.note, why.limit) == ("AssocGrpCPUMinutesLimit", 60, "60", 100)
+    assert why.numbers() == ("account theory has used or reserved 60 CPU-minutes, this job would add 60; "
+                             "GrpTRESMins allows 100")
+    h.advance(600)
+    h.finish(a)                       # it used 10 CPU-minutes, not its 60: b fits now
+    assert h.state.usage["theory"] == [600, 0]
+    assert [s.job_id for s in h.cycle().starts] == [b]
+    g = h.submit(user="alice", uid=1001, account="theory", time_limit=1200, gpus_per_node=2, gpu_given=True)
+    why = h.cycle().pending[g].why
+    assert (why.code, why.note, why.limit) == ("AssocGrpGRESMinutes", "40", 30)
+    h.put(plan(h.state, "modify", "account", ["theory"], {}, {"grptresmins": "cpu=1000,gres/gpu=60"}))
+    assert [s.job_id for s in h.cycle().starts] == [g]          # lifted by the administrator
+    back = load_snapshot(dump_snapshot(h.state))
+    assert back.usage == h.state.usage
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(1, 60), st.integers(0, 59)), min_size=1, max_size=20),
+       st.integers(30, 400))
+def test_an_accounts_used_and_reserved_minutes_never_pass_its_grp_tres_mins(jobs, cap):
+    h = harness(("associations", "limits"))
+    h.put(plan(h.state, "modify", "account", ["theory"], {}, {"grptresmins": f"cpu={cap}"}))
+    for cpus, minutes, ran in jobs:
+        h.submit(user="alice", uid=1001, account="theory", cpus_per_task=cpus, time_limit=minutes * 60)
+        h.cycle()
+        running = [h.state.jobs[j] for j in h.state.running]
+        reserved = sum(a.cpus * (j.time_limit or 0) for j in running for a in j.alloc)
+        assert (h.state.usage.get("theory", [0, 0])[0] + reserved) // 60 <= cap
+        later = h.now + ran * 60
+        for j in sorted(running, key=lambda j: j.start_time + (j.time_limit or 0)):
+            end = j.start_time + (j.time_limit or 0)
+            if end <= later:          # its agent stops it at its limit
+                h.now = max(h.now, end)
+                h.finish(j.job_id, state="TIMEOUT")
+        h.now = later
+        if running and ran % 2 and running[0].state == "RUNNING":
+            h.finish(running[0].job_id)       # one that ends early, having used less than it reserved
