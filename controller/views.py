@@ -217,7 +217,7 @@ class Views:
             "restarts": job.restarts, "nodes": [a.node for a in job.alloc], "alloc_cpus": sum(a.cpus for a in job.alloc),
             "alloc_mem": sum(a.mem for a in job.alloc), "alloc_gpus": sum(len(a.gpus) for a in job.alloc),
             "req": list(req) if req is not None else None, "backfilled": job.backfilled, "nice": job.nice,
-            "steps": sorted(job.steps), "alloc": self._alloc_details(job),
+            "steps": sorted(job.steps or ()), "alloc": self._alloc_details(job),
         }
 
     def _alloc_details(self, job: Any) -> list[list]:

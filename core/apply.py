@@ -92,15 +92,10 @@ def _purge(state: State) -> None:
 def _release(state: State, job: Job, ts: int, ch: Changes) -> None:
     nodes = state.nodes
     jid = job.job_id
-    seconds = ts - job.start_time
-    if seconds > 0:      # what the run used, charged to its account (GrpTRESMins, fair-share)
-        used = state.usage.get(job.spec.account)
-        if used is None:
-            used = state.usage[job.spec.account] = [0, 0]
-        for a in job.alloc:
-            used[0] += a.cpus * seconds
-            used[1] += len(a.gpus) * seconds
+    cpus = gpus = 0
     for a in job.alloc:
+        cpus += a.cpus
+        gpus += len(a.gpus)
         node = nodes.get(a.node)
         if node is None:
             continue
@@ -115,22 +110,31 @@ def _release(state: State, job: Job, ts: int, ch: Changes) -> None:
             node.jobs.remove(jid)
         node.last_busy = ts
     state.running.pop(jid, None)
+    seconds = ts - job.start_time
+    if seconds > 0:      # what the run used, charged to its account (GrpTRESMins, fair-share)
+        used = state.usage.get(job.spec.account)
+        if used is None:
+            state.usage[job.spec.account] = [cpus * seconds, gpus * seconds]
+        else:
+            used[0] += cpus * seconds
+            used[1] += gpus * seconds
 
 
 def _end_steps(job: Job, ts: int, ch: Changes) -> None:
     """A run that ends ends its steps: those still running are CANCELLED (their agents are told to stop them)."""
-    for step in job.steps.values():
+    for step in (job.steps or {}).values():
         ch.step(job.job_id, job.restarts, step)
         step.state, step.end, step.signal = CANCELLED, ts, 9
         step.elapsed = max(0, ts - step.start)
-    job.steps = {}
+    job.steps = None
 
 
 def _finish(state: State, job: Job, end_state: str, ts: int, ch: Changes) -> None:
     ch.job(job)
     if job.state == RUNNING:
         _release(state, job, ts, ch)
-        _end_steps(job, ts, ch)
+        if job.steps:
+            _end_steps(job, ts, ch)
     state.pending.pop(job.job_id, None)
     job.state = end_state
     job.end_time = ts
@@ -147,7 +151,8 @@ def _requeue(state: State, job: Job, ts: int, ch: Changes, hold: bool, user_hold
                               job.signal))
     if job.state == RUNNING:
         _release(state, job, ts, ch)
-        _end_steps(job, ts, ch)
+        if job.steps:
+            _end_steps(job, ts, ch)
     job.state = PENDING
     job.restarts += 1
     job.next_step = 0
@@ -414,6 +419,8 @@ def _step_started(state: State, env: ev.Envelope, e: ev.StepStarted, ch: Changes
         ch.ignored(f"step {e.job_id}.{e.step_id} names nodes outside its job's allocation")
         return
     step = Step(e, env.ts)
+    if job.steps is None:
+        job.steps = {}
     job.steps[e.step_id] = step
     job.next_step = e.step_id + 1
     ch.step(e.job_id, e.restarts, step, new=True)
@@ -421,8 +428,8 @@ def _step_started(state: State, env: ev.Envelope, e: ev.StepStarted, ch: Changes
 
 def _step_ended(state: State, env: ev.Envelope, e: ev.StepEnded, ch: Changes) -> None:
     job = state.jobs.get(e.job_id)
-    step = job.steps.get(e.step_id) if job is not None and job.restarts == e.restarts else None
-    if job is None or step is None or e.node not in step.nodes or e.node in step.ended:
+    step = job.steps.get(e.step_id) if job is not None and job.steps and job.restarts == e.restarts else None
+    if job is None or job.steps is None or step is None or e.node not in step.nodes or e.node in step.ended:
         ch.ignored(f"step {e.job_id}.{e.step_id} is not running on {e.node}")
         return
     ch.step(job.job_id, job.restarts, step)

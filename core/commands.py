@@ -217,7 +217,7 @@ def signal(state: State, job_id: int, signum: int, caller: Caller = ROOT, batch:
     job = _own_job(state, caller, job_id)
     if job.state != RUNNING or not job.alloc:
         raise Rejected("Job is not running", code="not_running")
-    if step_id is not None and step_id not in job.steps:
+    if step_id is not None and step_id not in (job.steps or {}):
         raise Rejected("Invalid job id specified", code="no_step")
     nodes = [a.node for a in job.alloc] if steps else []
     if batch and job.alloc[0].node not in nodes:
@@ -390,7 +390,8 @@ def check_report(state: State, node: str, event: ev.Event) -> ev.Event:
         return event.model_copy(update={"node": node, "released": False})
     if isinstance(event, ev.StepEnded):
         job = state.jobs.get(event.job_id)
-        step = job.steps.get(event.step_id) if job is not None and job.restarts == event.restarts else None
+        step = job.steps.get(event.step_id) if job is not None and job.steps and job.restarts == event.restarts \
+            else None
         if step is None or node not in step.nodes or node in step.ended:
             raise Rejected(f"step {event.job_id}.{event.step_id} is not running on {node}", code="stale")
         return event

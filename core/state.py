@@ -48,7 +48,7 @@ class Job:
     start_cycle: int = 0
     req: NodeRequest | None = None          # per-node request in ``partition`` (kept by apply)
     next_step: int = 0                      # the id the run's next step gets (``srun``)
-    steps: dict[int, "Step"] = field(default_factory=dict)   # the run's steps still running
+    steps: dict[int, "Step"] | None = None  # the run's steps still running (None: none yet)
 
     @property
     def is_array_remainder(self) -> bool:
@@ -283,7 +283,7 @@ def dump_snapshot(state: State) -> bytes:
                      [[a.node, a.cpus, a.mem, a.gpus] for a in job.alloc],
                      list(job.req) if job.req is not None else None,
                      [[st.started.model_dump(mode="json", exclude_defaults=True), st.start,
-                       [[n, *r] for n, r in st.ended.items()]] for st in job.steps.values()]])
+                       [[n, *r] for n, r in st.ended.items()]] for st in (job.steps or {}).values()]])
     nodes = [[[getattr(n, f) for f in _NODE_SCALARS], n.features] for n in state.nodes.values()]
     doc = {"snapshot_version": SNAPSHOT_VERSION, "meta": [getattr(state, f) for f in _META],
            "config": state.config.model_dump(mode="json") if state.config is not None else None,
@@ -333,6 +333,7 @@ def _load(raw: dict[str, Any]) -> State:
         for started, start, ended in steps:
             step = Step(StepStarted.model_validate(started), start,
                         ended={r[0]: (r[1], r[2], r[3], r[4]) for r in ended})
+            job.steps = job.steps or {}
             job.steps[step.step_id] = step
         jobs[job.job_id] = job
     for scalars, features in raw["nodes"]:

@@ -124,7 +124,7 @@ def _in_use(job: Job, overlap: bool) -> tuple[dict[str, int], dict[str, set[int]
     gpus: dict[str, set[int]] = {}
     if overlap:
         return cpus, gpus
-    for step in job.steps.values():
+    for step in (job.steps or {}).values():
         for a in step.started.alloc:
             if a.node in step.ended:
                 continue

@@ -84,7 +84,7 @@ def test_a_step_started_ended_and_accounted_through_the_reducer_and_the_orders()
     assert job.steps[0].state == "RUNNING" and out == []
     ch, out = batch(h, end2)
     (step, new), = ch.steps.values()
-    assert (step.state, step.exit_code, step.max_rss, new) == ("FAILED", 3, 20, False) and 0 not in job.steps
+    assert (step.state, step.exit_code, step.max_rss, new) == ("FAILED", 3, 20, False) and not job.steps
     assert out == []          # every node already reported: nothing to stop
     with pytest.raises(Rejected):
         check_report(h.state, "gpu01", end1)     # a step that has ended is not reported twice
@@ -162,7 +162,7 @@ def test_running_steps_never_hold_more_than_their_job_has_on_any_node(nodes, tas
         batch(h, event)
     held = {a.node: a for a in job.alloc}
     for node, have in held.items():
-        parts = [a for s in job.steps.values() for a in s.started.alloc if a.node == node]
+        parts = [a for s in (job.steps or {}).values() for a in s.started.alloc if a.node == node]
         assert sum(a.cpus for a in parts) <= have.cpus
         assert all(set(a.gpus) <= set(have.gpus) and a.mem <= have.mem for a in parts)
         explicit = [g for a in parts if a.gpus_per_task for g in a.gpus]
