@@ -230,7 +230,7 @@ def test_the_slurm_commands_work_end_to_end(up):
     assert r.stdout == f"{quick}|FAILED|3:0\n", r.stderr
     r = run(up, "scancel", long)
     assert r.returncode == 0 and r.stderr == ""
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         r = run(up, "sacct", "-j", long, "-n", "-P", "--format=JobID,State")
         if "CANCELLED" in r.stdout:
