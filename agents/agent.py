@@ -385,17 +385,7 @@ class Agent:
             run.peak_kib = max(run.peak_kib, run.cgroup.peak_kib())
             await asyncio.to_thread(run.cgroup.remove)
         elapsed = max(0, int(time.time() - run.order.start_time))
-        state: ev.JobEndState
-        if run.kill_reason in ("cancelled", "stopped"):
-            state = "CANCELLED"
-        elif run.kill_reason == "timeout":
-            state = "TIMEOUT"
-        elif oom:
-            state = "OUT_OF_MEMORY"
-        elif exit_code == 0 and sig == 0:
-            state = "COMPLETED"
-        else:
-            state = "FAILED"
+        state = launch.end_state(run.kill_reason, oom, exit_code, sig)
         why = _read_users_file(f"{run.status_file}.why") if run.status_file else None
         why = (why or "").strip().splitlines()[0][:1000] if why and why.strip() else ""
         if why:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rota.core.hostlist import compress
+from rota.core.events import JobEndState
 from rota.core.orders import Launch
 
 _PATTERN = re.compile(r"%(%|\d*[jJxuAaNnst])")
@@ -247,6 +248,17 @@ def start(o: Launch, node: str, spool: Path, cgroup: Any | None) -> tuple[subpro
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=in_child, close_fds=True)
     return proc, status
+
+
+def end_state(killed: str | None, oom: bool, exit_code: int, sig: int) -> JobEndState:
+    """How a run or a task ended: CANCELLED (an order stopped it), TIMEOUT, OUT_OF_MEMORY, else by its status."""
+    if killed in ("cancelled", "stopped"):
+        return "CANCELLED"
+    if killed == "timeout":
+        return "TIMEOUT"
+    if oom:
+        return "OUT_OF_MEMORY"
+    return "COMPLETED" if exit_code == 0 and sig == 0 else "FAILED"
 
 
 def enter(cg_procs: list[str], user: tuple[int, int, list[int]] | None) -> None:

@@ -62,7 +62,6 @@ class StepRun:
     oom_before: int = 0                 # the job cgroup's OOM kills when the step began (shared_cgroup)
     killed: str | None = None           # "cancelled" (a kill order, srun gone) or "timeout"
     warned: bool = False                # the --signal warning was sent
-    done: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -171,14 +170,8 @@ class Steps:
     def end_job(self, job_id: int, restarts: int | None, remove_cgroup: bool) -> None:
         """The job's run is over here: its spawner goes (and, on a node that ran no batch script of it, the
         cgroup its steps ran in)."""
-        for (j, n), spawner in list(self.spawners.items()):
-            if j == job_id and (restarts is None or n == restarts):
-                spawner.close()
-                del self.spawners[(j, n)]
-                if remove_cgroup and self.cgroups is not None:
-                    job_cg = self.cgroups.existing(j, n)
-                    if job_cg is not None:
-                        job_cg.remove()
+        for key in [k for k in self.spawners if k[0] == job_id and restarts in (None, k[1])]:
+            self.spawners.pop(key).close()
         if remove_cgroup and self.cgroups is not None and restarts is not None:
             job_cg = self.cgroups.existing(job_id, restarts)
             if job_cg is not None:
@@ -455,23 +448,13 @@ class Steps:
             await asyncio.to_thread(run.cgroup.remove)
         if run.cgroup is not None and run.shared_cgroup:
             oom = run.cgroup.oom_kills() > run.oom_before
-        ends = []
-        for t in run.tasks:
-            code, sig = t.code or 0, t.sig
-            if run.killed:
-                state = "CANCELLED" if run.killed != "timeout" else "TIMEOUT"
-            elif oom:
-                state = "OUT_OF_MEMORY"
-            elif code == 0 and sig == 0:
-                state = "COMPLETED"
-            else:
-                state = "FAILED"
-            ends.append((state, code, sig, t.peak_kib))
         from rota.core.steps import worst
+
+        ends: list[tuple[str, int, int, int]] = [
+            (launch.end_state(run.killed, oom, t.code or 0, t.sig), t.code or 0, t.sig, t.peak_kib) for t in run.tasks]
 
         state, code, sig, _rss = worst(ends)
         del self.runs[run.key]
-        run.done.set()
         # the report first, then srun hears of the ends: whatever srun's caller does next (its batch script
         # ends, its allocation is given back) comes after this node's end of the step in the inbox
         await self.report(ev.StepEnded(job_id=o.job_id, restarts=o.restarts, step_id=o.step_id, node=self.node,
@@ -485,8 +468,6 @@ class Steps:
             except OSError:
                 pass
 
-    def runs_of_job_besides(self, run: StepRun) -> list[StepRun]:
-        return [r for r in self.of_job(run.order.job_id, run.order.restarts) if r is not run]
 
 
 def warning(text: str | None) -> Warning | None:

@@ -106,14 +106,8 @@ class LimitUse:
         jobs, cpus, gpus = self.by_account.get(spec.account, (0, 0, 0))
         if account.grp_jobs is not None and jobs + 1 > account.grp_jobs:
             return Reason("AssocGrpJobsLimit", about=spec.account, asked=jobs, limit=account.grp_jobs)
-        want_cpus, want_gpus = job_amounts(job, req)
-        gpu_limit = account.grp_tres.get("gres/gpu")
-        if gpu_limit is not None and want_gpus and gpus + want_gpus > gpu_limit:
-            return Reason("AssocGrpGRES", about=spec.account, asked=gpus, limit=gpu_limit, note=str(want_gpus))
-        cpu_limit = account.grp_tres.get("cpu")
-        if cpu_limit is not None and cpus + want_cpus > cpu_limit:
-            return Reason("AssocGrpCpuLimit", about=spec.account, asked=cpus, limit=cpu_limit, note=str(want_cpus))
-        return None
+        return _tres_over(account.grp_tres, ("AssocGrpGRES", "AssocGrpCpuLimit"), spec.account, (cpus, gpus),
+                          job_amounts(job, req))
 
     def _qos(self, job: Job, req: NodeRequest | None) -> Reason | None:
         q = self.qos.get(job.spec.qos)
@@ -122,15 +116,21 @@ class LimitUse:
         jobs, cpus, gpus = self.use.get((job.spec.user, job.spec.qos), (0, 0, 0))
         if q.max_jobs_per_user is not None and jobs + 1 > q.max_jobs_per_user:
             return Reason("QOSMaxJobsPerUserLimit", about=q.name, asked=jobs, limit=q.max_jobs_per_user)
-        if q.max_tres_per_user:
-            want_cpus, want_gpus = job_amounts(job, req)
-            gpu_limit = q.max_tres_per_user.get("gres/gpu")
-            if gpu_limit is not None and want_gpus and gpus + want_gpus > gpu_limit:
-                return Reason("QOSMaxGRESPerUser", about=q.name, asked=gpus, limit=gpu_limit, note=str(want_gpus))
-            cpu_limit = q.max_tres_per_user.get("cpu")
-            if cpu_limit is not None and cpus + want_cpus > cpu_limit:
-                return Reason("QOSMaxCpuPerUserLimit", about=q.name, asked=cpus, limit=cpu_limit, note=str(want_cpus))
-        return None
+        if not q.max_tres_per_user:
+            return None
+        return _tres_over(q.max_tres_per_user, ("QOSMaxGRESPerUser", "QOSMaxCpuPerUserLimit"), q.name, (cpus, gpus),
+                          job_amounts(job, req))
+
+
+def _tres_over(limits: dict[str, int], codes: tuple[Code, Code], about: str, held: tuple[int, int],
+               want: tuple[int, int]) -> Reason | None:
+    """The GPU, then CPU, limit in ``limits`` that ``held`` (CPUs, GPUs) plus ``want`` would pass (None: none);
+    ``codes``: the reason for GPUs and for CPUs."""
+    for i, tres, code in ((1, "gres/gpu", codes[0]), (0, "cpu", codes[1])):
+        cap = limits.get(tres)
+        if cap is not None and want[i] and held[i] + want[i] > cap:
+            return Reason(code, about=about, asked=held[i], limit=cap, note=str(want[i]))
+    return None
 
 
 def wall_reason(state: State, job: Job, limit: int | None) -> Reason | None:
