@@ -18,6 +18,7 @@ from .state import (
     CANCELLED, COMPLETED, NODE_FAIL, PENDING, RUNNING, TERMINAL_STATES, Job, Node, State, Step, node_from_config,
 )
 from .steps import worst
+from .usage import charge
 
 SYSTEM = "rota"
 
@@ -111,13 +112,11 @@ def _release(state: State, job: Job, ts: int, ch: Changes) -> None:
         node.last_busy = ts
     state.running.pop(jid, None)
     seconds = ts - job.start_time
-    if seconds > 0:      # what the run used, charged to its account (GrpTRESMins, fair-share)
-        used = state.usage.get(job.spec.account)
-        if used is None:
-            state.usage[job.spec.account] = [cpus * seconds, gpus * seconds]
-        else:
-            used[0] += cpus * seconds
-            used[1] += gpus * seconds
+    if seconds > 0:      # what the run used, charged to its account and association (GrpTRESMins, fair-share)
+        half_life = state.config.priority.decay_half_life if state.config is not None else 0
+        spec = job.spec
+        charge(state.usage, spec.account, cpus * seconds, gpus * seconds, ts, half_life)
+        charge(state.assoc_usage, (spec.user, spec.account), cpus * seconds, gpus * seconds, ts, half_life)
 
 
 def _end_steps(job: Job, ts: int, ch: Changes) -> None:

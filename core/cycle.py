@@ -2,16 +2,16 @@
 requests, searches and their caches, and the GPUs picked so far."""
 from __future__ import annotations
 
-from .usage_limits import LimitUse, limits_enforced
-
 from typing import Iterable, NamedTuple
 
 from . import events as ev
+from .fairshare import factors
 from .priority import PriorityContext
 from .profile import INF, ShapeSearch, Timeline
 from .reasons import Reason
 from .request import NodeRequest, constraint_matches, node_request, partition_shape
 from .state import RUNNING, Job, Node, State
+from .usage_limits import LimitUse, limits_enforced
 
 
 class SearchKey(NamedTuple):
@@ -80,8 +80,9 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         self.gpu_owner: dict[str, list[int]] = {}
         self.next_id = state.next_job_id
         # per-user QOS limits (AccountingStorageEnforce=limits): what each user holds under each QOS
-        self.limit_use = LimitUse(state) if limits_enforced(state) else None
-        self.prio_ctx = PriorityContext(cfg, sum(n.cpus for n in state.nodes.values()), state.qos)
+        self.limit_use = LimitUse(state, now) if limits_enforced(state) else None
+        shares = factors(state, now) if cfg.priority.fairshare and state.associations else None
+        self.prio_ctx = PriorityContext(cfg, sum(n.cpus for n in state.nodes.values()), state.qos, shares)
         default = cfg.default_partition()
         self.default_parts = [default.name] if default is not None else []
 

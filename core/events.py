@@ -60,7 +60,9 @@ class PartitionConfig(Model):
 
 
 class PriorityWeights(Model):
-    """The multifactor priority weights (``PriorityWeight*``, ``PriorityMaxAge``)."""
+    """The multifactor priority: weights (``PriorityWeight*``), ``PriorityMaxAge``, and how usage is
+    decayed (``PriorityDecayHalfLife``) and turned into a fair-share factor (``PriorityFlags``: Fair Tree,
+    Slurm's default, or the classic ``2^(-U/S)`` with ``NO_FAIR_TREE``)."""
 
     age: int = 1000
     fairshare: int = 0
@@ -69,6 +71,8 @@ class PriorityWeights(Model):
     qos: int = 0
     max_age: int = 7 * 86400          # PriorityMaxAge, seconds
     favor_small: bool = False
+    decay_half_life: int = 7 * 86400  # PriorityDecayHalfLife, seconds (0: no decay)
+    fair_tree: bool = True            # False: PriorityFlags=NO_FAIR_TREE (classic fair-share)
 
 
 class SchedulerParams(Model):
@@ -114,6 +118,8 @@ class ClusterConfig(Model):
     auth: AuthConfig = AuthConfig()
     agents: bool = False          # nodes run jobs through agents: a node takes work once its agent registered
     accounting_enforce: tuple[str, ...] = ()   # AccountingStorageEnforce: associations, limits, qos, safe
+    preempt_type: Literal["none", "qos"] = "none"   # PreemptType: preempt/none or preempt/qos
+    preempt_mode: Literal["off", "cancel", "requeue"] = "off"   # PreemptMode: for QOS that set none
 
     def default_partition(self) -> PartitionConfig | None:
         for p in self.partitions:

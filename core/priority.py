@@ -1,27 +1,77 @@
 """Integer multifactor priority (Slurm's formula with integer arithmetic; pure)."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from .events import ClusterConfig, PartitionConfig, QosRecord
 from .state import Job
 
 
 class PriorityContext:
-    """Per-cycle constants the priority formula needs."""
+    """Per-cycle constants the priority formula needs: weights, the cluster's size, QOS priorities and
+    each association's fair-share factor (parts per million)."""
 
-    __slots__ = ("w", "cluster_cpus", "max_pjf", "qos_prio", "max_qos")
+    __slots__ = ("w", "cluster_cpus", "max_pjf", "qos_prio", "max_qos", "fairshare")
 
-    def __init__(self, cfg: ClusterConfig, cluster_cpus: int, qos: dict[str, QosRecord] | None = None) -> None:
+    def __init__(self, cfg: ClusterConfig, cluster_cpus: int, qos: dict[str, QosRecord] | None = None,
+                 fairshare: dict[tuple[str, str], int] | None = None) -> None:
         self.w = cfg.priority
         self.cluster_cpus = max(1, cluster_cpus)
         self.max_pjf = max((p.priority_job_factor for p in cfg.partitions), default=1) or 1
         # sacctmgr's QOS (the log's) over the configuration's
         self.qos_prio = {q.name: q.priority for q in cfg.qos} | {q.name: q.priority for q in (qos or {}).values()}
         self.max_qos = max(self.qos_prio.values(), default=0) or 1
+        self.fairshare = fairshare
 
 
-def fairshare_factor(job: Job) -> int:
-    """Fair-share factor in parts per million; a slot for the fair-share policy (1.0 until then)."""
-    return 1_000_000
+class Factors(NamedTuple):
+    """A pending job's priority and each weighted factor in it, as ``sprio`` shows them."""
+
+    priority: int
+    age: int
+    fairshare: int
+    job_size: int
+    partition: int
+    qos: int
+    nice: int
+
+
+def fairshare_factor(job: Job, ctx: PriorityContext) -> int:
+    """The job's association's fair-share factor in parts per million: 1.0 while no accounts are defined,
+    0 for a job whose user has no association with its account."""
+    if ctx.fairshare is None:
+        return 1_000_000
+    return ctx.fairshare.get((job.spec.user, job.spec.account), 0)
+
+
+def priority_factors(job: Job, now: int, part: PartitionConfig, job_cpus: int, ctx: PriorityContext) -> Factors:
+    """The job's priority (site weights times factors, minus nice; 0 while held, an administrator's
+    value when set) and its parts."""
+    w = ctx.w
+    age = size = partition = qos = fairshare = 0
+    if w.age:
+        waited = now - job.eligible_time
+        if waited > 0:
+            age = w.age * min(waited, w.max_age) // max(1, w.max_age)
+    if w.job_size:
+        cpus = min(job_cpus, ctx.cluster_cpus)
+        if w.favor_small:
+            size = w.job_size * (ctx.cluster_cpus - cpus) // ctx.cluster_cpus
+        else:
+            size = w.job_size * cpus // ctx.cluster_cpus
+    if w.partition:
+        partition = w.partition * part.priority_job_factor // ctx.max_pjf
+    if w.qos:
+        qos = w.qos * ctx.qos_prio.get(job.spec.qos, 0) // ctx.max_qos
+    if w.fairshare:
+        fairshare = w.fairshare * fairshare_factor(job, ctx) // 1_000_000
+    if job.hold is not None:
+        prio = 0
+    elif job.priority_override is not None:
+        prio = job.priority_override
+    else:
+        prio = max(age + fairshare + size + partition + qos - job.nice, 1)   # 0 means held, as in Slurm
+    return Factors(prio, age, fairshare, size, partition, qos, job.nice)
 
 
 def job_priority(job: Job, now: int, part: PartitionConfig, job_cpus: int, ctx: PriorityContext) -> int:
@@ -30,23 +80,4 @@ def job_priority(job: Job, now: int, part: PartitionConfig, job_cpus: int, ctx: 
         return 0
     if job.priority_override is not None:
         return job.priority_override
-    w = ctx.w
-    prio = 0
-    if w.age:
-        age = now - job.eligible_time
-        if age > 0:
-            prio += w.age * min(age, w.max_age) // max(1, w.max_age)
-    if w.job_size:
-        size = min(job_cpus, ctx.cluster_cpus)
-        if w.favor_small:
-            prio += w.job_size * (ctx.cluster_cpus - size) // ctx.cluster_cpus
-        else:
-            prio += w.job_size * size // ctx.cluster_cpus
-    if w.partition:
-        prio += w.partition * part.priority_job_factor // ctx.max_pjf
-    if w.qos:
-        prio += w.qos * ctx.qos_prio.get(job.spec.qos, 0) // ctx.max_qos
-    if w.fairshare:
-        prio += w.fairshare * fairshare_factor(job) // 1_000_000
-    prio -= job.nice
-    return max(prio, 1)   # 0 means held, as in Slurm
+    return priority_factors(job, now, part, job_cpus, ctx).priority

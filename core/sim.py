@@ -87,7 +87,8 @@ class Simulator:
 
     def __init__(self, config: ev.ClusterConfig, policy: str | None = None, *,
                  record_log: bool = True, kill_at_limit: bool = True, start_time: int = 0,
-                 sample_every: int = 0) -> None:
+                 sample_every: int = 0, setup: Iterable[Any] = ()) -> None:
+        """``setup``: events an administrator logs before the workload (accounts and QOS, say)."""
         self.policy = policy or config.scheduler.policy
         if self.policy != config.scheduler.policy:   # the log's configuration says what the cycles ran under
             config = config.model_copy(update={"scheduler": config.scheduler.model_copy(update={"policy": self.policy})})
@@ -100,6 +101,8 @@ class Simulator:
         self.sample_every = sample_every
         self._append(start_time, ev.ClusterConfigured(config=config, source="simulation"), "admin")
         self._append(start_time, ev.ControllerStarted(version="sim", policy=self.policy), "controller")
+        for event in setup:
+            self._append(start_time, event, "admin")
 
     def _append(self, ts: int, event, actor: str = "sim") -> None:
         self.seq += 1

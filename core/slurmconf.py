@@ -38,6 +38,7 @@ GLOBAL_KEYS = {
     "priorityweightage", "priorityweightfairshare", "priorityweightjobsize", "priorityweightpartition",
     "priorityweightqos", "prioritymaxage", "priorityfavorsmall", "enforcepartlimits", "maxarraysize",
     "minjobage", "slurmuser", "authinfo", "privatedata", "adminusers", "operatorusers", "accountingstorageenforce",
+    "priorityflags", "prioritydecayhalflife", "preempttype", "preemptmode",
 }
 # rota's own keys for how its processes run here (not part of the cluster's configuration in the log)
 SHELL_KEYS = {"rotanatslisten": "listen", "rotatlscertfile": "cert_file", "rotatlskeyfile": "key_file",
@@ -52,7 +53,7 @@ IGNORED_KEYS = {
     "jobacctgathertype", "jobacctgatherfrequency", "slurmctlddebug", "slurmctldlogfile", "slurmddebug",
     "slurmdlogfile", "healthcheckprogram", "healthcheckinterval", "healthchecknodestate",
     "prologflags", "prolog", "epilog", "maxjobcount", "firstjobid", "maxjobid", "authinfo",
-    "priorityflags", "prioritydecayhalflife", "prioritycalcperiod", "priorityusageresetperiod",
+    "prioritycalcperiod", "priorityusageresetperiod",
     "defmempercpu", "defmempernode", "maxmempercpu", "overtimelimit", "messagetimeout", "include",
     "cgroupplugin", "launchparameters", "slurmdparameters", "schedulertimeslice",
     # the rest of Slurm 22.05's slurm.conf(5): a site's file loads as it is
@@ -70,8 +71,8 @@ IGNORED_KEYS = {
     "jobrequeue", "jobsubmitplugins", "killonbadexit", "launchtype", "licenses", "logtimeformat",
     "maildomain", "mailprog", "maxdbdmsgs", "maxmempernode", "maxnodecount", "maxstepcount",
     "maxtaskspernode", "mcsparameters", "mcsplugin", "mpiparams", "nodefeaturesplugins", "plugindir",
-    "plugstackconfig", "powerparameters", "powerplugin", "preemptexempttime", "preemptmode",
-    "preemptparameters", "preempttype", "prepparameters", "prepplugins", "priorityparameters",
+    "plugstackconfig", "powerparameters", "powerplugin", "preemptexempttime",
+    "preemptparameters", "prepparameters", "prepplugins", "priorityparameters",
     "prioritysitefactorparameters", "prioritysitefactorplugin", "prioritytype", "priorityweightassoc",
     "priorityweighttres", "prologepilogtimeout", "prologslurmctld", "propagateprioprocess",
     "propagateresourcelimits", "propagateresourcelimitsexcept", "rebootprogram", "reconfigflags",
@@ -241,6 +242,7 @@ def check_config(text: str, file: str = "slurm.conf", gres_text: str | None = No
     sched, prio, cluster_name = _parse_globals(ctx, global_vals)
     auth = _parse_auth(ctx, global_vals)
     enforce = _parse_enforce(ctx, global_vals)
+    preempt_type, preempt_mode = _parse_preempt(ctx, global_vals)
     if gres_text is not None:
         nodes = _apply_gres_conf(ctx, gres_text, gres_file, nodes)
     if not node_lines:
@@ -253,7 +255,8 @@ def check_config(text: str, file: str = "slurm.conf", gres_text: str | None = No
         cfg = ev.ClusterConfig(cluster_name=cluster_name, nodes=tuple(nodes.values()),
                                partitions=tuple(parts), scheduler=sched, priority=prio, auth=auth,
                                gres_types=tuple(sorted(gres_types)) if gres_types else ("gpu",),
-                               accounting_enforce=enforce)
+                               accounting_enforce=enforce, preempt_type=preempt_type,
+                               preempt_mode=preempt_mode)
     except ValueError as exc:   # pydantic validation: should not happen after the checks above
         ctx.err(1, f"invalid configuration: {exc}")
         return None, _ordered(ctx.diags)
@@ -282,6 +285,28 @@ def _parse_enforce(ctx: _Ctx, vals: dict[str, tuple[int, str]]) -> tuple[str, ..
     if {"limits", "qos", "safe"} & set(words) and "associations" not in words:
         words.append("associations")
     return tuple(sorted(set(words) & {"associations", "limits", "qos", "safe"}))
+
+
+def _parse_preempt(ctx: _Ctx, vals: dict[str, tuple[int, str]]) -> tuple[str, str]:
+    """PreemptType (preempt/none or preempt/qos) and the cluster's PreemptMode (OFF, CANCEL or REQUEUE)."""
+    ptype, mode = "none", "off"
+    if "preempttype" in vals:
+        lineno, value = vals["preempttype"]
+        kinds = {"preempt/none": "none", "preempt/qos": "qos"}
+        if value.lower() not in kinds:
+            ctx.err(lineno, f"PreemptType={value} is not supported", "use preempt/qos or preempt/none")
+        else:
+            ptype = kinds[value.lower()]
+    if "preemptmode" in vals:
+        lineno, value = vals["preemptmode"]
+        words = [w.strip().lower() for w in value.split(",") if w.strip()]
+        modes = [w for w in words if w in ("off", "cancel", "requeue")]
+        if len(modes) != 1 or len(words) != 1:
+            ctx.err(lineno, f"PreemptMode={value} is not supported", "use OFF, CANCEL or REQUEUE "
+                    "(SUSPEND and GANG are not)")
+        else:
+            mode = modes[0]
+    return ptype, mode
 
 
 def _ordered(diags: list[Diagnostic]) -> list[Diagnostic]:
@@ -459,6 +484,17 @@ def _parse_globals(ctx: _Ctx, vals: dict[str, tuple[int, str]]):
             prio["max_age"] = t
     if "priorityfavorsmall" in vals:
         prio["favor_small"] = _yes(vals["priorityfavorsmall"][1])
+    if "prioritydecayhalflife" in vals:
+        lineno, value = vals["prioritydecayhalflife"]
+        t = _time(ctx, lineno, "PriorityDecayHalfLife", value)
+        if t is not None:
+            prio["decay_half_life"] = t
+    if "priorityflags" in vals:
+        lineno, value = vals["priorityflags"]
+        words = {w.strip().upper() for w in value.split(",") if w.strip()}
+        if "NO_FAIR_TREE" in words and "FAIR_TREE" in words:
+            ctx.err(lineno, f"PriorityFlags={value} asks for both FAIR_TREE and NO_FAIR_TREE", "keep one")
+        prio["fair_tree"] = "NO_FAIR_TREE" not in words
     if "enforcepartlimits" in vals:
         lineno, value = vals["enforcepartlimits"]
         v = value.upper()

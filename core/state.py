@@ -169,8 +169,10 @@ class State:
     associations: dict[tuple[str, str], Association] = field(default_factory=dict)
     default_accounts: dict[str, str] = field(default_factory=dict)
     qos: dict[str, QosRecord] = field(default_factory=dict)
-    # what ended runs used, per account: [CPU-seconds, GPU-seconds] (allocated x elapsed on the log's clock)
+    # what ended runs used (allocated x elapsed on the log's clock), decayed: per account (its own jobs) and
+    # per (user, account) association, each [CPU-seconds, GPU-seconds, as of] (rota.core.usage)
     usage: dict[str, list[int]] = field(default_factory=dict)
+    assoc_usage: dict[tuple[str, str], list[int]] = field(default_factory=dict)
     # derived indexes (rebuilt, not stored):
     pending: dict[int, None] = field(default_factory=dict)
     running: dict[int, None] = field(default_factory=dict)
@@ -255,7 +257,7 @@ class State:
 # A snapshot is the primary facts as compact JSON: jobs and nodes as positional rows (field order
 # below), job specs stored once and referenced by index. Loading trusts nothing but the version.
 
-SNAPSHOT_VERSION = 3
+SNAPSHOT_VERSION = 4
 _JOB_SCALARS = ("job_id", "submit_seq", "submit_time", "state", "hold", "priority_override", "nice",
                 "time_limit", "partition", "eligible_time", "start_time", "end_time", "exit_code", "signal",
                 "max_rss", "elapsed", "array_job_id", "array_task_id", "array_pending", "array_throttle",
@@ -296,7 +298,8 @@ def dump_snapshot(state: State) -> bytes:
                           "associations": [a.model_dump(mode="json") for a in state.associations.values()],
                           "defaults": state.default_accounts,
                           "qos": [q.model_dump(mode="json") for q in state.qos.values()],
-                          "usage": state.usage}}
+                          "usage": state.usage,
+                          "assoc_usage": [[u, a, *v] for (u, a), v in state.assoc_usage.items()]}}
     return orjson.dumps(doc)
 
 
@@ -356,6 +359,7 @@ def _load(raw: dict[str, Any]) -> State:
     for q in acct.get("qos", ()):
         qos = QosRecord.model_validate(q)
         state.qos[qos.name] = qos
-    state.usage = {k: [int(v[0]), int(v[1])] for k, v in acct.get("usage", {}).items()}
+    state.usage = {k: [int(v[0]), int(v[1]), int(v[2])] for k, v in acct.get("usage", {}).items()}
+    state.assoc_usage = {(u, a): [int(c), int(g), int(t)] for u, a, c, g, t in acct.get("assoc_usage", ())}
     state.rebuild_indexes()
     return state

@@ -1,12 +1,14 @@
 """QOS and association limits, as slurmctld applies them with AccountingStorageEnforce=limits (pure): what
-each user's running jobs hold under each QOS and in each account, what each account's jobs hold, and the
-reason a job would break a limit by starting."""
+each user's running jobs hold under each QOS and in each account, what each account's jobs hold (an
+account's Grp limits count everything below it in the tree), and the reason a job would break a limit by
+starting."""
 from __future__ import annotations
 
 from .events import QosRecord
 from .reasons import Code, Reason
 from .request import NodeRequest
 from .state import Job, State
+from .usage import ancestors, rolled_up
 
 
 def limits_enforced(state: State) -> bool:
@@ -24,18 +26,21 @@ def job_amounts(job: Job, req: NodeRequest | None) -> tuple[int, int]:
 
 
 class LimitUse:
-    """Running jobs, CPUs and GPUs per (user, QOS), per (user, account) and per account, from the running
-    jobs; a cycle adds what it starts."""
+    """Running jobs, CPUs and GPUs per (user, QOS), per (user, account) and per account (with its
+    sub-accounts'), from the running jobs at ``now``; a cycle adds what it starts."""
 
-    __slots__ = ("qos", "accounts", "assocs", "use", "by_assoc", "by_account", "used", "reserved")
+    __slots__ = ("qos", "accounts", "assocs", "use", "by_assoc", "by_account", "used", "reserved", "parents")
 
-    def __init__(self, state: State) -> None:
+    def __init__(self, state: State, now: int) -> None:
         self.qos: dict[str, QosRecord] = state.qos
         self.accounts, self.assocs = state.accounts, state.associations
+        self.parents = {name: a.parent for name, a in state.accounts.items()}
         self.use: dict[tuple[str, str], list[int]] = {}
         self.by_assoc: dict[tuple[str, str], int] = {}
         self.by_account: dict[str, list[int]] = {}
-        self.used = state.usage                       # ended runs: CPU- and GPU-seconds per account
+        half_life = state.config.priority.decay_half_life if state.config is not None else 0
+        # ended runs: CPU- and GPU-seconds per account and below, decayed to now
+        self.used = rolled_up(state.usage, self.parents, now, half_life)
         self.reserved: dict[str, list[int]] = {}      # running jobs, to their limits (-1: one has none)
         jobs = state.jobs
         for jid in state.running:
@@ -46,21 +51,22 @@ class LimitUse:
         """Count a running (or just started) job, whose effective time limit is ``limit`` (0: none)."""
         cpus, gpus = job_amounts(job, req)
         spec = job.spec
-        r = self.reserved.setdefault(spec.account, [0, 0])
-        if limit <= 0 or r[0] < 0:
-            r[0] = r[1] = -1
-        else:
-            r[0] += cpus * limit
-            r[1] += gpus * limit
         u = self.use.setdefault((spec.user, spec.qos), [0, 0, 0])
         u[0] += 1
         u[1] += cpus
         u[2] += gpus
         self.by_assoc[(spec.user, spec.account)] = self.by_assoc.get((spec.user, spec.account), 0) + 1
-        a = self.by_account.setdefault(spec.account, [0, 0, 0])
-        a[0] += 1
-        a[1] += cpus
-        a[2] += gpus
+        for account in ancestors(self.parents, spec.account) if spec.account else ():
+            r = self.reserved.setdefault(account, [0, 0])
+            if limit <= 0 or r[0] < 0:
+                r[0] = r[1] = -1
+            else:
+                r[0] += cpus * limit
+                r[1] += gpus * limit
+            a = self.by_account.setdefault(account, [0, 0, 0])
+            a[0] += 1
+            a[1] += cpus
+            a[2] += gpus
 
     def blocking(self, job: Job, req: NodeRequest | None, limit: int) -> Reason | None:
         """The limit this job (effective time limit ``limit``, 0: none) would break by starting now (None:
@@ -71,13 +77,19 @@ class LimitUse:
         return why if why is not None else self._minutes(job, req, limit)
 
     def _minutes(self, job: Job, req: NodeRequest | None, limit: int) -> Reason | None:
-        """GrpTRESMins: what the account's ended runs used, what its running jobs reserve to their limits and
-        what this job would reserve to its own, against the account's minutes."""
-        account = self.accounts.get(job.spec.account)
-        if account is None or not account.grp_tres_mins:
-            return None
-        used = self.used.get(job.spec.account, (0, 0))
-        reserved = self.reserved.get(job.spec.account, (0, 0))
+        """GrpTRESMins of the job's account and each above it: what ended runs there used (decayed), what its
+        running jobs reserve to their limits and what this job would reserve to its own, against its minutes."""
+        for name in ancestors(self.parents, job.spec.account) if job.spec.account else ():
+            account = self.accounts.get(name)
+            if account is not None and account.grp_tres_mins:
+                why = self._account_minutes(account, job, req, limit)
+                if why is not None:
+                    return why
+        return None
+
+    def _account_minutes(self, account, job: Job, req: NodeRequest | None, limit: int) -> Reason | None:
+        used = self.used.get(account.name, (0, 0))
+        reserved = self.reserved.get(account.name, (0, 0))
         want = job_amounts(job, req)
         checks: tuple[tuple[str, Code], ...] = (("cpu", "AssocGrpCPUMinutesLimit"), ("gres/gpu", "AssocGrpGRESMinutes"))
         for i, (tres, code) in enumerate(checks):
@@ -100,14 +112,18 @@ class LimitUse:
             running = self.by_assoc.get((spec.user, spec.account), 0)
             if running + 1 > assoc.max_jobs:
                 return Reason("AssocMaxJobsLimit", about=spec.account, asked=running, limit=assoc.max_jobs)
-        account = self.accounts.get(spec.account)
-        if account is None or (account.grp_jobs is None and not account.grp_tres):
-            return None
-        jobs, cpus, gpus = self.by_account.get(spec.account, (0, 0, 0))
-        if account.grp_jobs is not None and jobs + 1 > account.grp_jobs:
-            return Reason("AssocGrpJobsLimit", about=spec.account, asked=jobs, limit=account.grp_jobs)
-        return _tres_over(account.grp_tres, ("AssocGrpGRES", "AssocGrpCpuLimit"), spec.account, (cpus, gpus),
-                          job_amounts(job, req))
+        for name in ancestors(self.parents, spec.account) if spec.account else ():
+            account = self.accounts.get(name)
+            if account is None or (account.grp_jobs is None and not account.grp_tres):
+                continue
+            jobs, cpus, gpus = self.by_account.get(name, (0, 0, 0))
+            if account.grp_jobs is not None and jobs + 1 > account.grp_jobs:
+                return Reason("AssocGrpJobsLimit", about=name, asked=jobs, limit=account.grp_jobs)
+            why = _tres_over(account.grp_tres, ("AssocGrpGRES", "AssocGrpCpuLimit"), name, (cpus, gpus),
+                             job_amounts(job, req))
+            if why is not None:
+                return why
+        return None
 
     def _qos(self, job: Job, req: NodeRequest | None) -> Reason | None:
         q = self.qos.get(job.spec.qos)

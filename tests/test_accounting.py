@@ -10,6 +10,7 @@ from rota.core.commands import Rejected, change_accounting, submit
 from rota.core.slurmconf import ConfigError, parse_config
 from rota.core.state import dump_snapshot, load_snapshot
 from rota.core.testing import Harness, make_cluster
+from rota.core.usage import value_at
 
 ALICE = Caller(1001, 1001, "alice")
 
@@ -226,7 +227,7 @@ def test_grp_tres_mins_counts_what_ended_runs_used_and_running_jobs_reserve():
                              "GrpTRESMins allows 100")
     h.advance(600)
     h.finish(a)                       # it used 10 CPU-minutes, not its 60: b fits now
-    assert h.state.usage["theory"] == [600, 0]
+    assert h.state.usage["theory"] == [600, 0, h.now]
     assert [s.job_id for s in h.cycle().starts] == [b]
     g = h.submit(user="alice", uid=1001, account="theory", time_limit=1200, gpus_per_node=2, gpu_given=True)
     why = h.cycle().pending[g].why
@@ -248,7 +249,8 @@ def test_an_accounts_used_and_reserved_minutes_never_pass_its_grp_tres_mins(jobs
         h.cycle()
         running = [h.state.jobs[j] for j in h.state.running]
         reserved = sum(a.cpus * (j.time_limit or 0) for j in running for a in j.alloc)
-        assert (h.state.usage.get("theory", [0, 0])[0] + reserved) // 60 <= cap
+        used = value_at(h.state.usage.get("theory"), h.now, h.state.config.priority.decay_half_life)[0]
+        assert (used + reserved) // 60 <= cap
         later = h.now + ran * 60
         for j in sorted(running, key=lambda j: j.start_time + (j.time_limit or 0)):
             end = j.start_time + (j.time_limit or 0)

@@ -1,0 +1,153 @@
+"""Fair-share over the account tree (pure): each user association's factor from shares and decayed usage.
+
+Usage is CPU-seconds (Slurm's billing without TRESBillingWeights), decayed by :mod:`rota.core.usage`.
+Two algorithms, as Slurm 22.05 has them:
+
+* **Fair Tree** (the default): at each level every child's Level Fairshare is ``LF = S / U``, its shares
+  over its siblings' and its usage over its siblings'; children are visited in descending LF (ties by
+  name), users ranked in the order met, depth first; a user's factor is ``rank / users`` (the first met
+  gets 1.0; users of one account with equal LF share a rank).
+* **classic** (``PriorityFlags=NO_FAIR_TREE``): ``F = 2^(-UE/S)`` with S the shares normalised down the
+  tree and UE the effective usage, ``U + (UE(parent) - U) * shares / siblings' shares`` (``U`` for
+  children of root); 0.5 means exactly at its share.
+
+Factors are parts per million, computed with exact fractions and integer powers of two, so every
+machine replaying the log ranks jobs the same way.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+from .state import State
+from .usage import Q, decay_factor, rolled_up, value_at
+
+PPM = 1_000_000
+ROOT = "root"
+
+
+@dataclass(slots=True)
+class ShareRow:
+    """One line of ``sshare``: an account (``user`` empty) or a user's association."""
+
+    account: str
+    user: str
+    depth: int
+    raw_shares: int
+    norm_shares: Fraction
+    raw_usage: int                    # CPU-seconds, decayed to now
+    norm_usage: Fraction              # of the whole cluster's
+    effective_usage: Fraction
+    level_fs: Fraction | None = None  # S / U at its level (None: no usage, infinitely under its share)
+    factor: int = 0                   # users: the fair-share factor, parts per million
+
+
+def _exp2_neg(x: Fraction) -> int:
+    """2 ** -x in parts per million (x >= 0)."""
+    if x <= 0:
+        return PPM
+    return decay_factor(x.numerator, x.denominator) * PPM >> Q
+
+
+def share_rows(state: State, now: int) -> list[ShareRow]:
+    """The account tree with each account's and association's shares, usage and factor, in ``sshare``
+    order (root, then depth first: an account's users, then its sub-accounts, each by name)."""
+    cfg = state.config
+    half_life = cfg.priority.decay_half_life if cfg is not None else 0
+    fair_tree = cfg.priority.fair_tree if cfg is not None else True
+    parents = {name: (a.parent if a.parent in state.accounts else ROOT) for name, a in state.accounts.items()}
+    accounts = rolled_up(state.usage, parents, now, half_life)
+    kids: dict[str, list[str]] = {ROOT: []}
+    for name in sorted(parents):
+        kids.setdefault(parents[name], []).append(name)
+    users: dict[str, list[str]] = {}
+    for user, account in sorted(state.associations):
+        users.setdefault(account, []).append(user)
+    total = accounts[ROOT][0]
+    root = ShareRow(ROOT, "", 0, 0, Fraction(1), total, Fraction(1) if total else Fraction(0), Fraction(1))
+    rows = [root]
+
+    def norm(used: int) -> Fraction:
+        return Fraction(used, total) if total else Fraction(0)
+
+    def level(parent: ShareRow, account: str, depth: int) -> list[ShareRow]:
+        """The rows below ``account`` (whose own row is ``parent``), depth first."""
+        members: list[tuple[str, str, int, int]] = []      # (account, user, raw shares, usage)
+        for user in users.get(account, ()):
+            members.append((account, user, state.associations[(user, account)].fairshare,
+                            value_at(state.assoc_usage.get((user, account)), now, half_life)[0]))
+        for sub in kids.get(account, ()):
+            members.append((sub, "", state.accounts[sub].fairshare, accounts.get(sub, (0, 0))[0]))
+        shares_sum = sum(m[2] for m in members)
+        usage_sum = sum(m[3] for m in members)
+        out: list[ShareRow] = []
+        for acct, user, shares, used in members:
+            s_level = Fraction(shares, shares_sum) if shares_sum else Fraction(0)
+            u = norm(used)
+            if account == ROOT:
+                effective = u
+            else:
+                effective = u + (parent.effective_usage - u) * s_level
+            row = ShareRow(acct, user, depth, shares, parent.norm_shares * s_level, used, u, effective)
+            u_level = Fraction(used, usage_sum) if usage_sum else Fraction(0)
+            row.level_fs = s_level / u_level if u_level else None
+            if fair_tree:
+                row.effective_usage = u_level
+            elif user:
+                row.factor = _exp2_neg(effective / row.norm_shares) if row.norm_shares else 0
+            out.append(row)
+            if not user:
+                out.extend(level(row, acct, depth + 1))
+        return out
+
+    rows.extend(level(root, ROOT, 1))
+    if fair_tree:
+        _rank(rows)
+    return rows
+
+
+def _rank(rows: list[ShareRow]) -> None:
+    """Fair Tree: rank the users depth first in descending Level Fairshare; factor = rank / users."""
+    below: dict[int, list[int]] = {}          # row index -> its children's indices
+    stack: list[int] = [0]
+    for i in range(1, len(rows)):
+        while rows[stack[-1]].depth >= rows[i].depth:
+            stack.pop()
+        below.setdefault(stack[-1], []).append(i)
+        if not rows[i].user:
+            stack.append(i)
+    ordered: list[list[int]] = []             # users in rank order, tie groups together
+
+    def lf_key(i: int) -> tuple:
+        lf = rows[i].level_fs
+        return (0, Fraction(0), rows[i].account, rows[i].user) if lf is None else (1, -lf, rows[i].account, rows[i].user)
+
+    def visit(i: int) -> None:
+        kids = sorted(below.get(i, ()), key=lf_key)
+        last: tuple | None = None
+        for k in kids:
+            if rows[k].user:
+                key = lf_key(k)[:2]
+                if key == last and ordered:
+                    ordered[-1].append(k)
+                else:
+                    ordered.append([k])
+                last = key
+            else:
+                last = None
+                visit(k)
+
+    visit(0)
+    count = sum(len(g) for g in ordered)
+    rank = count
+    for group in ordered:
+        for k in group:
+            rows[k].factor = rank * PPM // count
+        rank -= len(group)
+
+
+def factors(state: State, now: int) -> dict[tuple[str, str], int]:
+    """Each (user, account) association's fair-share factor at ``now``, parts per million."""
+    if not state.associations:
+        return {}
+    return {(r.user, r.account): r.factor for r in share_rows(state, now) if r.user}

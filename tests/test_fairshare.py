@@ -1,0 +1,136 @@
+"""Usage decay, fair-share (classic and Fair Tree), limits through parent accounts, and fair-share
+converging in the simulator, which runs the production policy code."""
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rota.core import events as ev
+from rota.core.fairshare import factors, share_rows
+from rota.core.priority import PriorityContext, priority_factors
+from rota.core.sim import Simulator, TraceJob
+from rota.core.testing import Harness, make_cluster
+from rota.core.usage import ONE, charge, decay_factor, decayed, value_at
+
+DAY = 86400
+
+
+def accounting(*accounts: tuple[str, str, int], users: tuple[tuple[str, str, int], ...]) -> ev.AccountingChanged:
+    """accounts: (name, parent, shares); users: (user, account, shares)."""
+    return ev.AccountingChanged(
+        accounts=tuple(ev.AccountRecord(name=n, parent=p, fairshare=s) for n, p, s in accounts),
+        associations=tuple(ev.Association(user=u, account=a, fairshare=s) for u, a, s in users),
+        default_accounts={u: a for u, a, _ in users})
+
+
+def cluster(fair_tree: bool, half_life: int = 7 * DAY, **kw) -> ev.ClusterConfig:
+    cfg = make_cluster(**kw)
+    prio = cfg.priority.model_copy(update={"fairshare": 10000, "age": 0, "partition": 0, "fair_tree": fair_tree,
+                                           "decay_half_life": half_life})
+    return cfg.model_copy(update={"priority": prio})
+
+
+def test_usage_halves_every_half_life_in_integers():
+    assert decay_factor(DAY, DAY) == ONE // 2 and decay_factor(0, DAY) == ONE and decay_factor(5, 0) == ONE
+    entries: dict = {}
+    charge(entries, "a", 1_000_000, 8_000, 100, DAY)
+    assert value_at(entries["a"], 100 + DAY, DAY) == (500_000, 4_000)
+    assert value_at(entries["a"], 100 + 3 * DAY, DAY) == (125_000, 1_000)
+    charge(entries, "a", 500_000, 0, 100 + DAY, DAY)           # decayed to then, then added
+    assert entries["a"] == [1_000_000, 4_000, 100 + DAY]
+    assert value_at(entries["a"], 100, 0) == (1_000_000, 4_000)   # half-life 0: no decay
+
+
+@given(st.integers(0, 10**12), st.integers(0, 10 * DAY), st.integers(0, 10 * DAY), st.integers(1, 30 * DAY))
+def test_decay_is_monotone_and_composes_within_rounding(value, a, b, half_life):
+    once = decayed(value, a + b, half_life)
+    twice = decayed(decayed(value, a, half_life), b, half_life)
+    assert once <= value and decayed(value, a + b + 1, half_life) <= once
+    assert abs(once - twice) <= 2 + value // 10**9
+
+
+def test_classic_fairshare_is_two_to_the_minus_effective_usage_over_shares():
+    h = Harness(cluster(fair_tree=False, half_life=0))
+    h.put(accounting(("physics", "root", 1), users=(("alice", "physics", 1), ("bob", "physics", 1))))
+    job = h.submit(user="alice", account="physics", cpus_per_task=4, time_limit=3600)
+    h.cycle()
+    h.advance(1000)
+    h.finish(job)
+    f = factors(h.state, h.now)
+    # alice used it all: UE = 1, S = 1/2 -> 2^-2; bob: UE = 0 + (1 - 0) / 2 -> 2^(-1/2 / 1/2) = 2^-1
+    assert f == {("alice", "physics"): 250_000, ("bob", "physics"): 500_000}
+    rows = {(r.account, r.user): r for r in share_rows(h.state, h.now)}
+    assert rows[("physics", "alice")].raw_usage == 4000 and rows[("root", "")].raw_usage == 4000
+
+
+def test_fair_tree_ranks_users_of_the_account_furthest_under_its_share_first():
+    h = Harness(cluster(fair_tree=True, half_life=0))
+    h.put(accounting(("chem", "root", 1), ("bio", "root", 1),
+                     users=(("ann", "chem", 1), ("ben", "chem", 1), ("cat", "bio", 1), ("dan", "bio", 1))))
+    for user, account, seconds in (("ann", "chem", 100), ("cat", "bio", 300), ("dan", "bio", 100)):
+        job = h.submit(user=user, account=account, time_limit=3600)
+        h.cycle()
+        h.advance(seconds)
+        h.finish(job)
+    f = factors(h.state, h.now)
+    # chem used 100 of 500 (LF 2.5) before bio (LF 0.625); in chem ben (no usage) before ann; in bio dan before cat
+    assert f == {("ben", "chem"): 1_000_000, ("ann", "chem"): 750_000, ("dan", "bio"): 500_000,
+                 ("cat", "bio"): 250_000}
+
+
+def test_fairshare_feeds_priority_and_sprio_factors_add_up():
+    h = Harness(cluster(fair_tree=False, half_life=0))
+    h.put(accounting(("physics", "root", 1), users=(("alice", "physics", 1), ("bob", "physics", 1))))
+    first = h.submit(user="alice", account="physics", time_limit=3600)
+    h.cycle()
+    h.advance(60)
+    h.finish(first)
+    a = h.submit(user="alice", account="physics", time_limit=3600, hold=True)
+    b = h.submit(user="bob", account="physics", time_limit=3600, hold=True)
+    cfg = h.state.config
+    ctx = PriorityContext(cfg, 256, h.state.qos, factors(h.state, h.now))
+    fa = priority_factors(h.state.jobs[a], h.now, cfg.partitions[0], 1, ctx)
+    fb = priority_factors(h.state.jobs[b], h.now, cfg.partitions[0], 1, ctx)
+    assert (fa.fairshare, fb.fairshare) == (2500, 5000)
+    assert fb.fairshare + fb.age + fb.job_size + fb.partition + fb.qos - fb.nice == 5000
+
+
+def test_an_accounts_grp_limits_count_its_sub_accounts_jobs():
+    cfg = make_cluster(nodes=2).model_copy(update={"accounting_enforce": ("associations", "limits")})
+    h = Harness(cfg)
+    change = accounting(("physics", "root", 1), ("theory", "physics", 1), users=(("alice", "theory", 1),))
+    h.put(change.model_copy(update={"accounts": (change.accounts[0].model_copy(update={"grp_jobs": 1}),
+                                                 change.accounts[1])}))
+    a = h.submit(user="alice", account="theory", time_limit=600)
+    b = h.submit(user="alice", account="theory", time_limit=600)
+    d = h.cycle()
+    assert [s.job_id for s in d.starts] == [a]
+    why = d.pending[b].why
+    assert (why.code, why.about, why.asked, why.limit) == ("AssocGrpJobsLimit", "physics", 1, 1)
+    h.finish(a)
+    assert [s.job_id for s in h.cycle().starts] == [b]        # lifted by the end that freed it
+
+
+def week_of_two_accounts(fairshare: bool) -> dict[str, int]:
+    """Two accounts with equal shares on 8 CPUs; 'big' queues 1,200 one-hour jobs, 'small' 800 (both more
+    than half a week's capacity of 1,344), 'big' submitting first. CPU-hours each got in the week."""
+    cfg = cluster(fair_tree=True, half_life=DAY, nodes=1, cpus=8, gpus=0, policy="fifo")
+    if not fairshare:
+        cfg = cfg.model_copy(update={"priority": cfg.priority.model_copy(update={"fairshare": 0})})
+    setup = accounting(("big", "root", 1), ("small", "root", 1),
+                       users=(("b1", "big", 1), ("b2", "big", 1), ("s1", "small", 1)))
+    jobs = [TraceJob(0, ev.JobSpec(user=("b1", "b2")[i % 2], account="big", time_limit=3600), 3600, i)
+            for i in range(1200)]
+    jobs += [TraceJob(0, ev.JobSpec(user="s1", account="small", time_limit=3600), 3600, 1200 + i) for i in range(800)]
+    result = Simulator(cfg, setup=[setup], record_log=False).run(jobs)
+    got = {"big": 0, "small": 0}
+    for o in result.outcomes.values():
+        if 0 <= o.start < 7 * DAY:
+            got["big" if o.trace_id < 1200 else "small"] += o.cpus
+    return got
+
+
+def test_fairshare_evens_out_two_accounts_usage_over_a_simulated_week():
+    fair = week_of_two_accounts(True)
+    assert sum(fair.values()) == 7 * 24 * 8                    # the machine never idled
+    assert abs(fair["big"] - fair["small"]) <= 0.05 * sum(fair.values())
+    unfair = week_of_two_accounts(False)                         # first come, first served
+    assert unfair["big"] == 1200 and unfair["small"] == 7 * 24 * 8 - 1200
