@@ -319,6 +319,15 @@ def why_text(rep: Any, users: dict[int, str]) -> list[str]:
     return out
 
 
+def _factors(f: Any) -> str:
+    """A priority and its weighted parts, as sprio names them."""
+    prio, age, fairshare, size, partition, qos, nice = f
+    parts = [f"{name} {value}" for name, value in (("fair-share", fairshare), ("age", age), ("job size", size),
+                                                  ("partition", partition), ("QOS", qos)) if value]
+    parts += [f"nice {nice}"] if nice else []
+    return f"{prio} ({', '.join(parts) or 'no weighted factor'})"
+
+
 def _interval_lines(iv: Any, rep: Any, users: dict[int, str]) -> list[str]:
     sentence = SENTENCES.get(iv.reason, iv.reason)   # a code from an older rota: shown as is
     code = iv.reason if iv.text == iv.reason else f"{iv.reason}: {iv.text}"
@@ -330,6 +339,10 @@ def _interval_lines(iv: Any, rep: Any, users: dict[int, str]) -> list[str]:
         more = f" and {len(iv.ahead) - 8} more" if len(iv.ahead) > 8 else ""
         out.append(f"     It was number {iv.rank} in priority order (priority {iv.priority})"
                    + (f"; ahead of it, competing for the same nodes: {ahead}{more}." if ahead else "."))
+        if iv.ahead_factors and iv.factors:
+            other, theirs = iv.ahead_factors
+            out.append(f"     Ranked behind job {other} ({users.get(other, '?')}) by its priority factors: "
+                       f"{_factors(theirs)}, against this job's {_factors(iv.factors)}.")
     def held(jobs: list[int], ended: str = "ended") -> str:
         ends = [f"job {j} ({users.get(j, '?')})" + (f", which {ended} {_t(rep.blocker_ends[j])}"
                                                      if j in rep.blocker_ends else "") for j in jobs[:8]]

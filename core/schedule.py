@@ -13,7 +13,7 @@ from typing import Any, Iterable
 from . import events as ev
 from .cycle import Cycle, NodeBases
 from .policies import POLICIES, Policy, make_policy
-from .priority import job_priority
+from .priority import Factors, job_priority, priority_factors
 from .profile import INF, UNLIMITED_DURATION, ShapeSearch, Timeline
 from .reasons import REQ_NODE_NOT_AVAIL_ALL, Amounts, Reason
 from .request import effective_time_limit
@@ -220,6 +220,25 @@ def priority_of(state: State, now: int, job_id: int) -> int:
     if not parts or parts[0] not in cy.parts:
         return 0
     return -_rank_key(cy, job, parts)[1]
+
+
+def factors_of(state: State, now: int, job_ids: Iterable[int]) -> dict[int, tuple[str, Factors]]:
+    """Each pending job's partition and priority factors at ``now``, as a cycle computes them (``sprio``)."""
+    cfg = state.config
+    if cfg is None:
+        return {}
+    cy = Cycle(state, now, cfg.scheduler.policy, False, timelines=False)
+    out: dict[int, tuple[str, Factors]] = {}
+    for jid in job_ids:
+        job = state.jobs.get(jid)
+        if job is None or job.state != PENDING:
+            continue
+        parts = cy.job_parts(job)
+        if not parts or parts[0] not in cy.parts:
+            continue
+        out[jid] = (parts[0], priority_factors(job, now, cy.parts[parts[0]], cy.request(job, parts[0]).total_cpus,
+                                               cy.prio_ctx))
+    return out
 
 
 def _walk(cy: Cycle, decision: Decision, ready: list, policy: Policy) -> None:

@@ -13,7 +13,7 @@ from . import events as ev
 from .apply import apply
 from .changes import Changes
 from .cycle import NodeBases
-from .schedule import outranked, outranks, plan, schedule
+from .schedule import factors_of, outranked, outranks, plan, schedule
 from .state import PENDING, RUNNING, TERMINAL_STATES, State
 
 
@@ -50,6 +50,9 @@ class Interval:
     decisive: tuple[int, ...] = ()   # blockers whose end (by their limit) is the expected start (the latest)
     at_cycle: bool = True            # its first evaluation was a recorded cycle (else a moment between)
     estimated: bool = False          # expected_start is the plan's estimate (no reservation was held for it)
+    # its priority factors and the first job ahead's, (job id, factors), when jobs ahead of it competed
+    factors: tuple[int, ...] = ()
+    ahead_factors: tuple[int, tuple[int, ...]] | None = None
 
     def key(self) -> tuple:
         return (self.reason, self.text, self.blockers, self.ahead, self.evaluated)
@@ -304,9 +307,11 @@ def _sample(d: Any, st: State, now: int, job_id: int, e: ev.JobsStarted | None,
         iv = Interval(now, now, st.seq, st.seq, p.reason, p.display, p.detail, p.rank, p.priority, start,
                       p.blockers, p.ahead, p.evaluated, cycles=0, derived=1, decisive=p.decisive, at_cycle=False,
                       estimated=estimated)
+        _rank_factors(iv, st, now, job_id)
         return CycleSample(iv, [])
     iv = Interval(now, now, st.seq + 1, st.seq + 1, p.reason, p.display, p.detail, p.rank, p.priority,
                   start, p.blockers, p.ahead, p.evaluated, decisive=p.decisive, estimated=estimated)
+    _rank_factors(iv, st, now, job_id)
     past: list[dict] = []
     res = d.reservations.get(job_id)
     if res is not None:
@@ -320,6 +325,17 @@ def _sample(d: Any, st: State, now: int, job_id: int, e: ev.JobsStarted | None,
                              "user": st.jobs[owner].spec.user, "ends_by": now + s.time_limit,
                              "reserved_start": res.start})
     return CycleSample(iv, past)
+
+
+def _rank_factors(iv: Interval, st: State, now: int, job_id: int) -> None:
+    """The factors that ranked the job behind the first job ahead of it, when one competed for its nodes."""
+    ahead = next((j for j in iv.ahead if st.jobs.get(j) is not None and st.jobs[j].state == PENDING), None)
+    if ahead is None:
+        return
+    got = factors_of(st, now, (job_id, ahead))
+    if job_id in got and ahead in got:
+        iv.factors = tuple(got[job_id][1])
+        iv.ahead_factors = (ahead, tuple(got[ahead][1]))
 
 
 class Moments:

@@ -479,3 +479,17 @@ def test_sacctmgr_manages_accounts_users_and_qos_and_only_admins_change_them(up)
     assert code == 1 and "Access/permission denied" in err
     code, out, err = run_as("nobody", sacctmgr.main, ["-n", "-P", "show", "qos", "format=name"], "/", dict(up))
     assert code == 0 and out.split() == ["normal", "gpu"]
+    r = run(up, "sshare", "-a", "-P")
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and lines[0] == "Account|User|RawShares|NormShares|RawUsage|EffectvUsage|FairShare", r.stdout
+    assert lines[1].startswith("root||") and lines[2].startswith(" physics||1|1.000000|")
+    assert lines[3].startswith("  physics|root|1|1.000000|") and lines[3].endswith("|1.000000"), lines
+    r = run(up, "sshare")          # the caller's own associations and the accounts
+    assert r.returncode == 0 and r.stdout.splitlines()[0].split() == ["Account", "User", "RawShares", "NormShares",
+                                                                      "RawUsage", "EffectvUsage", "FairShare"]
+    r = run(up, "sprio", "-w")
+    assert r.returncode == 0 and r.stdout.splitlines()[1].split()[:2] == ["Weights", "1"], r.stdout
+    job = run(up, "sbatch", "--parsable", "-H", "-A", "physics", "--wrap", "true").stdout.strip()
+    r = run(up, "sprio", "-l", "-j", job)
+    assert r.returncode == 0 and r.stdout.splitlines()[1].split()[:5] == [job, "short", "root", "physics", "0"], r.stdout
+    run(up, "scancel", job)
