@@ -21,6 +21,20 @@ def acctmgr(ctx: typer.Context) -> None:
     raise typer.Exit(sacctmgr_main(list(ctx.args)))
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             add_help_option=False)
+def report(ctx: typer.Context) -> None:
+    """Reports from the accounting projection: `rota report usage [-S START] [-E END] [-P] [--parquet FILE]`
+    (CPU and GPU hours per account and user)."""
+    from .usage_report import USAGE, run
+
+    args = list(ctx.args)
+    if not args or args[0] != "usage":
+        sys.stderr.write("rota report: give a report: usage\n" + USAGE)
+        raise typer.Exit(1 if args and args[0] not in ("-h", "--help") else 0)
+    raise typer.Exit(run(args[1:], sys.stdout, sys.stderr))
+
+
 @app.command()
 def up(
     state_dir: Optional[str] = typer.Option(None, help="where the log and state live (default "

@@ -1,4 +1,4 @@
-"""sacct, sinfo and ``scontrol show node|partition`` run over a cluster's projection for a caller who
+"""sacct, sinfo, ``scontrol show node|partition`` and ``rota report usage`` run over a cluster's projection for a caller who
 cannot read it: what ``rota up`` gives its controller to answer such callers."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def runner(db: str) -> ReportRunner:
     """A report runner over the projection ``db``: (command, argv, caller's uid, the only uid whose jobs
     the caller may see or None) -> (exit status, stdout, stderr)."""
     def run(command: str, argv: list[str], uid: int, only_uid: int | None) -> tuple[int, str, str]:
-        from . import sacct, scontrol, sinfo
+        from . import sacct, scontrol, sinfo, usage_report
 
         out, err = io.StringIO(), io.StringIO()
         if command == "sacct":
@@ -21,6 +21,8 @@ def runner(db: str) -> ReportRunner:
             code = sinfo.run(argv, out, err, db=db, uid=uid)
         elif command == "scontrol":
             code = scontrol.run_show(argv, out, err, db=db, uid=uid)
+        elif command == "report":
+            code = usage_report.run(argv, out, err, db=db, uid=uid, only_uid=only_uid)
         else:
             err.write(f"{command}: not a report the controller runs\n")
             code = 1

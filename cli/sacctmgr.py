@@ -51,6 +51,7 @@ FIELDS: dict[str, dict[str, Field]] = {
             "maxsubmitjobsperuser": ("MaxSubmitPU", 11, lambda r: _limit(r["max_submit_jobs_per_user"])),
             "preempt": ("Preempt", 10, lambda r: ",".join(r["preempt"])),
             "preemptmode": ("PreemptMode", 11, lambda r: r["preempt_mode"]),
+            "gracetime": ("GraceTime", 10, lambda r: _wall(r.get("grace_time", 0))),
             "descr": ("Descr", 11, lambda r: r["description"]), "description": ("Descr", 11, lambda r: r["description"])},
     "assoc": {"cluster": ("Cluster", 10, lambda r: r["cluster"]), "account": ("Account", 10, lambda r: r["account"]),
               "user": ("User", 10, lambda r: r["user"]), "share": ("Share", 9, lambda r: str(r["fairshare"])),
@@ -62,7 +63,7 @@ FIELDS: dict[str, dict[str, Field]] = {
               "defqos": ("Def QOS", 9, lambda r: r["default_qos"])},
 }
 DEFAULT_FORMAT = {"account": "account,descr,org", "user": "user,defaultaccount,admin",
-                  "qos": "name,priority,maxwall,maxtrespu,maxjobspu,maxsubmitpu,preempt,preemptmode",
+                  "qos": "name,priority,gracetime,preempt,preemptmode,maxwall,maxtrespu,maxjobspu,maxsubmitpu",
                   "assoc": "cluster,account,user,share,maxjobs,maxsubmit,qos,defqos"}
 TITLES = {"account": "Account(s)", "user": "User(s)", "qos": "QOS(s)"}
 
@@ -192,7 +193,8 @@ def show(reply: dict, entity: str, names: list[str], where: dict[str, str], fmt:
         if not any(q["name"] == "normal" for q in reply["qos"]) and (not wanted or "normal" in wanted):
             rows.insert(0, {"name": "normal", "priority": 0, "max_wall": None, "max_tres_per_user": {},
                             "max_jobs_per_user": None, "max_submit_jobs_per_user": None, "preempt": [],
-                            "preempt_mode": "off", "description": "Normal QOS default"})
+                            "preempt_mode": "cluster", "grace_time": 0,
+                            "description": "Normal QOS default"})
     elif entity == "user":
         users = sorted({a["user"] for a in reply["associations"]})
         rows = [{"user": u, "default": reply["defaults"].get(u, "")} for u in users if not wanted or u in wanted]

@@ -302,6 +302,12 @@ def why_text(rep: Any, users: dict[int, str]) -> list[str]:
         reason = f' ("{a["reason"]}")' if a.get("reason") else ""
         story.append((a["time"], a["seq"], [f"  At {_t(a['time'])} {a['actor']} {what}{target}{reason} "
                                             f"(sequence {a['seq']})."]))
+    for p in rep.preempted:
+        story.append((p["time"], p["seq"], _preempted_lines(p)))
+    for p in rep.preempting:
+        victims = ", ".join(f"job {v['job_id']} ({v.get('user', '?')}, QOS {v.get('qos', '?')})" for v in p["victims"])
+        story.append((p["time"], p["seq"], [f"  At {_t(p['time'])} it preempted {victims}, chosen from "
+                                            f"{p['candidates']} candidate(s) (sequence {p['seq']})."]))
     for _t0, _seq, lines in sorted(story, key=lambda x: (x[0], x[1])):
         out += lines
     if len(rep.estimates) > 1:
@@ -316,6 +322,24 @@ def why_text(rep: Any, users: dict[int, str]) -> list[str]:
                f"{rep.config_seq}, rota {', '.join(rep.versions) or '?'} (policy {rep.policy}); reasons are "
                "recomputed at every recorded cycle (from the state just before its decision) and at every change "
                "of the state between them.")
+    return out
+
+
+def _preempted_lines(p: dict) -> list[str]:
+    """Who preempted the job, under which rule, and how it was chosen over the other candidates."""
+    by = p["by"]
+    how = "requeued (it keeps its id and runs again)" if p["mode"] == "requeue" else "ended PREEMPTED"
+    grace = f", after SIGTERM and a grace time of {p['grace']}s" if p["grace"] else ""
+    out = [f"  At {_t(p['time'])} job {by['job_id']} ({by.get('user', '?')}, QOS {by.get('qos', '?')}) preempted it "
+           f"(sequence {p['seq']}): QOS {by.get('qos', '?')} may preempt {', '.join(p['may_preempt']) or '?'}; it was "
+           f"{how}{grace}."]
+    cands = p["candidates"]
+    if cands:
+        tried = "; ".join(f"job {c['job_id']} ({c.get('user', '?')}, QOS {c.get('qos', '?')} priority "
+                          f"{c.get('qos_priority', 0)}, started {_t(c.get('start'))})"
+                          + (" - chosen" if c["job_id"] in p["victims"] else "") for c in cands[:10])
+        out.append(f"     Candidates, in the order tried on each node (lowest QOS priority, then youngest; the nodes "
+                   f"needing the fewest victims were used): {tried}.")
     return out
 
 

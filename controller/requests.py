@@ -168,7 +168,7 @@ class Squeue(Request):
 
 
 class Accounting(Request):
-    command: Literal["sacct", "sinfo", "scontrol"]
+    command: Literal["sacct", "sinfo", "scontrol", "report"]
     argv: tuple[Arg, ...] = Field((), max_length=256)
 
 

@@ -284,7 +284,10 @@ class Views:
         if reports is None:
             raise commands.Rejected("this controller keeps no projection (run sacct/sinfo where rota up runs)",
                                     code="no_projection")
-        only = caller.uid if private_jobs(self.c.state, caller) else None
+        cfg = self.c.state.config
+        private_usage = command == "report" and cfg is not None and "usage" in cfg.auth.private_data \
+            and not caller.operator
+        only = caller.uid if private_jobs(self.c.state, caller) or private_usage else None
         code, out, err = await asyncio.to_thread(reports, command, argv, caller.uid, only)
         return {"ok": True, "out": out, "err": err, "code": code}
 

@@ -218,12 +218,14 @@ def _qos(state: State, record: ev.QosRecord, v: dict[str, str]) -> ev.QosRecord:
                 raise AccountingError(f"Preempt={value}: qos {missing[0]} does not exist")
             fields["preempt"] = names
         elif key == "preemptmode":
-            if value.lower() not in ("off", "cancel", "requeue"):
-                raise AccountingError(f"PreemptMode={value}: use off, cancel or requeue")
+            if value.lower() not in ("cluster", "off", "cancel", "requeue"):
+                raise AccountingError(f"PreemptMode={value}: use cluster, off, cancel or requeue")
             fields["preempt_mode"] = value.lower()
+        elif key == "gracetime":
+            fields["grace_time"] = _number(key, value, 0)
         elif key != "name":
             raise AccountingError(f"unknown qos option {key!r}: Priority, MaxJobsPerUser, MaxSubmitJobsPerUser, "
-                                  "MaxTRESPerUser, MaxWall, Preempt, PreemptMode, Description")
+                                  "MaxTRESPerUser, MaxWall, Preempt, PreemptMode, GraceTime, Description")
     return record.model_copy(update=fields)
 
 

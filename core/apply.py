@@ -15,12 +15,14 @@ from .arrays import parse_array
 from .changes import NOTHING, Changes, EndedRun
 from .request import node_request
 from .state import (
-    CANCELLED, COMPLETED, NODE_FAIL, PENDING, RUNNING, TERMINAL_STATES, Job, Node, State, Step, node_from_config,
+    CANCELLED, COMPLETED, NODE_FAIL, PENDING, PREEMPTED, RUNNING, TERMINAL_STATES, Job, Node, State, Step,
+    node_from_config,
 )
 from .steps import worst
 from .usage import charge
 
 SYSTEM = "rota"
+PREEMPT_REQUEUE_DELAY = 121   # a preempted, requeued job waits this long (BeginTime), as Slurm's requeue delay
 
 
 def apply(state: State, env: ev.Envelope, changes: Changes = NOTHING) -> State:
@@ -142,12 +144,13 @@ def _finish(state: State, job: Job, end_state: str, ts: int, ch: Changes) -> Non
     state.finished.append((ts, job.job_id))
 
 
-def _requeue(state: State, job: Job, ts: int, ch: Changes, hold: bool, user_hold: bool = False) -> None:
+def _requeue(state: State, job: Job, ts: int, ch: Changes, hold: bool, user_hold: bool = False,
+             run_state: str = "REQUEUED", delay: int = 0) -> None:
     ch.job(job)
     if job.start_time:
         ch.run_ended(EndedRun(job.job_id, job.restarts, job.start_time, job.end_time or ts,
                               tuple(a.node for a in job.alloc), sum(a.cpus for a in job.alloc), job.exit_code,
-                              job.signal))
+                              job.signal, sum(len(a.gpus) for a in job.alloc), run_state))
     if job.state == RUNNING:
         _release(state, job, ts, ch)
         if job.steps:
@@ -158,10 +161,11 @@ def _requeue(state: State, job: Job, ts: int, ch: Changes, hold: bool, user_hold
     job.alloc = ()
     job.start_time = job.end_time = job.elapsed = 0
     job.exit_code = job.signal = job.max_rss = 0
-    job.cancel_by = None
+    job.cancel_by = job.preempted_by = None
+    job.preempt_mode = ""
     if hold:
         job.hold = "user" if user_hold else "admin"
-    job.eligible_time = ts
+    job.eligible_time = ts + delay
     state.pending[job.job_id] = None
 
 
@@ -332,9 +336,37 @@ def _misfit(nodes: dict[str, Node], start: ev.Start) -> str | None:
     return None
 
 
+def _preempted(state: State, e: ev.JobsStarted, p: ev.Preemption, v: ev.Victim, ch: Changes) -> None:
+    """A victim of a preemption: stopped now, or told with SIGTERM and given until its grace time runs out."""
+    job = state.jobs.get(v.job_id)
+    if job is None or job.state != RUNNING or job.restarts != v.restarts:
+        ch.ignored(f"job {v.job_id} cannot be preempted: that run is not running")
+        return
+    ch.job(job)
+    job.preempted_by, job.preempt_mode = p.by, v.mode
+    if v.grace <= 0:
+        _stop_preempted(state, job, e.now, ch)
+        return
+    job.time_limit = max(1, e.now - job.start_time + v.grace)
+    ch.warned(job.job_id, 15)
+
+
+def _stop_preempted(state: State, job: Job, ts: int, ch: Changes) -> None:
+    """A preempted run ends, however it ended: requeued (the job keeps its id; the run is PREEMPTED in
+    ``sacct -D``; eligible again after Slurm's requeue delay, so the preemptor gets what it freed) when its
+    mode says so and the job may be requeued, else PREEMPTED."""
+    if job.preempt_mode == "requeue" and job.spec.requeue:
+        _requeue(state, job, ts, ch, hold=False, run_state=PREEMPTED, delay=PREEMPT_REQUEUE_DELAY)
+    else:
+        _finish(state, job, PREEMPTED, ts, ch)
+
+
 def _jobs_started(state: State, env: ev.Envelope, e: ev.JobsStarted, ch: Changes) -> None:
     jobs, nodes = state.jobs, state.nodes
     now = e.now
+    for p in e.preemptions:
+        for v in p.victims:
+            _preempted(state, e, p, v, ch)
     for s in e.starts:
         jid = s.job_id
         misfit = _misfit(nodes, s)
@@ -405,6 +437,9 @@ def _job_exited(state: State, env: ev.Envelope, e: ev.JobExited, ch: Changes) ->
     job.elapsed = e.elapsed or max(0, env.ts - job.start_time)
     if not e.released:
         ch.exited(job.job_id)
+    if job.preempted_by is not None:      # within or at the end of its grace time: as its preemption says
+        _stop_preempted(state, job, env.ts, ch)
+        return
     _finish(state, job, e.state, env.ts, ch)
 
 

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class EndedRun:
-    """A run of a job that was requeued: what ``sacct -D`` lists as REQUEUED."""
+    """A run of a job that went back to the queue: what ``sacct -D`` lists (REQUEUED, or PREEMPTED when a
+    preemption requeued it)."""
 
     job_id: int
     restarts: int
@@ -27,6 +28,8 @@ class EndedRun:
     cpus: int
     exit_code: int
     signal: int
+    gpus: int = 0
+    state: str = "REQUEUED"
 
 
 @dataclass(slots=True)
@@ -46,7 +49,8 @@ class Before:
 class Changes:
     """Collected while folding; read afterwards. One instance may span many events (a batch)."""
 
-    __slots__ = ("jobs", "nodes", "config", "reported", "signals", "invalid", "seq", "touches", "steps", "runs")
+    __slots__ = ("jobs", "nodes", "config", "reported", "signals", "invalid", "seq", "touches", "steps", "runs",
+                 "warnings")
 
     def __init__(self) -> None:
         self.jobs: dict[int, Before] = {}
@@ -60,6 +64,7 @@ class Changes:
         # steps touched, by (job id, run, step id): the step object and whether it existed before
         self.steps: dict[tuple[int, int, int], tuple["Step", bool]] = {}
         self.runs: list[EndedRun] = []          # runs of jobs that went back to the queue (sacct -D)
+        self.warnings: dict[int, int] = {}      # running jobs told to stop soon (preempted): the signal
 
     def job(self, job: "Job") -> None:
         """Note ``job`` before the current event changes it."""
@@ -104,6 +109,10 @@ class Changes:
         """Note that a running job was cancelled, to be stopped with ``signal``."""
         self.signals[job_id] = signal
 
+    def warned(self, job_id: int, signal: int) -> None:
+        """Note that a running job goes on for now but is sent ``signal`` (preempted with a grace time)."""
+        self.warnings[job_id] = signal
+
     def ignored(self, what: str) -> None:
         """The current event asked for a transition the state does not allow (it changed nothing)."""
         self.invalid.append((self.seq, what))
@@ -133,6 +142,9 @@ class InvalidOnly(Changes):
         return None
 
     def cancelled(self, job_id: int, signal: int) -> None:
+        return None
+
+    def warned(self, job_id: int, signal: int) -> None:
         return None
 
 

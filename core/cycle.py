@@ -6,6 +6,7 @@ from typing import Iterable, NamedTuple
 
 from . import events as ev
 from .fairshare import factors
+from .preempt import Preempter
 from .priority import PriorityContext
 from .profile import INF, ShapeSearch, Timeline
 from .reasons import Reason
@@ -81,6 +82,9 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         self.next_id = state.next_job_id
         # per-user QOS limits (AccountingStorageEnforce=limits): what each user holds under each QOS
         self.limit_use = LimitUse(state, now) if limits_enforced(state) else None
+        # PreemptType=preempt/qos with a QOS that may preempt another
+        self.preempter = Preempter(state, now) if cfg.preempt_type == "qos" and \
+            any(q.preempt for q in state.qos.values()) else None
         shares = factors(state, now) if cfg.priority.fairshare and state.associations else None
         self.prio_ctx = PriorityContext(cfg, sum(n.cpus for n in state.nodes.values()), state.qos, shares)
         default = cfg.default_partition()

@@ -3,14 +3,15 @@
 Keyed on each job's state before and after (Flux's transition -> action): a run that ended or was
 requeued without its agent reporting it is killed ("stopped"); a job that became RUNNING, or runs
 again after a requeue, is launched; a running job that was cancelled is killed with the cancel's
-signal; a running job whose time limit changed is updated. Each order goes to the job's batch host,
+signal; a running job whose time limit changed is updated; a running job preempted with a grace time
+is sent SIGTERM on each of its nodes. Each order goes to the job's batch host,
 the first node of its allocation (as in Slurm).
 """
 from __future__ import annotations
 
 from .arrays import parse_array
 from .changes import Changes
-from .orders import Kill, Launch, Order, StepKill, StepLaunch, Update
+from .orders import Kill, Launch, Order, Signal, StepKill, StepLaunch, Update
 from .state import RUNNING, Job, State
 from .steps import job_tasks
 
@@ -34,6 +35,10 @@ def orders(state: State, changes: Changes) -> list[tuple[str, Order]]:
                 out.append((node, Kill(job_id=jid, restarts=job.restarts, reason="cancelled", signal=signal)))
             elif job.time_limit != before.time_limit:
                 out.append((node, Update(job_id=jid, restarts=job.restarts, time_limit=job.time_limit or 0)))
+            warn = changes.warnings.get(jid)
+            if warn is not None and job.cancel_by is None:     # preempted: told now, stopped at its new limit
+                out.extend((a.node, Signal(job_id=jid, restarts=job.restarts, signal=warn, batch=i == 0, steps=True))
+                           for i, a in enumerate(job.alloc))
         elif running:
             out.append((job.alloc[0].node, launch(job)))
     for (jid, restarts, sid), (step, new) in changes.steps.items():

@@ -287,8 +287,28 @@ class JobRequeued(Model):
     user_hold: bool = False       # held by its owner (requeuehold by a user), not by an administrator
 
 
+class Victim(Model):
+    """A running job preempted for another: how it stops (``cancel``: PREEMPTED; ``requeue``: back to the
+    queue, keeping its id) and after how long (GraceTime: SIGTERM now, killed when it runs out)."""
+
+    job_id: int
+    restarts: int = 0             # the run preempted
+    mode: Literal["cancel", "requeue"]
+    grace: int = 0                # seconds
+
+
+class Preemption(Model):
+    """A pending job that preempts running jobs of QOS its own QOS may preempt (PreemptType=preempt/qos):
+    the victims, and every candidate it chose them from, in the order tried (fewest victims per node,
+    then the lowest QOS priority, then the youngest)."""
+
+    by: int
+    victims: tuple[Victim, ...]
+    candidates: tuple[int, ...] = ()
+
+
 class JobsStarted(Model):
-    """One scheduling cycle's decisions (only cycles that started something are logged)."""
+    """One scheduling cycle's decisions (only cycles that started or preempted something are logged)."""
 
     type: Literal["jobs.started"] = "jobs.started"
     v: int = 1
@@ -296,6 +316,7 @@ class JobsStarted(Model):
     now: int
     policy: str
     starts: tuple[Start, ...]
+    preemptions: tuple[Preemption, ...] = ()
 
 
 JobEndState = Literal["COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "CANCELLED", "NODE_FAIL"]
@@ -386,8 +407,9 @@ class QosRecord(Model):
     max_submit_jobs_per_user: int | None = None   # MaxSubmitJobsPerUser: pending and running
     max_tres_per_user: dict[str, int] = Field(default_factory=dict)   # MaxTRESPerUser: cpu, mem, gres/gpu
     max_wall: int | None = None                   # MaxWall, seconds
-    preempt: tuple[str, ...] = ()
-    preempt_mode: str = "off"
+    preempt: tuple[str, ...] = ()                 # QOS whose jobs this one's may preempt
+    preempt_mode: str = "cluster"                 # how its jobs stop when preempted: cluster, off, cancel, requeue
+    grace_time: int = 0                           # GraceTime, seconds between SIGTERM and the kill
 
 
 class AccountRecord(Model):

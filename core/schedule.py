@@ -78,13 +78,14 @@ class Decision:
     order: list[int] = field(default_factory=list)          # ranked job ids, best first
     priorities: dict[int, int] = field(default_factory=dict)
     checked: dict[int, tuple[int, ...]] = field(default_factory=dict)  # backfilled start -> resvs
+    preemptions: list[ev.Preemption] = field(default_factory=list)
 
     def event(self) -> ev.JobsStarted | None:
-        """The log event for this cycle, or None when it started nothing."""
-        if not self.starts:
+        """The log event for this cycle, or None when it started and preempted nothing."""
+        if not self.starts and not self.preemptions:
             return None
         return ev.JobsStarted(cycle=self.cycle, now=self.now, policy=self.policy,
-                              starts=tuple(self.starts))
+                              starts=tuple(self.starts), preemptions=tuple(self.preemptions))
 
 
 # ---------------------------------------------------------------- the cycle
@@ -284,6 +285,8 @@ def _walk(cy: Cycle, decision: Decision, ready: list, policy: Policy) -> None:
                     cy.limit_use.add(job, cy.request(job, best.partition), best.limit)
                 running_tasks += 1
                 continue
+            if cy.preempter is not None and cy.focus is None and cy.preempter.may_preempt(job):
+                _preempt(cy, decision, job, parts)
             why = _RESOURCES
             if parts[0] in resources_given or (len(parts) > 1 and not resources_given.isdisjoint(parts)):
                 why = _PRIORITY
@@ -297,6 +300,20 @@ def _walk(cy: Cycle, decision: Decision, ready: list, policy: Policy) -> None:
                 _explain_pending(cy, job, parts, pend, decision.reservations.get(jid))
             decision.pending[jid] = pend
             break
+
+
+def _preempt(cy: Cycle, decision: Decision, job: Job, parts: list[str]) -> None:
+    """Preempt what lets ``job`` start soonest in the first of its partitions where it can (rota.core.preempt);
+    it starts in a later cycle, once its victims have stopped."""
+    assert cy.preempter is not None
+    for pname in parts:
+        limit = effective_time_limit(job.time_limit, cy.parts[pname])
+        tls, _ = cy.eligible(job.spec, pname)
+        chosen = cy.preempter.choose(job, cy.request(job, pname), tls, limit or UNLIMITED_DURATION)
+        if chosen is not None:
+            if chosen.victims:
+                decision.preemptions.append(chosen)
+            return
 
 
 @dataclass(slots=True)

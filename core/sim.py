@@ -148,20 +148,36 @@ class Simulator:
                     runtimes[jid] = tj.runtime
                     trace_of[jid] = tj
                 else:
-                    jid, end_state, elapsed = payload
-                    job = state.jobs[jid]
+                    jid, end_state, elapsed, restarts = payload
+                    job = state.jobs.get(jid)
+                    if job is None or job.state != "RUNNING" or job.restarts != restarts:
+                        continue         # that run was preempted (stopped, or requeued and maybe running again)
                     busy_cpus -= sum(a.cpus for a in job.alloc)
                     busy_gpus -= sum(len(a.gpus) for a in job.alloc)
                     self._append(now, ev.JobExited(job_id=jid, state=end_state, elapsed=elapsed,
                                                    exit_code=0), "agent")
                     o = outcomes.get(jid)
                     if o is not None:
-                        o.end, o.state = now, end_state
+                        o.end, o.state = now, state.jobs[jid].state if jid in state.jobs else end_state
             if state.pending:
                 decision = self.decide(state, now)
                 cycles += 1
                 event = decision.event()
                 if event is not None:
+                    stopped = [v for p in event.preemptions for v in p.victims]
+                    for v in stopped:           # what stops now stops being busy now
+                        victim = state.jobs[v.job_id]
+                        if v.grace <= 0:
+                            busy_cpus -= sum(a.cpus for a in victim.alloc)
+                            busy_gpus -= sum(len(a.gpus) for a in victim.alloc)
+                            o = outcomes.get(v.job_id)
+                            if o is not None:
+                                o.end, o.state = now, "PREEMPTED"
+                        else:                   # its agent stops it when its grace time runs out
+                            heapq.heappush(pending_events, (now + v.grace, 0, order, "exit",
+                                                            (v.job_id, "TIMEOUT", now + v.grace - victim.start_time,
+                                                             v.restarts)))
+                            order += 1
                     self._append(now, event, "controller")
                     for s in event.starts:
                         run = runtimes.get(s.job_id, runtimes.get(s.array_job_id or -1, 0))
@@ -169,7 +185,9 @@ class Simulator:
                         end_state = "COMPLETED"
                         if self.kill_at_limit and limit and run > limit:
                             run, end_state = limit, "TIMEOUT"
-                        heapq.heappush(pending_events, (now + run, 0, order, "exit", (s.job_id, end_state, run)))
+                        restarts = state.jobs[s.job_id].restarts
+                        heapq.heappush(pending_events, (now + run, 0, order, "exit",
+                                                        (s.job_id, end_state, run, restarts)))
                         order += 1
                         o = outcomes.get(s.job_id)
                         if o is None:   # a split array task

@@ -13,7 +13,7 @@ from .events import AccountRecord, Association, ClusterConfig, JobSpec, NodeAllo
 from .request import NodeRequest, PartitionShape, partition_shape
 
 from .states import (  # noqa: F401 - re-exported: the job state names live in a light module
-    ACTIVE_STATES, CANCELLED, COMPLETED, FAILED, NODE_FAIL, OUT_OF_MEMORY, PENDING, RUNNING, STATE_CODES,
+    ACTIVE_STATES, CANCELLED, COMPLETED, FAILED, NODE_FAIL, OUT_OF_MEMORY, PENDING, PREEMPTED, RUNNING, STATE_CODES,
     TERMINAL_STATES, TIMEOUT,
 )
 
@@ -49,6 +49,8 @@ class Job:
     req: NodeRequest | None = None          # per-node request in ``partition`` (kept by apply)
     next_step: int = 0                      # the id the run's next step gets (``srun``)
     steps: dict[int, "Step"] | None = None  # the run's steps still running (None: none yet)
+    preempted_by: int | None = None         # the job that preempted this run (it ends at its grace time)
+    preempt_mode: str = ""                  # how: "cancel" or "requeue"
 
     @property
     def is_array_remainder(self) -> bool:
@@ -261,7 +263,7 @@ SNAPSHOT_VERSION = 4
 _JOB_SCALARS = ("job_id", "submit_seq", "submit_time", "state", "hold", "priority_override", "nice",
                 "time_limit", "partition", "eligible_time", "start_time", "end_time", "exit_code", "signal",
                 "max_rss", "elapsed", "array_job_id", "array_task_id", "array_pending", "array_throttle",
-                "restarts", "cancel_by", "backfilled", "start_cycle", "next_step")
+                "restarts", "cancel_by", "backfilled", "start_cycle", "next_step", "preempted_by", "preempt_mode")
 _NODE_SCALARS = ("name", "index", "cpus", "memory", "gpu_types", "weight", "alloc_cpus", "alloc_mem",
                  "gpu_owner", "jobs", "drain", "down", "not_responding", "invalid_reg", "registered", "reason",
                  "reason_by", "reason_time", "last_busy", "boot_time", "reported_gpus", "awaiting_agent")

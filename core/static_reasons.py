@@ -112,8 +112,9 @@ def static_reason(cy: Cycle, job: Job, parts: list[str]) -> Reason | None:
             return Reason("DependencyNeverSatisfied", about=spec.dependency)
         if status != OK:
             return Reason("Dependency", about=spec.dependency)
-    if spec.begin and spec.begin > cy.now:
-        return Reason("BeginTime", at=spec.begin, asked=spec.begin - cy.now)
+    begin = max(spec.begin or 0, job.eligible_time)    # a requeued job's eligible time may be later
+    if begin > cy.now:
+        return Reason("BeginTime", at=begin, asked=begin - cy.now)
     if job.array_pending is not None and job.array_throttle:
         state = cy.state
         running = sum(1 for t in state.array_tasks.get(job.job_id, ()) if state.jobs[t].state == RUNNING)

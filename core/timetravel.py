@@ -83,6 +83,8 @@ class WhyReport:
     policy: str = ""
     found: bool = True
     from_snapshot: int = 0            # the replay started from a snapshot at this sequence (0: from the start)
+    preempted: list[dict] = field(default_factory=list)          # each time it was preempted: by whom, why it
+    preempting: list[dict] = field(default_factory=list)         # each time it preempted others
 
 
 def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None,
@@ -211,6 +213,8 @@ class _Story:
             self.versions.append(e.version)
         if self.pending(st):
             _note_action(self.rep, env, e, self.job_id, self.watching)
+        if isinstance(e, ev.JobsStarted) and e.preemptions:
+            _note_preemptions(self.rep, st, env, e, self.job_id)
 
     def after(self, st: State, env: ev.Envelope) -> bool:
         """After ``env`` (which touched the job) is applied; True once the job has ended."""
@@ -526,6 +530,31 @@ def _merge(rep: WhyReport, sample: CycleSample | None) -> None:
     rep.backfilled_past.extend(sample.backfilled_past)
 
 
+def _note_preemptions(rep: WhyReport, st: State, env: ev.Envelope, e: ev.JobsStarted, job_id: int) -> None:
+    """A cycle's preemptions that name the job, as victim or preemptor, with the state just before them:
+    who, under which QOS, and every candidate in the order tried."""
+    qos_prio = {q.name: q.priority for q in st.qos.values()}
+
+    def who(jid: int) -> dict:
+        job = st.jobs.get(jid)
+        if job is None:
+            return {"job_id": jid}
+        return {"job_id": jid, "user": job.spec.user, "qos": job.spec.qos, "qos_priority": qos_prio.get(job.spec.qos, 0),
+                "start": job.start_time or None}
+
+    for p in e.preemptions:
+        chosen = {v.job_id: v for v in p.victims}
+        if job_id in chosen:
+            v = chosen[job_id]
+            rep.preempted.append({"time": env.ts, "seq": env.seq, "by": who(p.by), "mode": v.mode, "grace": v.grace,
+                                  "victims": sorted(chosen), "candidates": [who(c) for c in p.candidates],
+                                  "may_preempt": list(st.qos[st.jobs[p.by].spec.qos].preempt)
+                                  if p.by in st.jobs and st.jobs[p.by].spec.qos in st.qos else []})
+        elif p.by == job_id:
+            rep.preempting.append({"time": env.ts, "seq": env.seq, "victims": [who(v) for v in sorted(chosen)],
+                                   "candidates": len(p.candidates)})
+
+
 def _note_action(rep: WhyReport, env: ev.Envelope, e: Any, job_id: int, nodes: set[str]) -> None:
     kind: str | None = None
     if isinstance(e, _JOB_ACTIONS) and e.job_id == job_id:
@@ -565,7 +594,7 @@ def verify(envelopes: Iterable[ev.Envelope], from_seq: int = 1, to_seq: int | No
         if isinstance(e, ev.JobsStarted) and env.seq >= from_seq:
             if pick is None or pick(k):
                 d = schedule(st, e.now, e.policy)
-                yield env.seq, _compare(env.seq, e, d.starts)
+                yield env.seq, _compare(env.seq, e, d.starts) or _compare_preemptions(env.seq, e, d.preemptions)
             k += 1
         apply(st, env)
 
@@ -582,6 +611,24 @@ def _compare(seq: int, e: ev.JobsStarted, starts: list[ev.Start]) -> Divergence 
         return Divergence(seq, e.cycle, None, "order " + ",".join(str(s.job_id) for s in e.starts),
                           "order " + ",".join(str(s.job_id) for s in starts))
     return None
+
+
+def _compare_preemptions(seq: int, e: ev.JobsStarted, again: list[ev.Preemption]) -> Divergence | None:
+    """The first preemption that differs between the recorded cycle and its re-run (None: the same)."""
+    for a, b in zip(list(e.preemptions) + [None] * len(again), list(again) + [None] * len(e.preemptions)):
+        if a == b:
+            continue
+        if a is None and b is None:
+            break
+        return Divergence(seq, e.cycle, (a or b).by if (a or b) is not None else None, _preemption_text(a),
+                          _preemption_text(b))
+    return None
+
+
+def _preemption_text(p: ev.Preemption | None) -> str:
+    if p is None:
+        return "no preemption"
+    return f"job {p.by} preempted " + ", ".join(f"{v.job_id} ({v.mode}, grace {v.grace}s)" for v in p.victims)
 
 
 def _start_text(s: ev.Start | None) -> str:

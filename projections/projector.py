@@ -202,8 +202,8 @@ class Projector:
             rows.append(job_row(job, before.seq, reason))
         for (jid, _run, _sid), (step, _new) in changes.steps.items():
             steps.append(step_row(jid, step))
-        runs = [(r.job_id, r.restarts, r.start, r.end, ",".join(r.nodes), r.cpus, r.exit_code, r.signal)
-                for r in changes.runs]
+        runs = [(r.job_id, r.restarts, r.start, r.end, ",".join(r.nodes), r.cpus, r.exit_code, r.signal, r.gpus,
+                 r.state) for r in changes.runs]
         nodes = self._node_rows() if changes.nodes or changes.config else None
         partitions = self._partition_rows() if changes.config else None
         snapshot = None
@@ -219,7 +219,7 @@ class Projector:
         db = self.db
         await db.executemany(_UPSERT_JOB, rows)
         if runs:
-            await db.executemany("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)", runs)
+            await db.executemany("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", runs)
         if steps:
             await db.executemany(f"INSERT OR REPLACE INTO steps VALUES ({', '.join('?' * 13)})", steps)
         for (user, account, part), (cpu, gpu, jobs) in usage.items():

@@ -129,3 +129,23 @@ def job_seqs(path: str, job_id: int) -> tuple[int, int, bool] | None:
     if not row or not row[0]:
         return None
     return row[0], row[1], bool(row[2])
+
+
+def usage(conn, start: int, end: int, now: int, only_uid: int | None = None) -> list:
+    """CPU- and GPU-seconds each (account, user) used within [start, end): every run's allocation times the
+    part of it inside the period (a running job's up to ``now``), the runs of requeued jobs included."""
+    mine = "" if only_uid is None else " AND j.uid = :uid"
+    return conn.execute(f"""
+        SELECT account, user, SUM(cpus * secs) AS cpu_seconds, SUM(gpus * secs) AS gpu_seconds,
+               COUNT(DISTINCT job_id) AS jobs
+        FROM (SELECT j.job_id, j.account, j.user, COALESCE(j.alloc_cpus, 0) AS cpus,
+                     COALESCE(j.alloc_gpus, 0) AS gpus,
+                     MIN(COALESCE(NULLIF(j.end_time, 0), :now), :end) - MAX(j.start, :start) AS secs
+              FROM jobs j WHERE j.start > 0{mine}
+              UNION ALL
+              SELECT r.job_id, j.account, j.user, COALESCE(r.alloc_cpus, 0), COALESCE(r.alloc_gpus, 0),
+                     MIN(r.end_time, :end) - MAX(r.start, :start)
+              FROM runs r JOIN jobs j ON j.job_id = r.job_id WHERE r.start > 0{mine})
+        WHERE secs > 0
+        GROUP BY account, user ORDER BY account, user""",
+                        {"start": start, "end": end, "now": now, "uid": only_uid}).fetchall()

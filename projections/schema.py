@@ -1,6 +1,6 @@
 """The SQLite tables the projector maintains (squeue/sinfo/sacct views of the log)."""
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -36,9 +36,9 @@ CREATE TABLE IF NOT EXISTS steps (   -- ``batch`` and each srun step (``0``, ``1
     ntasks INTEGER, cpus INTEGER, nodes TEXT,
     PRIMARY KEY (job_id, step)
 );
-CREATE TABLE IF NOT EXISTS runs (    -- earlier runs of requeued jobs (sacct -D: REQUEUED)
+CREATE TABLE IF NOT EXISTS runs (    -- earlier runs of requeued jobs (sacct -D: REQUEUED or PREEMPTED)
     job_id INTEGER, restarts INTEGER, start INTEGER, end_time INTEGER, nodes TEXT, alloc_cpus INTEGER,
-    exit_code INTEGER, signal INTEGER,
+    exit_code INTEGER, signal INTEGER, alloc_gpus INTEGER, state TEXT,
     PRIMARY KEY (job_id, restarts)
 );
 CREATE TABLE IF NOT EXISTS nodes (

@@ -51,7 +51,7 @@ def test_sacctmgr_plans_become_records_in_the_state():
     (("add", "user", ["bob"], {}, {"account": "physics", "qos": "fast"}), "qos fast does not exist"),
     (("add", "qos", ["fast"], {}, {"maxwall": "soon"}), "MaxWall=soon: not a time"),
     (("add", "qos", ["fast"], {}, {"maxtresperuser": "disk=4"}), "TRES 'disk=4'"),
-    (("add", "qos", ["fast"], {}, {"preemptmode": "suspend"}), "PreemptMode=suspend: use off, cancel or requeue"),
+    (("add", "qos", ["fast"], {}, {"preemptmode": "suspend"}), "PreemptMode=suspend: use cluster, off, cancel or requeue"),
     (("delete", "account", ["physics"], {}, {}), "account physics still has users (alice)"),
     (("delete", "qos", ["gpu"], {}, {}), "qos gpu is still allowed to alice/physics"),
     (("modify", "qos", ["nope"], {}, {"priority": "1"}), "qos nope does not exist"),

@@ -18,11 +18,14 @@ from rota.core.apply import fold
 from rota.wire import keys
 
 from helpers import run_as, signed_headers
+from helpers import wait_for as wait_until
 
 BIN = Path(sys.executable).parent
 CONF = """GresTypes=gpu
 NodeName=gpu[01-04] CPUs=64 RealMemory=257000 Gres=gpu:a100:8
 PartitionName=short Nodes=gpu[01-04] Default=YES MaxTime=1:00:00
+PreemptType=preempt/qos
+PreemptMode=REQUEUE
 """
 
 
@@ -493,3 +496,24 @@ def test_sacctmgr_manages_accounts_users_and_qos_and_only_admins_change_them(up)
     r = run(up, "sprio", "-l", "-j", job)
     assert r.returncode == 0 and r.stdout.splitlines()[1].split()[:5] == [job, "short", "root", "physics", "0"], r.stdout
     run(up, "scancel", job)
+
+
+def test_a_preempted_job_is_requeued_keeps_its_id_and_sacct_why_and_report_tell_it(up):
+    def state_of(job):
+        return run(up, "squeue", "-h", "-j", job, "-o", "%T|%r").stdout.strip()
+
+    assert run(up, "sacctmgr", "-i", "add", "qos", "scav", "PreemptMode=requeue").returncode == 0
+    assert run(up, "sacctmgr", "-i", "add", "qos", "urgent", "Priority=100", "Preempt=scav").returncode == 0
+    victim = run(up, "sbatch", "--parsable", "-q", "scav", "--gres=gpu:8", "-t", "30", "--wrap", "sleep 300").stdout.strip()
+    wait_until(lambda: state_of(victim).startswith("RUNNING"), 20, f"job {victim} to run")
+    urgent = run(up, "sbatch", "--parsable", "-q", "urgent", "--gres=gpu:8", "-t", "30", "--wrap", "sleep 300").stdout.strip()
+    wait_until(lambda: state_of(urgent).startswith("RUNNING"), 30, f"job {urgent} to run")
+    assert state_of(victim) == "PENDING|BeginTime"        # requeued, eligible again after the requeue delay
+    r = run(up, "sacct", "-D", "-X", "-n", "-P", "-j", victim, "-o", "JobID,State,Restarts")
+    assert r.stdout.splitlines() == [f"{victim}|PREEMPTED|0", f"{victim}|PENDING|1"], r.stdout + r.stderr
+    r = run(up, "rota", "why", victim)
+    assert r.returncode == 0 and f"job {urgent} (root, QOS urgent) preempted it" in r.stdout, r.stdout + r.stderr
+    r = run(up, "rota", "report", "usage", "-P")
+    assert r.returncode == 0 and r.stdout.splitlines()[0] == "Account|User|CPU hours|GPU hours|Jobs", r.stdout + r.stderr
+    assert any(line.split("|")[1] == "root" for line in r.stdout.splitlines()[1:]), r.stdout
+    run(up, "scancel", victim, urgent)
