@@ -127,7 +127,8 @@ def requeued_values(job: dict[str, str], run: queries.Row) -> dict[str, str]:
 
     v = dict(job)
     elapsed = max(0, (run["end_time"] or 0) - (run["start"] or 0))
-    v.update({"state": run["state"] or "REQUEUED", "exitcode": f"{run['exit_code']}:{run['signal']}", "start": timestamp(run["start"]),
+    v.update({"state": run["state"] or "REQUEUED", "exitcode": f"{run['exit_code']}:{run['signal']}",
+              "start": timestamp(run["start"]),
               "end": timestamp(run["end_time"]), "elapsed": format_duration(elapsed), "elapsedraw": str(elapsed),
               "nodelist": compress(run["nodes"].split(",")) if run["nodes"] else "None assigned",
               "alloccpus": str(run["alloc_cpus"] or 0), "restarts": str(run["restarts"]),

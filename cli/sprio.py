@@ -39,7 +39,7 @@ def render(reply: dict, o: dict) -> list[str]:
     if o.get("weights"):
         weights = reply["weights"]
         cells = []
-        for head, w, left, key in cols:
+        for _head, w, left, key in cols:
             if key == "job_id":
                 cells.append(_fit("Weights", w, left))
             elif key == "site":

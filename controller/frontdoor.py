@@ -329,9 +329,9 @@ async def _shares(c: Any, caller: Caller, r: rq.NoArgs, rid: str) -> dict:
     for jid in s.running:
         job = s.jobs[jid]
         left = max(0, job.start_time + (job.time_limit or 0) - now) // 60 if job.time_limit else 0
-        r = running.setdefault(job.spec.account, [0, 0])
-        r[0] += sum(a.cpus for a in job.alloc) * left
-        r[1] += sum(len(a.gpus) for a in job.alloc) * left
+        held = running.setdefault(job.spec.account, [0, 0])
+        held[0] += sum(a.cpus for a in job.alloc) * left
+        held[1] += sum(len(a.gpus) for a in job.alloc) * left
     rows = []
     for row in share_rows(s, now):
         if hide and row.user and row.user != caller.user:

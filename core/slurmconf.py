@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import shlex
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import events as ev
 from .hostlist import HostlistError, expand
@@ -287,7 +288,7 @@ def _parse_enforce(ctx: _Ctx, vals: dict[str, tuple[int, str]]) -> tuple[str, ..
     return tuple(sorted(set(words) & {"associations", "limits", "qos", "safe"}))
 
 
-def _parse_preempt(ctx: _Ctx, vals: dict[str, tuple[int, str]]) -> tuple[str, str]:
+def _parse_preempt(ctx: _Ctx, vals: dict[str, tuple[int, str]]) -> tuple[Any, Any]:
     """PreemptType (preempt/none or preempt/qos) and the cluster's PreemptMode (OFF, CANCEL or REQUEUE)."""
     ptype, mode = "none", "off"
     if "preempttype" in vals:

@@ -615,13 +615,13 @@ def _compare(seq: int, e: ev.JobsStarted, starts: list[ev.Start]) -> Divergence 
 
 def _compare_preemptions(seq: int, e: ev.JobsStarted, again: list[ev.Preemption]) -> Divergence | None:
     """The first preemption that differs between the recorded cycle and its re-run (None: the same)."""
-    for a, b in zip(list(e.preemptions) + [None] * len(again), list(again) + [None] * len(e.preemptions)):
-        if a == b:
-            continue
-        if a is None and b is None:
-            break
-        return Divergence(seq, e.cycle, (a or b).by if (a or b) is not None else None, _preemption_text(a),
-                          _preemption_text(b))
+    recorded = list(e.preemptions)
+    for i in range(max(len(recorded), len(again))):
+        a = recorded[i] if i < len(recorded) else None
+        b = again[i] if i < len(again) else None
+        if a != b:
+            by = a.by if a is not None else b.by if b is not None else None
+            return Divergence(seq, e.cycle, by, _preemption_text(a), _preemption_text(b))
     return None
 
 

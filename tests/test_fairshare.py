@@ -1,6 +1,6 @@
 """Usage decay, fair-share (classic and Fair Tree), limits through parent accounts, and fair-share
 converging in the simulator, which runs the production policy code."""
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from rota.core import events as ev
