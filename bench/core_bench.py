@@ -50,7 +50,8 @@ def random_spec(rng: random.Random, user: int) -> ev.JobSpec:
     else:
         gpus, nodes, limit = 8, rng.choice([2, 3, 4]), rng.choice([86400, 172800])
     gtype = rng.choice(TYPES) if rng.random() < 0.4 else None
-    return ev.JobSpec(name=f"job{user}", user=f"user{user:03d}", nodes=nodes, nodes_given=True,
+    return ev.JobSpec(name=f"job{user}", user=f"user{user:03d}", account=f"acct{user % 20:02d}", nodes=nodes,
+                      nodes_given=True,
                       ntasks=nodes, cpus_per_task=8 * gpus, gpus_per_node=gpus, gpu_type=gtype,
                       mem_per_node=64 * GIB * gpus, time_limit=limit)
 
@@ -159,24 +160,33 @@ def event_stream(n_events: int, seed: int = 2, nodes: int = 1000) -> list[ev.Env
 TARGETS = {"conservative": (10000, 1.0), "easy": (50000, 1.0)}
 
 
-def _with_qos_limits(state: State, pending: int, runs: int, cmd: str) -> Figure:
-    """The conservative cycle with per-user QOS limits enforced on every job (AccountingStorageEnforce=limits:
-    MaxJobsPerUser and MaxTRESPerUser on the QOS all jobs use)."""
-    config, qos = state.config, state.qos
+def _with_accounting(state: State, pending: int, runs: int, cmd: str) -> Figure:
+    """The conservative cycle with fair-share and limits: 200 users in 20 accounts under 4 departments
+    (shares, usage from the day of history, Fair Tree, PriorityWeightFairshare), per-user QOS limits
+    (MaxJobsPerUser, MaxTRESPerUser) and departments' GrpTRES, enforced on every job."""
+    saved = state.config, state.qos, state.accounts, state.associations
+    config = saved[0]
     assert config is not None
-    state.config = config.model_copy(update={"accounting_enforce": ("associations", "limits")})
+    prio = config.priority.model_copy(update={"fairshare": 10000})
+    state.config = config.model_copy(update={"accounting_enforce": ("associations", "limits"), "priority": prio})
     state.qos = {"normal": ev.QosRecord(name="normal", max_jobs_per_user=30, max_tres_per_user={"gres/gpu": 48})}
+    state.accounts = {f"dept{d}": ev.AccountRecord(name=f"dept{d}", fairshare=1 + d, grp_tres={"gres/gpu": 2400})
+                      for d in range(4)}
+    state.accounts.update({f"acct{a:02d}": ev.AccountRecord(name=f"acct{a:02d}", parent=f"dept{a % 4}",
+                                                            fairshare=1 + a % 3) for a in range(20)})
+    state.associations = {(f"user{u:03d}", f"acct{u % 20:02d}"): ev.Association(user=f"user{u:03d}",
+                                                                                account=f"acct{u % 20:02d}")
+                          for u in range(200)}
     try:
         gc.collect()
         med, _ = median_time(lambda: schedule(state, T0 + 600, "conservative"), runs)
         d = schedule(state, T0 + 600, "conservative")
     finally:
-        state.config, state.qos = config, qos
-    held = sum(1 for p in d.pending.values() if p.reason.startswith("QOS"))
+        state.config, state.qos, state.accounts, state.associations = saved
+    held = sum(1 for p in d.pending.values() if p.reason.startswith(("QOS", "Assoc")))
     target, met = ("<= 1.0 s", med <= 1.0) if pending == 10000 else ("", None)
-    return Figure(f"cycle conservative with QOS limits, {pending:,} pending", med, "s", target, met,
-                  f"{cmd} --pending {pending}", f"{len(d.starts)} starts, {held} held by a QOS limit; "
-                  "no fair-share yet")
+    return Figure(f"cycle conservative with fair-share and limits, {pending:,} pending", med, "s", target, met,
+                  f"{cmd} --pending {pending}", f"{len(d.starts)} starts, {held} held by a QOS or association limit")
 
 
 def run(runs: int, pendings: list[int], n_events: int) -> list[Figure]:
@@ -200,7 +210,7 @@ def run(runs: int, pendings: list[int], n_events: int) -> list[Figure]:
             figures.append(Figure(f"cycle {policy}, {pending:,} pending", med, "s", target, met,
                                   f"{cmd} --pending {pending}",
                                   f"{len(d.starts)} starts, {len(d.reservations)} reservations"))
-        figures.append(_with_qos_limits(state, pending, runs, cmd))
+        figures.append(_with_accounting(state, pending, runs, cmd))
     if n_events:
         t = time.perf_counter()
         stream = event_stream(n_events)

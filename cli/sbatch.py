@@ -295,6 +295,8 @@ def _lists(o: dict, spec: dict) -> None:
     for attr in ("constraint", "dependency", "account", "qos", "output", "error"):
         if o.get(attr):
             spec[attr] = o[attr]
+    if o.get("qos"):
+        spec["qos_given"] = True
     if o.get("signal"):
         from rota.core.signals import parse_warning
 

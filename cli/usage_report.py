@@ -72,41 +72,43 @@ def run(argv: list[str], out: Any, err: Any, db: str | None = None, uid: int | N
         err.write(f"rota report usage: cannot read the projection {path}: {exc}\n")
         return 1
     if o.get("parquet"):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        cols = {"account": [r[0] for r in rows], "user": [r[1] for r in rows],
-                "cpu_seconds": pa.array([r[2] for r in rows], pa.int64()),
-                "gpu_seconds": pa.array([r[3] for r in rows], pa.int64()), "jobs": pa.array([r[4] for r in rows], pa.int64()),
-                "period_start": pa.array([start] * len(rows), pa.int64()),
-                "period_end": pa.array([end] * len(rows), pa.int64())}
-        pq.write_table(pa.table(cols), o["parquet"])
+        _write_parquet(o["parquet"], rows, start, end)
         out.write(f"{o['parquet']}: {len(rows)} rows\n")
         return 0
+    out.write("".join(line + "\n" for line in render(rows, start, end, bool(o.get("parsable")))))
+    return 0
+
+
+def _write_parquet(path: str, rows: list[tuple], start: int, end: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cols = {"account": [r[0] for r in rows], "user": [r[1] for r in rows],
+            "cpu_seconds": pa.array([r[2] for r in rows], pa.int64()),
+            "gpu_seconds": pa.array([r[3] for r in rows], pa.int64()), "jobs": pa.array([r[4] for r in rows], pa.int64()),
+            "period_start": pa.array([start] * len(rows), pa.int64()),
+            "period_end": pa.array([end] * len(rows), pa.int64())}
+    pq.write_table(pa.table(cols), path)
+
+
+def render(rows: list[tuple], start: int, end: int, parsable: bool) -> list[str]:
+    """The report's lines: per (account, user), and each account's total."""
     lines = [(acct or "(none)", user, f"{cpu / 3600:.2f}", f"{gpu / 3600:.2f}", str(n)) for acct, user, cpu, gpu, n in rows]
+    if parsable:
+        return ["|".join(HEADER)] + ["|".join(line) for line in lines]
     totals: dict[str, list[float]] = {}
     for acct, _user, cpu, gpu, _n in rows:
         t = totals.setdefault(acct or "(none)", [0, 0])
         t[0] += cpu
         t[1] += gpu
-    if o.get("parsable"):
-        out.write("|".join(HEADER) + "\n" + "".join("|".join(line) + "\n" for line in lines))
-        return 0
     when = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(start)) + " - " + \
         time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end))
-    out.write(f"Usage by account and user {when} (CPU and GPU hours)\n")
-    out.write(f"{'Account':<16} {'User':<12} {'CPU hours':>12} {'GPU hours':>12} {'Jobs':>8}\n")
-    out.write(f"{'-' * 16} {'-' * 12} {'-' * 12} {'-' * 12} {'-' * 8}\n")
-    last = None
-    for line in lines:
-        if last is not None and line[0] != last:
-            _total(out, last, totals[last])
-        last = line[0]
-        out.write(f"{line[0]:<16} {line[1]:<12} {line[2]:>12} {line[3]:>12} {line[4]:>8}\n")
-    if last is not None:
-        _total(out, last, totals[last])
-    return 0
-
-
-def _total(out: Any, account: str, t: list[float]) -> None:
-    out.write(f"{account:<16} {'(all)':<12} {t[0] / 3600:>12.2f} {t[1] / 3600:>12.2f} {'':>8}\n")
+    out = [f"Usage by account and user {when} (CPU and GPU hours)",
+           f"{'Account':<16} {'User':<12} {'CPU hours':>12} {'GPU hours':>12} {'Jobs':>8}",
+           f"{'-' * 16} {'-' * 12} {'-' * 12} {'-' * 12} {'-' * 8}"]
+    for i, line in enumerate(lines):
+        out.append(f"{line[0]:<16} {line[1]:<12} {line[2]:>12} {line[3]:>12} {line[4]:>8}")
+        if i + 1 == len(lines) or lines[i + 1][0] != line[0]:
+            t = totals[line[0]]
+            out.append(f"{line[0]:<16} {'(all)':<12} {t[0] / 3600:>12.2f} {t[1] / 3600:>12.2f} {'':>8}")
+    return out

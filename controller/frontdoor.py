@@ -28,10 +28,10 @@ from rota.core import events as ev
 from rota.core.auth import Caller, caller as make_caller
 from rota.wire.subjects import CRED_HEADER, RID_HEADER
 
-from . import requests as rq
+from . import accounting_views, requests as rq
 from .eventlog import FencedError, LogUnavailable
 from .recent import Recent
-from .views import Raw, private_jobs
+from .views import Raw
 
 log = logging.getLogger("rota.controller.api")
 
@@ -178,7 +178,6 @@ def encode(result: dict | Raw, rid: str = "") -> bytes:
                         default=lambda v: orjson.Fragment(v.data) if isinstance(v, Raw) else str(v))
 
 
-
 # ---------------------------------------------------------------- the verbs
 
 
@@ -308,56 +307,17 @@ async def _acct_change(c: Any, caller: Caller, r: rq.AccountingChange, rid: str)
 
 @verb("acct_show", rq.NoArgs)
 async def _acct_show(c: Any, caller: Caller, r: rq.NoArgs, rid: str) -> dict:
-    s = c.state
-    return {"ok": True, "accounts": [a.model_dump(mode="json") for a in s.accounts.values()],
-            "associations": [a.model_dump(mode="json") for a in s.associations.values()],
-            "defaults": s.default_accounts, "qos": [q.model_dump(mode="json") for q in s.qos.values()],
-            "cluster": s.config.cluster_name if s.config is not None else "rota"}
+    return {"ok": True, **accounting_views.records(c.state)}
 
 
 @verb("shares", rq.NoArgs)
 async def _shares(c: Any, caller: Caller, r: rq.NoArgs, rid: str) -> dict:
-    """``sshare``: the account tree's shares, decayed usage and fair-share factors (others' users hidden with
-    PrivateData=usage)."""
-    from rota.core.fairshare import share_rows
-
-    s, now = c.state, c.now()
-    cfg = s.config
-    hide = cfg is not None and "usage" in cfg.auth.private_data and not caller.operator
-    mins = {a.name: a.grp_tres_mins for a in s.accounts.values()}
-    running: dict[str, list[int]] = {}        # account -> [CPU-minutes, GPU-minutes] its running jobs have left
-    for jid in s.running:
-        job = s.jobs[jid]
-        left = max(0, job.start_time + (job.time_limit or 0) - now) // 60 if job.time_limit else 0
-        held = running.setdefault(job.spec.account, [0, 0])
-        held[0] += sum(a.cpus for a in job.alloc) * left
-        held[1] += sum(len(a.gpus) for a in job.alloc) * left
-    rows = []
-    for row in share_rows(s, now):
-        if hide and row.user and row.user != caller.user:
-            continue
-        rows.append({"account": row.account, "user": row.user, "depth": row.depth, "raw_shares": row.raw_shares,
-                     "norm_shares": float(row.norm_shares), "raw_usage": row.raw_usage,
-                     "norm_usage": float(row.norm_usage), "effective_usage": float(row.effective_usage),
-                     "level_fs": None if row.level_fs is None else float(row.level_fs),
-                     "factor": row.factor / 1_000_000, "grp_tres_mins": mins.get(row.account, {}) if not row.user else {},
-                     "run_mins": running.get(row.account, [0, 0]) if not row.user else [0, 0]})
-    return {"ok": True, "rows": rows, "fair_tree": cfg.priority.fair_tree if cfg is not None else True,
-            "caller": caller.user}
+    return {"ok": True, **accounting_views.shares(c.state, c.now(), caller)}
 
 
 @verb("priorities", rq.NoArgs)
 async def _priorities(c: Any, caller: Caller, r: rq.NoArgs, rid: str) -> dict:
-    """``sprio``: each pending job's priority and its weighted factors, and the weights."""
-    from rota.core.schedule import factors_of
-
-    s = c.state
-    cfg = s.config
-    mine = private_jobs(s, caller)
-    ids = [j for j in s.pending if not mine or s.jobs[j].spec.uid == caller.uid]
-    rows = [{"job_id": jid, "partition": part, "user": s.jobs[jid].spec.user, "account": s.jobs[jid].spec.account,
-             "factors": list(f)} for jid, (part, f) in factors_of(s, c.now(), ids).items()]
-    return {"ok": True, "rows": rows, "weights": cfg.priority.model_dump(mode="json") if cfg is not None else {}}
+    return {"ok": True, **accounting_views.priorities(c.state, c.now(), caller)}
 
 
 @verb("release_allocation", rq.ReleaseAllocation, writes=True)

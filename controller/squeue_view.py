@@ -91,7 +91,7 @@ FIELDS = {
     "U": lambda j, now: str(j.get("uid", 0)),
     "Q": lambda j, now: str(j.get("priority", 0)),
     "p": lambda j, now: str(j.get("priority", 0)),
-    "q": lambda j, now: "normal",
+    "q": lambda j, now: j.get("qos") or "normal",
 }
 NOW_DEPENDENT = frozenset("ML")   # specifiers whose text for a running job changes every second
 

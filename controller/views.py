@@ -190,7 +190,7 @@ class Views:
             "expected_start": p.start if p is not None else None,
             "priority": (d.priorities.get(jid, 0) if d is not None else 0) if pending else 0,
             "sched_nodes": list(d.reservations[jid].nodes) if d is not None and jid in d.reservations else [],
-            "account": job.spec.account, "uid": job.spec.uid,
+            "account": job.spec.account, "qos": job.spec.qos, "uid": job.spec.uid,
             "cpus": sum(a.cpus for a in job.alloc) or (job.req.total_cpus if job.req else 1),
             "end_time": job.end_time,
         }

@@ -264,17 +264,19 @@ def enforced(state: State) -> bool:
     return cfg is not None and "associations" in cfg.accounting_enforce
 
 
-def check_submit(state: State, user: str, account: str, qos: str) -> tuple[str, str]:
+def check_submit(state: State, user: str, account: str, qos: str, qos_given: bool = True) -> tuple[str, str]:
     """The account and QOS a job of ``user`` runs under: the user's default account when none is named,
-    the association's default QOS (else ``normal``) when none is named; raises AccountingError with
-    Slurm's words when accounting is enforced and the association or QOS is not the user's."""
+    the association's default QOS (else ``normal``) when none was named (``qos_given`` False and ``qos``
+    the default ``normal``); raises AccountingError with Slurm's words when accounting is enforced and the
+    association or QOS is not the user's."""
     if not enforced(state):
         return account, qos
     account = account or state.default_accounts.get(user, "")
     assoc = state.associations.get((user, account))
     if assoc is None:
         raise AccountingError(INVALID_ACCOUNT)
-    qos = qos or assoc.default_qos or "normal"
+    if not qos or (not qos_given and qos == "normal"):
+        qos = assoc.default_qos or "normal"
     if qos not in assoc.qos or (qos != "normal" and qos not in state.qos):
         raise AccountingError(INVALID_QOS)
     return account, qos

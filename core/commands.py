@@ -90,7 +90,7 @@ def submit(state: State, spec: ev.JobSpec, job_id: int, caller: Caller = ROOT) -
         raise refusals[0]
     if accounting.enforced(state):
         try:
-            account, qos = accounting.check_submit(state, spec.user, spec.account, spec.qos)
+            account, qos = accounting.check_submit(state, spec.user, spec.account, spec.qos, spec.qos_given)
         except accounting.AccountingError as exc:
             raise Rejected(str(exc), code="account" if str(exc) == accounting.INVALID_ACCOUNT else "qos") from None
         if (account, qos) != (spec.account, spec.qos):

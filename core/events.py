@@ -140,6 +140,7 @@ class JobSpec(Model):
     gid: int = 0
     account: str = ""                     # --account
     qos: str = "normal"                   # --qos
+    qos_given: bool = False               # --qos was named (else the association's default QOS applies)
     partitions: tuple[str, ...] = ()      # --partition (empty = default partition)
     nodes: int = 1                        # --nodes (minimum)
     nodes_given: bool = False

@@ -4,9 +4,10 @@ Usage is CPU-seconds (Slurm's billing without TRESBillingWeights), decayed by :m
 Two algorithms, as Slurm 22.05 has them:
 
 * **Fair Tree** (the default): at each level every child's Level Fairshare is ``LF = S / U``, its shares
-  over its siblings' and its usage over its siblings'; children are visited in descending LF (ties by
-  name), users ranked in the order met, depth first; a user's factor is ``rank / users`` (the first met
-  gets 1.0; users of one account with equal LF share a rank).
+  over its siblings' and its usage over its siblings' (no usage: infinite); children are visited in
+  descending LF, users ranked in the order met, depth first; a user's factor is ``rank / users`` (the
+  first met gets 1.0). Users with equal LF share a rank; accounts with equal LF have their children
+  ranked together.
 * **classic** (``PriorityFlags=NO_FAIR_TREE``): ``F = 2^(-UE/S)`` with S the shares normalised down the
   tree and UE the effective usage, ``U + (UE(parent) - U) * shares / siblings' shares`` (``U`` for
   children of root); 0.5 means exactly at its share.
@@ -120,24 +121,26 @@ def _rank(rows: list[ShareRow]) -> None:
 
     def lf_key(i: int) -> tuple:
         lf = rows[i].level_fs
-        return (0, Fraction(0), rows[i].account, rows[i].user) if lf is None else (1, -lf, rows[i].account, rows[i].user)
+        return (0, Fraction(0)) if lf is None else (1, -lf)
 
-    def visit(i: int) -> None:
-        kids = sorted(below.get(i, ()), key=lf_key)
-        last: tuple | None = None
-        for k in kids:
-            if rows[k].user:
-                key = lf_key(k)[:2]
-                if key == last and ordered:
-                    ordered[-1].append(k)
-                else:
-                    ordered.append([k])
-                last = key
-            else:
-                last = None
-                visit(k)
+    def visit(children: list[int]) -> None:
+        """Rank the users under ``children`` (siblings, or the merged children of tied siblings)."""
+        kids = sorted(children, key=lambda k: (lf_key(k), rows[k].account, rows[k].user))
+        i = 0
+        while i < len(kids):
+            j = i
+            while j < len(kids) and lf_key(kids[j]) == lf_key(kids[i]):
+                j += 1
+            tied = kids[i:j]
+            users = [k for k in tied if rows[k].user]
+            if users:
+                ordered.append(users)
+            merged = [c for k in tied if not rows[k].user for c in below.get(k, ())]
+            if merged:
+                visit(merged)
+            i = j
 
-    visit(0)
+    visit(below.get(0, []))
     count = sum(len(g) for g in ordered)
     rank = count
     for group in ordered:

@@ -260,3 +260,12 @@ def test_an_accounts_used_and_reserved_minutes_never_pass_its_grp_tres_mins(jobs
         h.now = later
         if running and ran % 2 and running[0].state == "RUNNING":
             h.finish(running[0].job_id)       # one that ends early, having used less than it reserved
+
+
+def test_a_job_that_names_no_qos_runs_under_its_associations_default_qos():
+    h = harness()
+    h.put(plan(h.state, "modify", "user", ["alice"], {"account": "theory"}, {"defaultqos": "gpu"}))
+    spec = ev.JobSpec(user="alice", uid=1001)
+    assert submit(h.state, spec, 9, ALICE).spec.qos == "gpu"                       # sbatch without -q
+    named = spec.model_copy(update={"qos": "normal", "qos_given": True})         # sbatch -q normal
+    assert submit(h.state, named, 9, ALICE).spec.qos == "normal"

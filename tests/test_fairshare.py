@@ -134,3 +134,9 @@ def test_fairshare_evens_out_two_accounts_usage_over_a_simulated_week():
     assert abs(fair["big"] - fair["small"]) <= 0.05 * sum(fair.values())
     unfair = week_of_two_accounts(False)                         # first come, first served
     assert unfair["big"] == 1200 and unfair["small"] == 7 * 24 * 8 - 1200
+
+
+def test_fair_tree_gives_everyone_the_top_rank_while_nobody_has_used_anything():
+    h = Harness(cluster(fair_tree=True, half_life=0))
+    h.put(accounting(("chem", "root", 40), ("phys", "root", 60), users=(("ann", "chem", 1), ("bob", "phys", 1))))
+    assert factors(h.state, h.now) == {("ann", "chem"): 1_000_000, ("bob", "phys"): 1_000_000}
