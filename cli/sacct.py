@@ -114,7 +114,7 @@ def job_values(r: queries.Row, now: int) -> dict[str, str]:
         "reqtres": _tres(r["req_cpus"] or 1, r["req_mem"] or 0, r["req_nodes"] or 1, r["req_gpus"] or 0),
         "alloctres": _tres(r["alloc_cpus"], r["alloc_mem"], r["alloc_nodes"], r["alloc_gpus"]) if started else "",
         "reason": "None" if started else (r["last_reason"] or r["reason"] or "None"),   # as Slurm clears it at start
-        "qos": "normal", "workdir": r["workdir"] or "", "restarts": str(r["restarts"] or 0),
+        "qos": r["qos"] or "normal", "workdir": r["workdir"] or "", "restarts": str(r["restarts"] or 0),
         "reqcpus": str(r["req_cpus"] or 1), "reqnodes": str(r["req_nodes"] or 1),
         "cputime": format_duration((elapsed or 0) * (r["alloc_cpus"] or 0)),
         "cputimeraw": str((elapsed or 0) * (r["alloc_cpus"] or 0)),

@@ -101,8 +101,8 @@ def render(rows: list[tuple], start: int, end: int, parsable: bool) -> list[str]
         t = totals.setdefault(acct or "(none)", [0, 0])
         t[0] += cpu
         t[1] += gpu
-    when = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(start)) + " - " + \
-        time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end))
+    when = ("from the start" if start == 0 else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(start))) + \
+        " to " + time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end))
     out = [f"Usage by account and user {when} (CPU and GPU hours)",
            f"{'Account':<16} {'User':<12} {'CPU hours':>12} {'GPU hours':>12} {'Jobs':>8}",
            f"{'-' * 16} {'-' * 12} {'-' * 12} {'-' * 12} {'-' * 8}"]

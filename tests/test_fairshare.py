@@ -140,3 +140,25 @@ def test_fair_tree_gives_everyone_the_top_rank_while_nobody_has_used_anything():
     h = Harness(cluster(fair_tree=True, half_life=0))
     h.put(accounting(("chem", "root", 40), ("phys", "root", 60), users=(("ann", "chem", 1), ("bob", "phys", 1))))
     assert factors(h.state, h.now) == {("ann", "chem"): 1_000_000, ("bob", "phys"): 1_000_000}
+
+
+def test_why_names_the_priority_factors_that_ranked_a_job_behind_another():
+    from rota.cli.timetravel import why_text
+    from rota.core.timetravel import why
+
+    h = Harness(cluster(fair_tree=False, half_life=0, nodes=1, gpus=8))
+    h.put(accounting(("physics", "root", 1), users=(("alice", "physics", 1), ("bob", "physics", 1))))
+    used = h.submit(user="alice", account="physics", gpus_per_node=8, gpu_given=True, time_limit=3600)
+    h.cycle()
+    h.advance(600)
+    h.finish(used)
+    blocker = h.submit(user="carol", account="", gpus_per_node=8, gpu_given=True, time_limit=3600)
+    h.cycle()
+    mine = h.submit(user="alice", account="physics", gpus_per_node=8, gpu_given=True, time_limit=3600)
+    theirs = h.submit(user="bob", account="physics", gpus_per_node=8, gpu_given=True, time_limit=3600)
+    h.advance(60)
+    h.cycle()
+    assert h.state.jobs[blocker].state == "RUNNING"
+    text = "\n".join(why_text(why(h.log, mine), {}))
+    assert f"Ranked behind job {theirs} (?) by its priority factors: 5000 (fair-share 5000), against this job's " \
+           "2500 (fair-share 2500)." in text, text
