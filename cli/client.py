@@ -42,6 +42,21 @@ def request(verb: str, body: dict, timeout: float = 45.0) -> dict:
     return reply
 
 
+def ask(prog: str, verb: str, body: dict) -> dict | None:
+    """The controller's answer to a query; None after saying on stderr why there is none."""
+    import sys
+
+    try:
+        reply = request(verb, body)
+    except NoCluster as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return None
+    if not reply.get("ok"):
+        print(f"{prog}: error: {(reply.get('error') or ['unknown error'])[-1]}", file=sys.stderr)
+        return None
+    return reply
+
+
 def remote_command(command: str, argv: list[str], out, err, verb: str = "accounting",
                    timeout: float = 150.0, prog: str | None = None) -> int:
     """Run ``sacct``/``sinfo`` (or time travel) by the controller, for a caller who cannot read the

@@ -37,6 +37,26 @@ def table(*rows: tuple) -> list[Option]:
     return [Option(short or None, longs, arg, dest, *more) for short, longs, arg, dest, *more in rows]
 
 
+def read_command_line(prog: str, argv: list[str], table: list[Option], usage: str
+                      ) -> "tuple[dict[str, Any], list[str]] | int":
+    """A query command's options and operands; or the exit status when the command line already settled it
+    (a bad one, said on stderr as Slurm says it; ``--help``; ``--version``)."""
+    import sys
+
+    try:
+        o, operands = parse(prog, argv, table)
+    except OptionError as exc:
+        print(f"{exc}\nTry \"{prog} --help\" for more information", file=sys.stderr)
+        return 1
+    if o.get("help"):
+        sys.stdout.write(usage)
+        return 0
+    if o.get("version"):
+        print("slurm 22.05 (rota)")
+        return 0
+    return o, operands
+
+
 def parse(prog: str, argv: list[str], table: list[Option], *, stop_at_operand: bool = False
           ) -> tuple[dict[str, Any], list[str]]:
     """Read ``argv`` against ``table``: ({dest: value}, operands).

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from .options import NO, REQUIRED, OptionError, parse, table
+from .options import NO, REQUIRED, read_command_line, table
 
 OPTIONS = table(
     ("j", "jobs", REQUIRED, "jobs"), ("u", "user", REQUIRED, "users"), ("p", "partition", REQUIRED, "partitions"),
@@ -65,26 +65,14 @@ def render(reply: dict, o: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        o, _operands = parse("sprio", sys.argv[1:] if argv is None else argv, OPTIONS)
-    except OptionError as exc:
-        print(f"{exc}\nTry \"sprio --help\" for more information", file=sys.stderr)
-        return 1
-    if o.get("help"):
-        sys.stdout.write(USAGE)
-        return 0
-    if o.get("version"):
-        print("slurm 22.05 (rota)")
-        return 0
-    from .client import NoCluster, request
+    read = read_command_line("sprio", sys.argv[1:] if argv is None else argv, OPTIONS, USAGE)
+    if isinstance(read, int):
+        return read
+    o, _operands = read
+    from .client import ask
 
-    try:
-        reply = request("priorities", {})
-    except NoCluster as exc:
-        print(f"sprio: error: {exc}", file=sys.stderr)
-        return 1
-    if not reply.get("ok"):
-        print(f"sprio: error: {(reply.get('error') or ['unknown error'])[-1]}", file=sys.stderr)
+    reply = ask("sprio", "priorities", {})
+    if reply is None:
         return 1
     lines = render(reply, o)
     if (o.get("jobs") or o.get("users")) and len(lines) == (0 if o.get("noheader") else 1) and not o.get("weights"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from .options import NO, OPTIONAL, REQUIRED, OptionError, parse, unsupported, table
+from .options import NO, OPTIONAL, REQUIRED, OptionError, read_command_line, table, unsupported
 
 OPTIONS = table(
     ("A", "account", REQUIRED, "!account"), ("a", "all", NO, "all"), ("r", "array", NO, "array"),
@@ -27,17 +27,10 @@ USAGE = ("Usage: squeue [-j jobs] [-u users|--me] [-p partitions] [-t states|all
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        o, operands = parse("squeue", sys.argv[1:] if argv is None else argv, OPTIONS)
-    except OptionError as exc:
-        print(f"{exc}\nTry \"squeue --help\" for more information", file=sys.stderr)
-        return 1
-    if o.get("help"):
-        sys.stdout.write(USAGE)
-        return 0
-    if o.get("version"):
-        print("slurm 22.05 (rota)")
-        return 0
+    read = read_command_line("squeue", sys.argv[1:] if argv is None else argv, OPTIONS, USAGE)
+    if isinstance(read, int):
+        return read
+    o, operands = read
     try:
         for warning in unsupported("squeue", o):
             print(warning, file=sys.stderr)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from .options import NO, REQUIRED, OptionError, parse, table
+from .options import NO, REQUIRED, read_command_line, table
 
 OPTIONS = table(
     ("a", "all", NO, "all"), ("l", "long", NO, "long"), ("A", "accounts", REQUIRED, "accounts"),
@@ -85,26 +85,14 @@ def render(reply: dict, o: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        o, _operands = parse("sshare", sys.argv[1:] if argv is None else argv, OPTIONS)
-    except OptionError as exc:
-        print(f"{exc}\nTry \"sshare --help\" for more information", file=sys.stderr)
-        return 1
-    if o.get("help"):
-        sys.stdout.write(USAGE)
-        return 0
-    if o.get("version"):
-        print("slurm 22.05 (rota)")
-        return 0
-    from .client import NoCluster, request
+    read = read_command_line("sshare", sys.argv[1:] if argv is None else argv, OPTIONS, USAGE)
+    if isinstance(read, int):
+        return read
+    o, _operands = read
+    from .client import ask
 
-    try:
-        reply = request("shares", {})
-    except NoCluster as exc:
-        print(f"sshare: error: {exc}", file=sys.stderr)
-        return 1
-    if not reply.get("ok"):
-        print(f"sshare: error: {(reply.get('error') or ['unknown error'])[-1]}", file=sys.stderr)
+    reply = ask("sshare", "shares", {})
+    if reply is None:
         return 1
     sys.stdout.write("".join(line + "\n" for line in render(reply, o)))
     return 0

@@ -25,8 +25,8 @@ def gpu_job(h: Harness, qos: str, gpus: int, **kw) -> int:
     return h.submit(qos=qos, gpus_per_node=gpus, gpu_given=True, cpus_per_task=2, time_limit=3600, requeue=True, **kw)
 
 
-def test_a_high_qos_job_requeues_the_youngest_low_qos_job_and_starts_after_it():
-    h = harness()
+def two_low_then_high(h: Harness) -> tuple[int, int, int]:
+    """Two 4-GPU low-QOS jobs started a minute apart fill the node; then a 4-GPU high-QOS job: (old, young, high)."""
     old = gpu_job(h, "low", 4)
     h.cycle()
     h.advance(60)
@@ -34,6 +34,12 @@ def test_a_high_qos_job_requeues_the_youngest_low_qos_job_and_starts_after_it():
     h.cycle()
     h.advance(60)
     high = gpu_job(h, "high", 4)
+    return old, young, high
+
+
+def test_a_high_qos_job_requeues_the_youngest_low_qos_job_and_starts_after_it():
+    h = harness()
+    old, young, high = two_low_then_high(h)
     d = h.cycle()
     assert d.starts == [] and [(p.by, [v.job_id for v in p.victims], p.candidates) for p in d.preemptions] == \
         [(high, [young], (young, old))]
@@ -136,13 +142,7 @@ def test_why_says_who_preempted_a_victim_and_how_it_was_chosen():
     from rota.core.timetravel import why
 
     h = harness()
-    old = gpu_job(h, "low", 4)
-    h.cycle()
-    h.advance(60)
-    young = gpu_job(h, "low", 4)
-    h.cycle()
-    h.advance(60)
-    high = gpu_job(h, "high", 4)
+    old, young, high = two_low_then_high(h)
     h.cycle()
     rep = why(h.log, young)
     assert [(p["by"]["job_id"], p["mode"], [c["job_id"] for c in p["candidates"]]) for p in rep.preempted] == \
