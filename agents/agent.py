@@ -133,6 +133,10 @@ class Agent:
                                          tls_ca=self.tls_ca)
         self.js = self.nc.jetstream(timeout=10)
         running = self._adopt()
+        for run in [r for r in self.runs.values() if r.job_id not in running]:
+            done = self._exit_status(run)      # ended while no agent watched: its real end goes first, before
+            if done is not None:               # a registration without it would have the controller fail it
+                await self._finished(run, *done)
         inventory = self.gpus.inventory() if self.gpus is not None else []
         await self.report(ev.NodeRegistered(node=self.node, cpus=self.cpus, memory=self.memory, gpus=tuple(inventory),
                                             agent_version=__version__, boot_time=_boot_time(),

@@ -57,9 +57,15 @@ def up(
     from .up import main as up_main
 
     tls = {k: v for k, v in (("cert_file", tls_cert), ("key_file", tls_key), ("ca_file", tls_ca)) if v}
-    raise typer.Exit(up_main(state_dir, config, nats, nats_port, fake_gpus, typer.echo, agent_node=agent_node,
-                             no_agent=no_agent, node_timeout=node_timeout,
-                             agent_options={"kill_wait": kill_wait}, tls=tls or None, listen=listen))
+    code = up_main(state_dir, config, nats, nats_port, fake_gpus, typer.echo, agent_node=agent_node,
+                   no_agent=no_agent, node_timeout=node_timeout, agent_options={"kill_wait": kill_wait},
+                   tls=tls or None, listen=listen)
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)     # stopped: a thread still blocked somewhere (a full disk) must not keep the process
 
 
 @app.command()

@@ -102,7 +102,9 @@ async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, n
         await up.start_projection(stop)
         await up.start_agent_and_signer()
         up.announce()
+        watching = asyncio.create_task(up.watch_server(stop))
         await stop.wait()
+        watching.cancel()
     finally:
         stop.set()
         await up.stop()
@@ -124,6 +126,7 @@ class _Up:
         self.signer_host = agent_node or hostname()
         self.info = state_dir / "cluster.json"
         self.server: Any = None
+        self.start_server: Any = None           # (port) -> a started embedded nats-server
         self.nats_url = ""
         self.eventlog: Any = None
         self.controller: Controller | None = None
@@ -140,8 +143,10 @@ class _Up:
 
         if nats_url is None:
             hosts = [n.name for n in self.config.nodes] + [self.signer_host]
-            self.server = natsserver.start(self.state_dir / "nats", port=nats_port, tls=self.tls, host=listen,
-                                           authorization=natsauth.authorization_block(self.keyring, hosts))
+            auth = natsauth.authorization_block(self.keyring, hosts)
+            self.start_server = lambda port: natsserver.start(self.state_dir / "nats", port=port, tls=self.tls,
+                                                              host=listen, authorization=auth)
+            self.server = self.start_server(nats_port)
             nats_url = self.server.url
         else:
             self.echo(f"rota up: the NATS servers at {nats_url} are not rota's own: make sure they enforce rota's "
@@ -201,6 +206,26 @@ class _Up:
                                        lambda _l: None)
         _write_public(self.info, json.dumps({"nats": self.nats_url, "pid": os.getpid(), "tls_ca": self.tls_ca,
                                              "socket": sock}))
+
+    async def watch_server(self, stop: asyncio.Event) -> None:
+        """Restart the embedded nats-server, on the same port and store, whenever it dies (kill -9, a crash):
+        the controller, the agent and the signer reconnect by themselves, and what the store holds is kept."""
+        while not stop.is_set() and self.server is not None:
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=0.5)
+                return
+            except asyncio.TimeoutError:
+                pass
+            died = self.server.process.poll()
+            if died is None:
+                continue
+            self.echo(f"rota up: the embedded nats-server exited ({died}); restarting it on the same store")
+            try:
+                self.server = await asyncio.to_thread(self.start_server, self.server.port)
+                self.echo("rota up: nats-server restarted; clients reconnect")
+            except natsserver.NatsServerError as exc:
+                self.echo(f"rota up: nats-server did not restart ({exc}); trying again")
+                await asyncio.sleep(2)
 
     def announce(self) -> None:
         from rota.wire.paths import socket_in
@@ -296,9 +321,9 @@ def main(state_dir: str | None, config: str | None, nats: str | None, nats_port:
         echo(f"rota up: {exc}")
         return 1
     try:
-        asyncio.run(run(Path(state_dir) if state_dir else default_state_dir(), cfg, nats, nats_port, echo,
-                        agent_node=node, fake_gpus=fake_gpus, node_timeout=node_timeout,
-                        agent_options=agent_options, tls=tls, listen=listen, config_path=config))
+        _run_bounded(run(Path(state_dir) if state_dir else default_state_dir(), cfg, nats, nats_port, echo,
+                         agent_node=node, fake_gpus=fake_gpus, node_timeout=node_timeout,
+                         agent_options=agent_options, tls=tls, listen=listen, config_path=config))
     except natsserver.NatsServerError as exc:
         echo(f"rota up: {exc}")
         return 1
@@ -308,6 +333,21 @@ def main(state_dir: str | None, config: str | None, nats: str | None, nats_port:
             echo(f"rota up: fix it with: {exc.fix}")
         return 1
     return 0
+
+
+def _run_bounded(main: Any) -> None:
+    """``asyncio.run`` without its unbounded end: tasks left over get 5 s to finish once cancelled, and
+    threads still blocked (a write to a full disk, say) are not waited for: stopping always ends."""
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(main)
+    finally:
+        left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for t in left:
+            t.cancel()
+        if left:
+            loop.run_until_complete(asyncio.wait(left, timeout=5))
+        loop.close()          # shuts its thread pool down without waiting for it
 
 
 def shell_settings(config: str | None) -> dict:

@@ -216,8 +216,17 @@ class AgentLink:
         """Silent agents: NOT_RESPONDING after half the timeout, DOWN after all of it. Also kills jobs an
         agent still runs that the log says ended, and re-drains a resumed node that still has fewer
         GPUs than configured."""
+        interval = min(1.0, self.node_timeout / 10)
+        stalled = max(3 * interval, min(5.0, self.node_timeout / 2))
+        last = time.monotonic()
         while True:
-            await asyncio.sleep(min(1.0, self.node_timeout / 10))
+            await asyncio.sleep(interval)
+            woke = time.monotonic()
+            if woke - last > stalled:      # this process was stopped (SIGSTOP) or starved, not
+                log.warning("the controller did not run for %.0f s: every agent gets a fresh timeout", woke - last)
+                self.last_seen = dict.fromkeys(self.last_seen, woke)   # the agents: none was heard meanwhile
+                self._started = woke
+            last = woke
             if not self.c.leader:
                 continue
             try:

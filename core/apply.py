@@ -429,6 +429,11 @@ def _jobs_started(state: State, env: ev.Envelope, e: ev.JobsStarted, ch: Changes
 
 def _job_exited(state: State, env: ev.Envelope, e: ev.JobExited, ch: Changes) -> None:
     job = state.jobs.get(e.job_id)
+    if job is not None and job.state == NODE_FAIL and e.node and any(a.node == e.node for a in job.alloc) \
+            and not job.exit_code and not job.signal:
+        ch.job(job)         # its node was declared dead first: the late report keeps how it really ended
+        job.exit_code, job.signal, job.max_rss = e.exit_code, e.signal, e.max_rss
+        return
     if job is None or job.state != RUNNING:
         ch.ignored(f"job {e.job_id} is not running")
         return

@@ -15,7 +15,7 @@ from .deps import DependencySpecError, parse_dependency
 from .limits import MAX_COUNT, MAX_NICE, MAX_TIME, spec_problems
 from .orders import Signal
 from .request import constraint_matches, effective_time_limit, node_request, partition_shape
-from .state import PENDING, RUNNING, TERMINAL_STATES, Job, State
+from .state import NODE_FAIL, PENDING, RUNNING, TERMINAL_STATES, Job, State
 from .usage_limits import limits_enforced
 from .steps import StepAsk, StepRefused, layout
 
@@ -385,8 +385,10 @@ def check_report(state: State, node: str, event: ev.Event) -> ev.Event:
         raise Rejected(f"unknown node {node!r}: not in the cluster configuration", code="node")
     if isinstance(event, ev.JobExited):
         job = state.jobs.get(event.job_id)
-        if job is None or job.state != RUNNING or not job.alloc or job.alloc[0].node != node:
+        late = job is not None and job.state == NODE_FAIL and not (job.exit_code or job.signal)
+        if job is None or (job.state != RUNNING and not late) or not job.alloc or job.alloc[0].node != node:
             raise Rejected(f"job {event.job_id} is not running on {node}", code="stale")
+        # (a late report, after its node was declared dead, is kept with the job: how it really ended)
         return event.model_copy(update={"node": node, "released": False})
     if isinstance(event, ev.StepEnded):
         job = state.jobs.get(event.job_id)

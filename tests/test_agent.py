@@ -246,6 +246,42 @@ async def test_a_restarted_agent_finds_its_running_jobs_again(cluster):
     assert (job.state, job.exit_code) == ("FAILED", 4)   # the real exit status, found again
 
 
+async def test_a_job_that_ended_while_its_agent_was_away_keeps_its_real_exit_status(cluster):
+    proc = cluster.start_agent("n1")
+    await cluster.registered("n1")
+    jid = await cluster.submit("sleep 1; exit 7")
+    await cluster.until(lambda s: s.jobs[jid].state == "RUNNING", what="job running")
+    proc.kill()                              # the agent is away (less than the node timeout) while it ends
+    proc.wait()
+    await asyncio.sleep(1.5)
+    cluster.start_agent("n1")
+    job = await cluster.ended(jid)
+    assert (job.state, job.exit_code) == ("FAILED", 7)
+    assert not cluster.c.state.nodes["n1"].down
+
+
+async def test_a_late_report_after_the_node_timeout_keeps_how_the_job_really_ended(cluster):
+    proc = cluster.start_agent("n2")
+    await cluster.registered("n2")
+    jid = await cluster.submit("sleep 1; exit 7")
+    await cluster.until(lambda s: s.jobs[jid].state == "RUNNING", what="job running")
+    proc.kill()
+    proc.wait()
+    await cluster.until(lambda s: s.jobs[jid].state == "NODE_FAIL", timeout=10, what="NODE_FAIL")
+    cluster.start_agent("n2")
+    job = await cluster.until(lambda s: s.jobs[jid] if s.jobs[jid].exit_code == 7 else None, what="the late report")
+    assert job.state == "NODE_FAIL"          # the log's verdict stands; the report is kept with it
+
+
+async def test_a_controller_that_was_stopped_does_not_take_its_agents_for_dead(cluster):
+    cluster.start_agent("n1")
+    await cluster.registered("n1")
+    time.sleep(4)                            # the controller's process does nothing for longer than the timeout
+    await asyncio.sleep(1.5)
+    node = cluster.c.state.nodes["n1"]
+    assert not node.down and not node.not_responding
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

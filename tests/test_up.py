@@ -517,3 +517,28 @@ def test_a_preempted_job_is_requeued_keeps_its_id_and_sacct_why_and_report_tell_
     assert r.returncode == 0 and r.stdout.splitlines()[0] == "Account|User|CPU hours|GPU hours|Jobs", r.stdout + r.stderr
     assert any(line.split("|")[1] == "root" for line in r.stdout.splitlines()[1:]), r.stdout
     run(up, "scancel", victim, urgent)
+
+
+def _nats_server_pid(state_dir: str) -> int:
+    conf = f"{state_dir}/nats/nats-server.conf"
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdecimal():
+            try:
+                if conf in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                    return int(proc.name)
+            except OSError:
+                continue
+    raise AssertionError(f"no nats-server runs with {conf}")
+
+
+def test_rota_up_restarts_its_nats_server_after_kill_9_and_jobs_go_on(up):
+    job = run(up, "sbatch", "--parsable", "--wrap", "sleep 4; exit 3").stdout.strip()
+    wait_until(lambda: run(up, "squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "RUNNING", 20, "the job to run")
+    first = _nats_server_pid(up["ROTA_STATE_DIR"])
+    os.kill(first, signal.SIGKILL)
+    wait_until(lambda: run(up, "sbatch", "--parsable", "-H", "--wrap", "true").returncode == 0, 30,
+               "a submit to succeed again")
+    assert _nats_server_pid(up["ROTA_STATE_DIR"]) != first
+    done = wait_until(lambda: (lambda r: r if r.split("|")[0] in ("FAILED", "COMPLETED", "NODE_FAIL") else None)(
+        run(up, "sacct", "-n", "-X", "-P", "-j", job, "-o", "State,ExitCode").stdout.strip()), 30, "the job's end")
+    assert done == "FAILED|3:0"                  # the agent's report reached the restarted server
