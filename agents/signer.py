@@ -25,6 +25,7 @@ log = logging.getLogger("rota.signer")
 
 SLOW_VERBS = {"timetravel": 900.0, "accounting": 120.0}   # answers that take more than a moment
 READ_TIMEOUT = 10.0
+FAILOVER_WAIT = 15.0      # a request with no controller to answer waits this long for a standby to take over
 MAX_INFLIGHT_PER_UID = 64
 
 
@@ -107,19 +108,26 @@ class Signer:
 
         subject = api_subject(verb)
         timeout = SLOW_VERBS.get(verb, 10.0)
-        for _attempt in range(3):
+        leaderless_until = time.monotonic() + FAILOVER_WAIT
+        attempt = 0
+        while attempt < 3:
             headers = {CRED_HEADER: self.sign(subject, rid, payload, uid, gid), RID_HEADER: rid}
             try:
                 msg = await self.nc.request(subject, payload, timeout=timeout, headers=headers)
             except NoRespondersError:
+                if time.monotonic() < leaderless_until:    # between a leader's death and a standby's takeover
+                    await asyncio.sleep(0.25)
+                    continue
                 raise localsock.SignerError("no rota controller answers; is `rota up` running?") from None
             except MaxPayloadError:
                 raise localsock.SignerError(f"the request is {len(payload):,} bytes, more than the cluster's messages "
                                             "carry (a script is at most 4 MiB, its environment 1 MiB)") from None
             except (NatsTimeout, asyncio.TimeoutError):
+                attempt += 1
                 continue
             if not msg.data.startswith(reply_prefix(rid)):
                 log.error("signer: dropped a reply that does not answer request %s", rid)
+                attempt += 1
                 continue
             return msg.data
         raise localsock.SignerError(f"the rota controller did not answer within {3 * timeout:.0f} s")

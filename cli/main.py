@@ -52,6 +52,8 @@ def up(
     tls_cert: Optional[str] = typer.Option(None, help="TLS certificate of the embedded nats-server (RotaTLSCertFile=)"),
     tls_key: Optional[str] = typer.Option(None, help="its private key (RotaTLSKeyFile=)"),
     tls_ca: Optional[str] = typer.Option(None, help="the CA that signed it, for rota's own clients (RotaTLSCAFile=)"),
+    standby: bool = typer.Option(False, "--standby", help="a second controller (with --nats naming the cluster's "
+        "servers and its key in the state directory): follow the log and take over when the leader stops"),
 ) -> None:
     """Run the controller, a local agent (and an embedded nats-server) in the foreground until Ctrl-C."""
     from .up import main as up_main
@@ -59,7 +61,7 @@ def up(
     tls = {k: v for k, v in (("cert_file", tls_cert), ("key_file", tls_key), ("ca_file", tls_ca)) if v}
     code = up_main(state_dir, config, nats, nats_port, fake_gpus, typer.echo, agent_node=agent_node,
                    no_agent=no_agent, node_timeout=node_timeout, agent_options={"kill_wait": kill_wait},
-                   tls=tls or None, listen=listen)
+                   tls=tls or None, listen=listen, standby=standby)
     import logging
 
     logging.shutdown()

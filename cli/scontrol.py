@@ -392,12 +392,26 @@ def reconfigure() -> list[str]:
     return []
 
 
+def ping() -> list[str]:
+    """``scontrol ping``: each controller and its state, the one that leads first, as Slurm shows them."""
+    try:
+        reply = _request("ping", {})
+    except Fail:
+        raise Fail("Slurmctld(primary) at (unknown) is DOWN", code=1) from None
+    if not reply.get("ok"):
+        raise Fail("Slurmctld(primary) at (unknown) is DOWN", code=1)
+    listed = sorted(reply.get("controllers") or [], key=lambda c: (c.get("role") != "primary", c.get("name", "")))
+    if not listed:
+        return ["Slurmctld(primary) at (this cluster) is UP"]
+    return [f"Slurmctld({c.get('role', 'backup')}) at {c.get('host') or c.get('name')} is UP" for c in listed]
+
+
 def run(argv: list[str], out=sys.stdout, err=sys.stderr, db: str | None = None) -> int:
     details = any(a in ("-d", "--details") for a in argv)
     args = [a for a in argv if a not in ("-o", "--oneliner", "-d", "--details")]
     if not args or args[0] in ("-h", "--help", "help"):
         out.write("Usage: scontrol [-d] show job|node|partition|config|hostnames|hostlist [NAME] | update NodeName=... "
-                  "State=... Reason=... | update JobId=N TimeLimit=T | hold|release|requeue IDS | reconfigure\n")
+                  "State=... Reason=... | update JobId=N TimeLimit=T | hold|release|requeue IDS | reconfigure | ping\n")
         return 0
     cmd, rest = args[0].lower(), args[1:]
     try:
@@ -424,6 +438,8 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, db: str | None = None) 
             lines = job_verb(cmd, rest)
         elif cmd in ("reconfigure", "reconfig"):
             lines = reconfigure()
+        elif cmd == "ping":
+            lines = ping()
         else:
             raise Fail(f"invalid keyword: {args[0]}")
     except _Remote:   # the projection is private to the cluster's administrator: the controller shows it

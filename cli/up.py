@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 
 from typing import Any
@@ -86,7 +87,7 @@ def prepare_state_dir(state_dir: Path) -> Any:
 async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, nats_port: int | None,
               echo=print, *, agent_node: str | None = None, fake_gpus: str | None = None,
               node_timeout: float = 300.0, agent_options: dict | None = None, tls: dict[str, str] | None = None,
-              listen: str = "127.0.0.1", config_path: str | None = None) -> None:
+              listen: str = "127.0.0.1", config_path: str | None = None, standby: bool = False) -> None:
     """Run the whole cluster in this process until SIGINT or SIGTERM: NATS (unless ``nats_url`` names
     servers), the controller, the agents' link, the projection, this node's agent and the signer."""
     os.umask(0o077)   # every file rota writes is private unless made public on purpose
@@ -98,7 +99,7 @@ async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, n
         loop.add_signal_handler(sig, stop.set)
     try:
         await up.start_log(nats_url, nats_port, listen)
-        await up.start_controller()
+        await up.start_controller(stop, standby)
         await up.start_projection(stop)
         await up.start_agent_and_signer()
         up.announce()
@@ -136,6 +137,10 @@ class _Up:
         self.agent: Agent | None = None
         self.signer: Any = None
         self.config_path: str | None = None
+        self.candidacy: Any = None
+        self.candidating: asyncio.Task | None = None
+        self.announced = False
+        self.stopping = False
 
     async def start_log(self, nats_url: str | None, nats_port: int | None, listen: str) -> None:
         """Our own NATS server (unless told to use others) and the event log on it."""
@@ -156,8 +161,11 @@ class _Up:
         self.eventlog = await JetStreamLog.connect(urls, replicas=3 if len(urls) >= 3 else 1, keyring=self.keyring,
                                                    **natsauth.connect_options(self.keyring, None, self.tls_ca))
 
-    async def start_controller(self) -> None:
-        """The controller (serving the API) and its link to the agents."""
+    async def start_controller(self, stop: asyncio.Event, standby: bool) -> None:
+        """The controller, a candidate for leadership (rota.controller.leadership): while it leads it serves
+        the API, runs cycles and talks to the agents; otherwise it follows the log. Unless ``standby``,
+        wait (a lease's lifetime at most) to lead."""
+        from rota.controller.leadership import LEASE_TTL, Candidacy
         from rota.controller.views import timetravel_environment
 
         from .reports import runner
@@ -166,11 +174,33 @@ class _Up:
                                      reports=runner(str(self.state_dir / "projections.sqlite")),
                                      timetravel_env=timetravel_environment(str(self.state_dir)))
         self.controller.reload_config = lambda: load_config(self.config_path, self.fake_gpus)
-        await self.controller.start()
+        await self.controller.load()
+        name = f"{self.signer_host}:{self.state_dir.resolve()}"
+        self.candidacy = Candidacy(self.controller, self.eventlog.js, name, self.signer_host,
+                                   on_lead=self._lead, on_lose=self._follow)
+        self.candidating = asyncio.create_task(self.candidacy.run(stop))
+        if not standby:
+            deadline = time.monotonic() + LEASE_TTL + 10
+            while not self.candidacy.leading and time.monotonic() < deadline and not self.candidating.done():
+                await asyncio.sleep(0.05)
+
+    async def _lead(self) -> None:
+        assert self.controller is not None
         await self.controller.serve(self.eventlog.nc)
         self.link = AgentLink(self.controller, self.eventlog.nc, node_timeout=self.node_timeout,
                               keyring=self.keyring)
         await self.link.start()
+        if self.announced:
+            self.echo(f"rota up: this controller leads now (from log sequence {self.controller.state.seq})")
+
+    async def _follow(self) -> None:
+        assert self.controller is not None
+        await self.controller.stop()
+        if self.link is not None:
+            await self.link.stop()
+            self.link = None
+        if not self.stopping:
+            self.echo("rota up: this controller no longer leads: following the log, standing by")
 
     async def start_projection(self, stop: asyncio.Event) -> None:
         """The SQLite projection (sacct, sinfo), woken by every new event; scheduling goes on without it."""
@@ -233,7 +263,12 @@ class _Up:
         assert self.controller is not None
         state = self.controller.state
         cfg = state.config
-        assert cfg is not None
+        self.announced = True
+        if cfg is None or not self.candidacy.leading:
+            self.echo(f"rota up: controller standing by at {self.nats_url} (log at sequence {state.seq}): another "
+                      "controller leads; this one takes over if it stops renewing its lease")
+            self.echo("press Ctrl-C to stop")
+            return
         self.echo(f"rota up: controller leading at {self.nats_url} (log at sequence {state.seq}); "
                   f"{len(cfg.nodes)} node(s), {sum(n.gpu_count for n in cfg.nodes)} GPU(s), "
                   f"partition(s) {', '.join(p.name for p in cfg.partitions)}; state in {self.state_dir}")
@@ -247,24 +282,28 @@ class _Up:
             self.info.unlink()
         except FileNotFoundError:
             pass
-        steps = []
+        self.stopping = True
+        steps: list[tuple[str, Any]] = []
+        if self.controller is not None and self.controller.leader:
+            steps.append(("snapshot", lambda: self.controller.maybe_snapshot(force=True)))
+        if self.candidating is not None:      # stops leading (the API, cycles, the agent link), gives the lease up
+            steps.append(("leadership", lambda: asyncio.gather(self.candidating, return_exceptions=True)))
         if self.signer is not None:
-            steps.append(("signer", self.signer.stop()))
+            steps.append(("signer", self.signer.stop))
         if self.agent is not None:
-            steps.append(("agent", self.agent.stop()))
-        if self.link is not None:
-            steps.append(("agent link", self.link.stop()))
+            steps.append(("agent", self.agent.stop))
         if self.projector is not None:
-            steps.append(("projections", _stop_projector(self.projector, self.projecting)))
+            steps.append(("projections", lambda: _stop_projector(self.projector, self.projecting)))
         if self.controller is not None:
-            steps.append(("snapshot", self.controller.maybe_snapshot(force=True)))
-            steps.append(("controller", self.controller.stop()))
+            steps.append(("controller", self.controller.stop))
+        if self.link is not None:
+            steps.append(("agent link", lambda: self.link.stop() if self.link is not None else asyncio.sleep(0)))
         if self.eventlog is not None:
-            steps.append(("event log", self.eventlog.close()))
+            steps.append(("event log", self.eventlog.close))
         for what, step in steps:
             log.info("stopping: %s", what)
             try:
-                await asyncio.wait_for(step, timeout=5)
+                await asyncio.wait_for(step(), timeout=5)
             except Exception as exc:  # noqa: BLE001 - keep stopping the rest
                 log.warning("stopping %s: %s", what, exc or type(exc).__name__)
         if self.server is not None:
@@ -299,7 +338,7 @@ def _waker(event: asyncio.Event):
 def main(state_dir: str | None, config: str | None, nats: str | None, nats_port: int | None,
          fake_gpus: str | None, echo=print, *, agent_node: str | None = None, no_agent: bool = False,
          node_timeout: float = 300.0, agent_options: dict | None = None, tls: dict[str, str] | None = None,
-         listen: str | None = None) -> int:
+         listen: str | None = None, standby: bool = False) -> int:
     from rota.wire.keys import KeyFileError
 
     logging.basicConfig(level=os.environ.get("ROTA_LOGLEVEL", "WARNING").upper(), format="rota: %(message)s")
@@ -323,7 +362,8 @@ def main(state_dir: str | None, config: str | None, nats: str | None, nats_port:
     try:
         _run_bounded(run(Path(state_dir) if state_dir else default_state_dir(), cfg, nats, nats_port, echo,
                          agent_node=node, fake_gpus=fake_gpus, node_timeout=node_timeout,
-                         agent_options=agent_options, tls=tls, listen=listen, config_path=config))
+                         agent_options=agent_options, tls=tls, listen=listen, config_path=config,
+                         standby=standby))
     except natsserver.NatsServerError as exc:
         echo(f"rota up: {exc}")
         return 1

@@ -396,5 +396,9 @@ async def _timetravel(c: Any, caller: Caller, r: rq.TimeTravel, rid: str) -> dic
 async def _ping(c: Any, caller: Caller, r: rq.NoArgs, rid: str) -> dict:
     from rota.core import __version__
 
+    from .leadership import controllers
+
+    js = getattr(c.log, "js", None)
+    listed = await controllers(js) if js is not None else []
     return {"ok": True, "seq": c.state.seq, "leader": c.leader, "version": __version__,
-            "user": caller.user, "uid": caller.uid, "level": caller.level}
+            "user": caller.user, "uid": caller.uid, "level": caller.level, "controllers": listed}

@@ -84,12 +84,17 @@ class Controller:
     async def start(self) -> None:
         """Become the writer: configure the cluster if needed, log our version, serve."""
         await self.load()
+        await self.lead()
+
+    async def lead(self, name: str = "", host: str = "") -> None:
+        """Write the log from its current end: configure the cluster if the configuration changed, and say
+        who leads from here (``name``: one of several controllers)."""
         self.writer.leader = True
         if self.config is not None and (self.state.config is None or self.state.config != self.config):
             await self.append(ev.ClusterConfigured(config=self.config, source="rota up"), "admin")
         cfg = self.state.config
         policy = cfg.scheduler.policy if cfg is not None else "conservative"
-        await self.append(ev.ControllerStarted(version=__version__, policy=policy), self.name)
+        await self.append(ev.ControllerStarted(version=__version__, policy=policy, name=name, host=host), self.name)
         self.writer.dirty.set()
 
     async def serve(self, nc: Any) -> None:

@@ -98,6 +98,20 @@ class Writer:
         self._report(state, seen.invalid)
         return state, landed
 
+    async def catch_up(self) -> int:
+        """Fold what the log holds beyond the state (a standby following the leader); the events folded."""
+        seen = InvalidOnly()
+        n = 0
+        async with self.lock:
+            async for chunk in self.log.read_batches(self.state.seq + 1):
+                fold(chunk, self.state, seen)
+                for env in chunk:
+                    self.remember(env.idem, env.seq)
+                n += len(chunk)
+        if n:
+            self._report(self.state, seen.invalid)
+        return n
+
     def _report(self, state: State, invalid: list[tuple[int, str]]) -> None:
         """Name, by sequence, the records the reducer set aside and those that changed nothing."""
         for seq, why in state.set_aside[self._reported:]:

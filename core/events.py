@@ -226,6 +226,7 @@ class ControllerStarted(Model):
     version: str
     policy: str
     host: str = ""
+    name: str = ""                # which controller leads from this sequence on (several may stand by)
 
 
 class JobSubmitted(Model):

@@ -1,0 +1,202 @@
+"""Which controller leads: a lease in a NATS key-value bucket, and the standby's loop.
+
+The lease is one key in a bucket whose entries live ``ttl`` seconds: a candidate takes it with a create
+(only if no one holds it), the leader keeps it with compare-and-set updates on the revision it holds,
+and a leader that dies stops renewing it, so it expires and a standby takes it. The lease only says
+who should write; the log itself fences: every append names the sequence it expects to follow, so a
+deposed leader that wakes up (SIGSTOP, a partition) can never append, whatever it believes.
+
+Every controller also announces itself (name, host, role, sequence) in a second bucket, which
+``scontrol ping`` reads through the leader.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import time
+from typing import Any, Awaitable, Callable
+
+log = logging.getLogger("rota.controller.leadership")
+
+LEASE_BUCKET = "rota_leader"
+STATUS_BUCKET = "rota_controllers"
+KEY = "leader"
+LEASE_TTL = 5.0          # seconds a lease lives without renewal: takeover within this plus catching up
+
+
+async def _bucket(js: Any, name: str, ttl: float) -> Any:
+    from nats.js.api import KeyValueConfig
+
+    try:
+        return await js.key_value(name)
+    except Exception:  # noqa: BLE001 - not there yet: make it (another controller may race us: then open it)
+        try:
+            return await js.create_key_value(KeyValueConfig(bucket=name, ttl=ttl, history=1))
+        except Exception:  # noqa: BLE001
+            return await js.key_value(name)
+
+
+class Lease:
+    """The leader's lease: taken with a create, kept with compare-and-set renewals."""
+
+    def __init__(self, js: Any, name: str, host: str, ttl: float = LEASE_TTL) -> None:
+        self.js, self.name, self.host, self.ttl = js, name, host, ttl
+        self.kv: Any = None
+        self.revision: int | None = None
+
+    async def open(self) -> None:
+        self.kv = await _bucket(self.js, LEASE_BUCKET, self.ttl)
+
+    def _value(self, seq: int) -> bytes:
+        return json.dumps({"name": self.name, "host": self.host, "seq": seq, "at": time.time(),
+                           "pid": os.getpid()}).encode()
+
+    async def acquire(self, seq: int) -> bool:
+        """Take the lease if no one holds it, or if the holder is this controller's own earlier life (a
+        restart after a crash need not wait for its old lease to run out)."""
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        try:
+            self.revision = await self.kv.create(KEY, self._value(seq))
+            return True
+        except KeyWrongLastSequenceError:
+            pass
+        try:
+            entry = await self.kv.get(KEY)
+            held = json.loads(entry.value) if entry.value else {}
+        except Exception:  # noqa: BLE001 - gone meanwhile: try again next time
+            return False
+        if held.get("name") != self.name:
+            return False
+        try:
+            self.revision = await self.kv.update(KEY, self._value(seq), last=entry.revision)
+            return True
+        except KeyWrongLastSequenceError:
+            return False
+
+    async def renew(self, seq: int) -> bool:
+        """Keep the lease; False when it was lost (it expired, and maybe another controller took it)."""
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        if self.revision is None:
+            return False
+        try:
+            self.revision = await self.kv.update(KEY, self._value(seq), last=self.revision)
+            return True
+        except KeyWrongLastSequenceError:
+            self.revision = None
+            return False
+
+    async def release(self) -> None:
+        """Give the lease up (a clean stop): a standby need not wait for it to expire."""
+        if self.revision is not None:
+            try:
+                await self.kv.delete(KEY, last=self.revision)
+            except Exception:  # noqa: BLE001 - it expires anyway
+                pass
+            self.revision = None
+
+    async def holder(self) -> dict | None:
+        try:
+            entry = await self.kv.get(KEY)
+        except Exception:  # noqa: BLE001 - no one holds it
+            return None
+        try:
+            return json.loads(entry.value) if entry.value else None
+        except ValueError:
+            return None
+
+
+async def controllers(js: Any) -> list[dict]:
+    """Every controller that announced itself lately: name, host, role ("primary" leads), sequence."""
+    kv = await _bucket(js, STATUS_BUCKET, 3 * LEASE_TTL)
+    out: list[dict] = []
+    try:
+        keys = await kv.keys()
+    except Exception:  # noqa: BLE001 - none yet
+        return out
+    for key in sorted(keys):
+        try:
+            entry = await kv.get(key)
+            out.append(json.loads(entry.value))
+        except Exception:  # noqa: BLE001 - expired meanwhile
+            continue
+    return out
+
+
+class Candidacy:
+    """A controller that leads when it holds the lease and stands by (tailing the log) when it does not.
+
+    ``on_lead`` runs once it leads (it serves requests, runs cycles, talks to the agents); ``on_lose``
+    once it no longer does (it stops all of that and goes back to tailing)."""
+
+    def __init__(self, controller: Any, js: Any, name: str, host: str, *, ttl: float = LEASE_TTL,
+                 on_lead: Callable[[], Awaitable[None]] | None = None,
+                 on_lose: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.c, self.js, self.name, self.host, self.ttl = controller, js, name, host, ttl
+        self.lease = Lease(js, name, host, ttl)
+        self.on_lead, self.on_lose = on_lead, on_lose
+        self.leading = False
+        self.took_over_at: float | None = None      # monotonic time it last became the leader
+        self._status: Any = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.lease.open()
+        self._status = await _bucket(self.js, STATUS_BUCKET, 3 * self.ttl)
+        try:
+            while not stop.is_set():
+                try:
+                    await self._step()
+                except Exception as exc:  # noqa: BLE001 - the servers are away: keep trying
+                    log.warning("leadership: %s", exc or type(exc).__name__)
+                    if self.leading and not await self._still_leading_after_error():
+                        await self._lose("the lease could not be renewed")
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=self.ttl / 5)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            if self.leading:
+                try:
+                    await self._lose("stopping")
+                    await self.lease.release()
+                except Exception as exc:  # noqa: BLE001 - the connection is gone: the lease expires by itself
+                    log.warning("stopping: %s", exc or type(exc).__name__)
+
+    async def _step(self) -> None:
+        if self.leading:
+            if not self.c.leader:
+                await self._lose("the log refused its append (another controller wrote)")
+            elif not await self.lease.renew(self.c.state.seq):
+                await self._lose("its lease ran out")
+        else:
+            await self.c.writer.catch_up()             # stand by: keep the state as the log has it
+            if await self.lease.acquire(self.c.state.seq):
+                await self.c.writer.catch_up()         # whatever the last leader appended before it died
+                self.leading = True
+                self.took_over_at = time.monotonic()
+                await self.c.lead(name=self.name, host=self.host)
+                log.warning("leading from log sequence %d", self.c.state.seq)
+                if self.on_lead is not None:
+                    await self.on_lead()
+        await self._announce()
+
+    async def _still_leading_after_error(self) -> bool:
+        return self.lease.revision is not None and self.c.leader
+
+    async def _lose(self, why: str) -> None:
+        log.warning("no longer leading: %s", why)
+        self.leading = False
+        self.c.writer.leader = False
+        self.lease.revision = None
+        if self.on_lose is not None:
+            await self.on_lose()
+
+    async def _announce(self) -> None:
+        role = "primary" if self.leading else "backup"
+        body = json.dumps({"name": self.name, "host": self.host, "role": role, "seq": self.c.state.seq,
+                           "at": time.time()}).encode()
+        await self._status.put(hashlib.sha256(self.name.encode()).hexdigest()[:20], body)   # a valid key for any name

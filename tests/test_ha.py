@@ -1,0 +1,144 @@
+"""Two controllers on one log: one leads, the other follows the log and takes over when the leader dies;
+a deposed leader that wakes up can never append."""
+import asyncio
+import time
+
+import pytest
+
+from rota.controller.eventlog import FencedError
+from rota.controller.leadership import Candidacy, controllers
+from rota.controller.service import Controller
+from rota.core import events as ev
+from rota.core.testing import make_cluster
+
+CFG = make_cluster(nodes=2, gpus=4)
+TTL = 2.0
+
+
+def spec(**kw):
+    kw.setdefault("time_limit", 600)
+    return ev.JobSpec(**kw).model_dump(mode="json", exclude={"user", "uid", "gid"})
+
+
+async def until(check, timeout: float = 15.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def candidate(connect, name: str) -> tuple[Controller, Candidacy, asyncio.Event, asyncio.Task]:
+    lg = await connect()
+    c = Controller(lg, config=CFG, debounce=0.01, cycle_interval=0.5, name=name)
+    await c.load()
+    cand = Candidacy(c, lg.js, name, f"host-{name}", ttl=TTL, on_lead=lambda: c.serve(lg.nc), on_lose=c.stop)
+    stop = asyncio.Event()
+    return c, cand, stop, asyncio.create_task(cand.run(stop))
+
+
+async def test_a_standby_takes_over_when_the_leader_dies_and_the_old_leader_cannot_append(jetstream):
+    a, cand_a, stop_a, task_a = await candidate(jetstream, "ctl-a")
+    await until(lambda: cand_a.leading, what="ctl-a to lead")
+    b, cand_b, stop_b, task_b = await candidate(jetstream, "ctl-b")
+    first = await a.handle("submit", {"rid": "1", "spec": spec(name="before")})
+    assert first["ok"]
+    await until(lambda: first["job_id"] in b.state.jobs, what="the standby to follow the log")
+    assert not cand_b.leading
+    listed = await controllers(b.log.js)
+    assert {(x["name"], x["role"]) for x in listed} == {("ctl-a", "primary"), ("ctl-b", "backup")}
+
+    frozen = asyncio.Event()
+
+    async def frozen_renewal(seq: int) -> bool:
+        await frozen.wait()
+        return False
+
+    cand_a.lease.renew = frozen_renewal  # the leader freezes (SIGSTOP, a partition): its lease is never renewed
+    await a.stop()
+    died = time.monotonic()
+    await until(lambda: cand_b.leading, timeout=TTL + 10, what="ctl-b to take over")
+    takeover = time.monotonic() - died
+    print(f"takeover {takeover:.2f} s after the leader froze (lease {TTL} s)")
+    assert takeover <= TTL + 3, takeover
+    started = [env async for env in b.log.read(1) if env.event.type == "controller.started"]
+    assert started[-1].event.name == "ctl-b" and started[-1].seq > first["job_id"]
+    again = await b.handle("submit", {"rid": "2", "spec": spec(name="after")})
+    assert again["ok"] and set(b.state.jobs) == {first["job_id"], again["job_id"]}
+
+    assert a.writer.leader               # the old leader still believes it leads: the log refuses it
+    with pytest.raises(FencedError):
+        await a.append(ev.JobHeld(job_id=first["job_id"]), "ctl-a")
+    assert not a.writer.leader
+    assert not [env async for env in b.log.read(1) if env.event.type == "job.held"]
+    frozen.set()
+    stop_a.set()
+    stop_b.set()
+    await asyncio.gather(task_a, task_b)
+
+
+def test_a_standby_rota_up_takes_over_from_a_killed_one(tmp_path):
+    """Two `rota up` on one set of NATS servers (not their own: those die with them): kill -9 the leader,
+    the standby leads, commands go on through it, scontrol ping says who leads."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from rota.controller import natsserver
+
+    bin_dir = Path(sys.executable).parent
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("NodeName=gpu01 CPUs=8 RealMemory=16000\nPartitionName=p Nodes=gpu01 Default=YES\n")
+    srv = natsserver.start(tmp_path / "nats")
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    procs = []
+    try:
+        a_env = dict(os.environ, ROTA_STATE_DIR=str(dirs[0]))
+        procs.append(subprocess.Popen([str(bin_dir / "rota"), "up", "--config", str(conf), "--nats", srv.url,
+                                       "--no-agent"], env=a_env, stdout=open(tmp_path / "a.log", "w"),
+                                      stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + 30
+        while not (dirs[0] / "cluster.json").exists():
+            assert time.monotonic() < deadline, (tmp_path / "a.log").read_text()
+            time.sleep(0.1)
+        dirs[1].mkdir(mode=0o700)
+        shutil.copy(dirs[0] / "cluster.key", dirs[1] / "cluster.key")
+        b_env = dict(os.environ, ROTA_STATE_DIR=str(dirs[1]))
+        procs.append(subprocess.Popen([str(bin_dir / "rota"), "up", "--config", str(conf), "--nats", srv.url,
+                                       "--no-agent", "--standby"], env=b_env, stdout=open(tmp_path / "b.log", "w"),
+                                      stderr=subprocess.STDOUT))
+        while not (dirs[1] / "cluster.json").exists():
+            assert time.monotonic() < deadline, (tmp_path / "b.log").read_text()
+            time.sleep(0.1)
+
+        def run(env, *cmd):
+            return subprocess.run([str(bin_dir / cmd[0]), *cmd[1:]], env=env, capture_output=True, text=True,
+                                  timeout=60)
+
+        first = run(a_env, "sbatch", "--parsable", "--wrap", "true")
+        assert first.returncode == 0, first.stderr
+        ping = run(b_env, "scontrol", "ping").stdout.splitlines()
+        assert ping[0].startswith("Slurmctld(primary) at ") and ping[1].startswith("Slurmctld(backup) at "), ping
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait()
+        killed = time.monotonic()
+        second = run(b_env, "sbatch", "--parsable", "--wrap", "true")   # waits out the lease, then lands
+        assert second.returncode == 0 and int(second.stdout) == int(first.stdout) + 1, second.stderr
+        print(f"kill -9 of the leading rota up -> the standby's sbatch answered in {time.monotonic() - killed:.2f} s")
+        assert time.monotonic() - killed <= 15
+        assert "this controller leads now" in (tmp_path / "b.log").read_text()
+        assert run(b_env, "squeue", "-h", "-o", "%i").stdout.split() == [first.stdout.strip(), second.stdout.strip()]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+                try:
+                    p.wait(20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        srv.stop()
