@@ -127,7 +127,6 @@ class _Up:
         self.signer_host = agent_node or hostname()
         self.info = state_dir / "cluster.json"
         self.server: Any = None
-        self.start_server: Any = None           # (port) -> a started embedded nats-server
         self.nats_url = ""
         self.eventlog: Any = None
         self.controller: Controller | None = None
@@ -148,10 +147,8 @@ class _Up:
 
         if nats_url is None:
             hosts = [n.name for n in self.config.nodes] + [self.signer_host]
-            auth = natsauth.authorization_block(self.keyring, hosts)
-            self.start_server = lambda port: natsserver.start(self.state_dir / "nats", port=port, tls=self.tls,
-                                                              host=listen, authorization=auth)
-            self.server = self.start_server(nats_port)
+            self.server = natsserver.start(self.state_dir / "nats", port=nats_port, tls=self.tls, host=listen,
+                                           authorization=natsauth.authorization_block(self.keyring, hosts))
             nats_url = self.server.url
         else:
             self.echo(f"rota up: the NATS servers at {nats_url} are not rota's own: make sure they enforce rota's "
@@ -251,7 +248,7 @@ class _Up:
                 continue
             self.echo(f"rota up: the embedded nats-server exited ({died}); restarting it on the same store")
             try:
-                self.server = await asyncio.to_thread(self.start_server, self.server.port)
+                self.server = await asyncio.to_thread(natsserver.restart, self.server)
                 self.echo("rota up: nats-server restarted; clients reconnect")
             except natsserver.NatsServerError as exc:
                 self.echo(f"rota up: nats-server did not restart ({exc}); trying again")

@@ -22,7 +22,7 @@ from typing import Any, Awaitable, Callable
 import orjson
 from pydantic import ValidationError
 
-from rota.core import commands
+from rota.core import __version__, commands
 from rota.core import credentials as creds
 from rota.core import events as ev
 from rota.core.auth import Caller, caller as make_caller
@@ -30,6 +30,7 @@ from rota.wire.subjects import CRED_HEADER, RID_HEADER
 
 from . import accounting_views, requests as rq
 from .eventlog import FencedError, LogUnavailable
+from .leadership import controllers
 from .recent import Recent
 from .views import Raw
 
@@ -394,11 +395,5 @@ async def _timetravel(c: Any, caller: Caller, r: rq.TimeTravel, rid: str) -> dic
 
 @verb("ping", rq.NoArgs)
 async def _ping(c: Any, caller: Caller, r: rq.NoArgs, rid: str) -> dict:
-    from rota.core import __version__
-
-    from .leadership import controllers
-
-    js = getattr(c.log, "js", None)
-    listed = await controllers(js) if js is not None else []
     return {"ok": True, "seq": c.state.seq, "leader": c.leader, "version": __version__,
-            "user": caller.user, "uid": caller.uid, "level": caller.level, "controllers": listed}
+            "user": caller.user, "uid": caller.uid, "level": caller.level, "controllers": await controllers(c.log)}

@@ -110,8 +110,12 @@ class Lease:
             return None
 
 
-async def controllers(js: Any) -> list[dict]:
-    """Every controller that announced itself lately: name, host, role ("primary" leads), sequence."""
+async def controllers(eventlog: Any) -> list[dict]:
+    """Every controller on ``eventlog``'s servers that announced itself lately: name, host, role ("primary"
+    leads), sequence (none for a log that is not on NATS)."""
+    js = getattr(eventlog, "js", None)
+    if js is None:
+        return []
     kv = await _bucket(js, STATUS_BUCKET, 3 * LEASE_TTL)
     out: list[dict] = []
     try:

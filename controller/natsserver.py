@@ -125,18 +125,27 @@ def start(state_dir: str | os.PathLike, port: int | None = None, *, sync_always:
     write_config(conf, port, base / "jetstream", sync_always=sync_always, cluster=cluster,
                  server_name=server_name, authorization=authorization, tls=tls, host=host)
     log = base / "nats-server.log"
+    return _launch(conf, log, port, host, "tls" if tls else "nats", wait)
+
+
+def restart(server: NatsServer, wait: float = 15.0) -> NatsServer:
+    """Start a server that died again, from its configuration file: the same port, the same store."""
+    return _launch(server.config, server.log, server.port, server.host, server.scheme, wait)
+
+
+def _launch(conf: Path, log: Path, port: int, host: str, scheme: str, wait: float) -> NatsServer:
     with open(log, "ab") as fh:
         proc = subprocess.Popen([find_binary(), "-c", str(conf)], stdout=fh, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 preexec_fn=_die_with(os.getpid()) if sys.platform == "linux" else None)
+    near = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise NatsServerError(f"nats-server exited with {proc.returncode}; see {log}")
         try:
-            with socket.create_connection(("127.0.0.1" if host in ("0.0.0.0", "::") else host, port), timeout=0.2):
-                return NatsServer(proc, port, conf, log, "tls" if tls else "nats",
-                                  "127.0.0.1" if host in ("0.0.0.0", "::") else host)
+            with socket.create_connection((near, port), timeout=0.2):
+                return NatsServer(proc, port, conf, log, scheme, near)
         except OSError:
             time.sleep(0.05)
     proc.kill()

@@ -47,7 +47,7 @@ async def test_a_standby_takes_over_when_the_leader_dies_and_the_old_leader_cann
     assert first["ok"]
     await until(lambda: first["job_id"] in b.state.jobs, what="the standby to follow the log")
     assert not cand_b.leading
-    listed = await controllers(b.log.js)
+    listed = await controllers(b.log)
     assert {(x["name"], x["role"]) for x in listed} == {("ctl-a", "primary"), ("ctl-b", "backup")}
 
     frozen = asyncio.Event()
