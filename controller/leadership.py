@@ -184,6 +184,7 @@ class Candidacy:
                 self.took_over_at = time.monotonic()
                 await self.c.lead(name=self.name, host=self.host)
                 log.warning("leading from log sequence %d", self.c.state.seq)
+                await self._announce()
                 if self.on_lead is not None:
                     await self.on_lead()
         await self._announce()
