@@ -171,6 +171,8 @@ class _Up:
                                      reports=runner(str(self.state_dir / "projections.sqlite")),
                                      timetravel_env=timetravel_environment(str(self.state_dir)))
         self.controller.reload_config = lambda: load_config(self.config_path, self.fake_gpus)
+        if self.server is not None:      # our own server: its store is on this host's disk
+            self.controller.store_dir = str(self.state_dir / "nats")
         await self.controller.load()
         name = f"{self.signer_host}:{self.state_dir.resolve()}"
         self.candidacy = Candidacy(self.controller, self.eventlog.js, name, self.signer_host,

@@ -137,6 +137,7 @@ class FrontDoor:
         request = None
         try:
             request = spec.model.model_validate_json(body)
+            self.c.check_space(spec.writes)
             result = await spec.handler(self.c, caller, request, rid)
         except ValidationError as exc:
             result = {"ok": False, "error": [f"bad request: {rq.first_problem(exc)}"], "code": "bad_request"}

@@ -19,7 +19,7 @@ from rota.core.auth import ROOT, Caller
 from rota.core.orders import Order
 from rota.core.schedule import Decision, schedule
 from rota.core.state import State, dump_snapshot
-from rota.wire import subjects as sj
+from rota.wire import diskspace, subjects as sj
 
 from .eventlog import EventLog, FencedError, LogUnavailable
 from .frontdoor import FrontDoor
@@ -45,6 +45,7 @@ class Controller:
         self.log = eventlog
         self.config = config
         self.reload_config: Callable[[], ev.ClusterConfig] | None = None   # scontrol reconfigure: read it again
+        self.store_dir: str | None = None      # where the log's server keeps it, when on this host (rota up's own)
         self.clock = clock
         self.name = name
         self.cycle_interval, self.debounce = cycle_interval, debounce
@@ -120,6 +121,13 @@ class Controller:
         self._subs, self._tasks = [], []
 
     # ------------------------------------------------------------ writing and requests
+
+    def check_space(self, writes: bool) -> None:
+        """Refuse a request that would write when the disk holding the log is down to its reserve."""
+        if writes and self.store_dir is not None:
+            problem = diskspace.log_space_problem(self.store_dir)
+            if problem is not None:
+                raise commands.Rejected(problem, code="disk")
 
     async def append(self, event: Any, actor: str, idem: str = "") -> ev.Envelope:
         """Append on top of the folded state and apply it (see :meth:`Writer.append`)."""

@@ -19,6 +19,7 @@ from rota.core.apply import fold
 from rota.core.changes import Changes
 from rota.core.static_reasons import reasons_now
 from rota.core.state import TERMINAL_STATES, Job, State, Step, dump_snapshot, load_snapshot
+from rota.wire.diskspace import projection_may_grow
 
 from .reasons import ReasonLane
 from .schema import SCHEMA, SCHEMA_VERSION
@@ -81,7 +82,8 @@ class Projector:
         if rows.get("state"):
             self.state = load_snapshot(rows["state"])
             self._last_snapshot = self.state.seq
-        self.reasons = ReasonLane(self.db, self.log, snapshot_every=self.snapshot_every)
+        self.reasons = ReasonLane(self.db, self.log, snapshot_every=self.snapshot_every,
+                                  may_write=lambda: projection_may_grow(str(self.path.parent)))
         await self.reasons.open(rows)
         await self.db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
         await self.db.commit()
@@ -144,16 +146,23 @@ class Projector:
         catch-up costs a consumer and a connection, whatever it reads)."""
         loop = asyncio.get_running_loop()
         lane: asyncio.Task | None = None
+        said = ""              # the last warning given (said once, not every second)
         try:
             while not stop.is_set():
                 started = loop.time()
                 try:
+                    if not projection_may_grow(str(self.path.parent)):
+                        raise OSError("the disk is nearly full (it goes on when there is room again)")
                     n = await self.catch_up()
                     if lane is None and self.reasons is not None and n < 1000:
                         # the rows first: the history follows once they have caught up with the log
                         lane = asyncio.create_task(self.reasons.follow(stop, poll))
                 except Exception as exc:  # noqa: BLE001 - the log is briefly unavailable: retry
-                    log.warning("projection paused: %s", exc)
+                    if str(exc) != said:
+                        log.warning("projection paused: %s", exc)
+                    said = str(exc)
+                else:
+                    said = ""
                 waiter = wakeup or stop
                 try:
                     await asyncio.wait_for(waiter.wait(), timeout=poll)

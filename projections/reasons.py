@@ -12,7 +12,7 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from rota.core import events as ev
 from rota.core.reason_history import ReasonHistory, Span
@@ -32,10 +32,12 @@ def span_rows(spans: list[Span]) -> list[tuple]:
 class ReasonLane:
     """Follows the log into the ``reasons`` table of the projection open on ``db``."""
 
-    def __init__(self, db: Any, eventlog: Any, *, snapshot_every: int = 20_000) -> None:
+    def __init__(self, db: Any, eventlog: Any, *, snapshot_every: int = 20_000,
+                 may_write: Callable[[], bool] = lambda: True) -> None:
         self.db = db
         self.log = eventlog
         self.snapshot_every = snapshot_every
+        self.may_write = may_write            # False while the disk is nearly full: the lane waits
         self.state = State()
         self.history = ReasonHistory()
         self._last_snapshot = 0
@@ -105,12 +107,18 @@ class ReasonLane:
 
     async def follow(self, stop: asyncio.Event, poll: float = 1.0) -> None:
         """Keep the lane up to date until ``stop`` is set."""
+        said = ""
         while not stop.is_set():
             try:
+                if not self.may_write():
+                    raise OSError("the disk is nearly full (it goes on when there is room again)")
                 await self.catch_up()
                 await self.settle(int(time.time()) - 1)
+                said = ""
             except Exception as exc:  # noqa: BLE001 - the log is briefly unavailable: retry
-                log.warning("reason history paused: %s", exc)
+                if str(exc) != said:
+                    log.warning("reason history paused: %s", exc)
+                said = str(exc)
             try:
                 await asyncio.wait_for(stop.wait(), timeout=poll)
             except asyncio.TimeoutError:

@@ -542,3 +542,58 @@ def test_rota_up_restarts_its_nats_server_after_kill_9_and_jobs_go_on(up):
     done = wait_until(lambda: (lambda r: r if r.split("|")[0] in ("FAILED", "COMPLETED", "NODE_FAIL") else None)(
         run(up, "sacct", "-n", "-X", "-P", "-j", job, "-o", "State,ExitCode").stdout.strip()), 30, "the job's end")
     assert done == "FAILED|3:0"                  # the agent's report reached the restarted server
+
+
+def _fill(disk: Path, leave_mib: int) -> None:
+    """Fill ``disk`` until about ``leave_mib`` MiB are free."""
+    import shutil as _shutil
+
+    free = _shutil.disk_usage(disk).free
+    with open(disk / "fill", "ab") as fh:
+        fh.write(b"\0" * max(0, free - leave_mib * (1 << 20)))
+
+
+def test_a_full_disk_refuses_submits_clearly_keeps_what_was_acknowledged_and_recovers(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=80m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (not root, or no mount rights) to fill a disk")
+    proc = None
+    try:
+        disk.chmod(0o755)
+        conf = tmp_path / "slurm.conf"
+        conf.write_text(CONF)
+        env = dict(os.environ, ROTA_STATE_DIR=str(disk / "state"))
+
+        def start():
+            p = subprocess.Popen([str(BIN / "rota"), "up", "--config", str(conf), "--fake-gpus", "a100:8"], env=env,
+                                 stdout=open(tmp_path / "up.log", "a"), stderr=subprocess.STDOUT)
+            wait_for(disk / "state" / "cluster.json", 30)
+            return p
+
+        proc = start()
+        first = run(env, "sbatch", "--parsable", "-H", "--wrap", "true")
+        assert first.returncode == 0, first.stderr
+        _fill(disk, 8)                       # below rota's reserve (16 MiB on this disk), not yet at zero
+        time.sleep(1.2)                      # (free space is read at most once a second)
+        t0 = time.monotonic()
+        refused = run(env, "sbatch", "--parsable", "-H", "--wrap", "true")
+        assert refused.returncode == 1 and "no space left for the event log at" in refused.stderr, refused.stderr
+        assert time.monotonic() - t0 < 10
+        (disk / "fill").unlink()             # room again: it goes on by itself
+        wait_until(lambda: run(env, "sbatch", "--parsable", "-H", "--wrap", "true").returncode == 0, 20,
+                   "a submit to succeed once there is room")
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        _fill(disk, 20)                      # a restart on a nearly full disk
+        proc = start()
+        r = run(env, "squeue", "-h", "-o", "%i")
+        assert r.returncode == 0 and first.stdout.strip() in r.stdout.split(), r.stdout + r.stderr
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
