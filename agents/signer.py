@@ -25,7 +25,8 @@ log = logging.getLogger("rota.signer")
 
 SLOW_VERBS = {"timetravel": 900.0, "accounting": 120.0}   # answers that take more than a moment
 READ_TIMEOUT = 10.0
-FAILOVER_WAIT = 15.0      # a request with no controller to answer waits this long for a standby to take over
+FAILOVER_WAIT = 30.0      # a request with no controller to answer waits this long for a standby to take over
+NOT_LEADER = b'"code":"not_leader"'   # in the answer of a controller that is no longer the leader
 MAX_INFLIGHT_PER_UID = 64
 
 
@@ -108,12 +109,14 @@ class Signer:
 
         subject = api_subject(verb)
         timeout = SLOW_VERBS.get(verb, 10.0)
+        # a quick first try: a controller that froze (SIGSTOP) may still hold a place among those answering
+        timeouts = (timeout, timeout, timeout) if verb in SLOW_VERBS else (3.0, 3.0, 5.0, 10.0, 10.0)
         leaderless_until = time.monotonic() + FAILOVER_WAIT
         attempt = 0
-        while attempt < 3:
+        while attempt < len(timeouts):
             headers = {CRED_HEADER: self.sign(subject, rid, payload, uid, gid), RID_HEADER: rid}
             try:
-                msg = await self.nc.request(subject, payload, timeout=timeout, headers=headers)
+                msg = await self.nc.request(subject, payload, timeout=timeouts[attempt], headers=headers)
             except NoRespondersError:
                 if time.monotonic() < leaderless_until:    # between a leader's death and a standby's takeover
                     await asyncio.sleep(0.25)
@@ -129,8 +132,11 @@ class Signer:
                 log.error("signer: dropped a reply that does not answer request %s", rid)
                 attempt += 1
                 continue
+            if NOT_LEADER in msg.data and time.monotonic() < leaderless_until:
+                await asyncio.sleep(0.25)   # a deposed controller answered (and wrote nothing): ask the new one
+                continue
             return msg.data
-        raise localsock.SignerError(f"the rota controller did not answer within {3 * timeout:.0f} s")
+        raise localsock.SignerError(f"the rota controller did not answer within {sum(timeouts):.0f} s")
 
 
 def _error(message: str) -> bytes:

@@ -1,6 +1,7 @@
 """A fault drill on loopback: 3 NATS servers, 2 controllers (a leader and a standby), 4 agents, submitters
-running `sbatch` while, in turn, the leading controller is killed (-9), a NATS server is killed and
-brought back, and an agent is stopped (SIGSTOP) and continued. Then the log is read back and checked.
+running `sbatch` while, in turn, the leading controller is killed (-9) and comes back as the standby, the
+new leader is stopped (SIGSTOP) until the other takes over and then continued (deposed: the log refuses
+it), a NATS server is killed and brought back, and an agent is stopped and continued. Then the log is read back and checked.
 
     python ops/fault_drill.py [--jobs 400] [--submitters 4] [--dir DIR]
 
@@ -38,6 +39,7 @@ class Drill:
         self.faults: list[tuple[str, float, float]] = []   # (what, when, how long it cost)
         self.servers: list = []
         self.takeover = 0.0
+        self.stopped_takeover = 0.0
 
     # ---------------------------------------------------------------- the cluster
 
@@ -121,6 +123,14 @@ class Drill:
         self.procs["ctl-a"].send_signal(signal.SIGKILL)           # the leader dies
         self.takeover = self._until_leading("ctl-b") - t0
         self._after("kill -9 of the leading controller", t0)
+        self._controller("ctl-a", standby=True)                    # it comes back, as the standby
+        self._at(3 * total // 8)
+        t0 = time.monotonic()
+        self.procs["ctl-b"].send_signal(signal.SIGSTOP)           # the new leader freezes: ctl-a takes over
+        self.stopped_takeover = self._until_leading("ctl-a") - t0
+        time.sleep(3)
+        self.procs["ctl-b"].send_signal(signal.SIGCONT)           # and wakes up deposed: the log refuses it
+        self._after("SIGSTOP of the leading controller, then SIGCONT", t0)
         self._at(total // 2)
         t0 = time.monotonic()
         victim = self.servers[1]
@@ -242,7 +252,8 @@ class Drill:
         print(f"{'fault':<45} {'longest wait for an acknowledged submit after it':>50}")
         for what, cost in self.costs():
             print(f"{what:<45} {cost:>48.2f} s")
-        print(f"takeover (the leader killed -> scontrol ping names the standby primary): {self.takeover:.2f} s")
+        print(f"takeover (the leader killed -> scontrol ping names the standby primary): {self.takeover:.2f} s; "
+              f"the leader stopped (SIGSTOP) -> the other primary: {self.stopped_takeover:.2f} s")
         print(f"acknowledged submits lost: {len(lost)}   duplicate starts of a run: {duplicates}   "
               f"jobs that never ended: {never_ended}")
         print("how the acknowledged jobs ended: " + ", ".join(f"{k} {v}" for k, v in sorted(states.items())))
