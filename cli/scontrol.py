@@ -401,6 +401,11 @@ def ping() -> list[str]:
     if not reply.get("ok"):
         raise Fail("Slurmctld(primary) at (unknown) is DOWN", code=1)
     listed = sorted(reply.get("controllers") or [], key=lambda c: (c.get("role") != "primary", c.get("name", "")))
+    configured = reply.get("configured") or []
+    if configured:       # SlurmctldHost lines: Slurm's labels by position, each UP when it runs
+        running = {c.get("host") for c in listed}
+        return [f"Slurmctld({'primary' if i == 0 else 'backup'}) at {host} is {'UP' if host in running else 'DOWN'}"
+                for i, host in enumerate(configured)]
     if not listed:
         return ["Slurmctld(primary) at (this cluster) is UP"]
     return [f"Slurmctld({c.get('role', 'backup')}) at {c.get('host') or c.get('name')} is UP" for c in listed]

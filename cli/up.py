@@ -350,6 +350,9 @@ def main(state_dir: str | None, config: str | None, nats: str | None, nats_port:
             raise ValueError("TLS needs a certificate and its key (--tls-cert and --tls-key, or RotaTLSCertFile "
                              "and RotaTLSKeyFile in the configuration)")
         listen = listen or settings.get("listen") or "127.0.0.1"
+        from rota.agents.agent import hostname
+
+        standby = standby or hostname() in cfg.controllers[1:]    # a backup SlurmctldHost stands by
     except ConfigError as exc:
         for d in exc.diagnostics:
             echo(str(d))

@@ -30,7 +30,7 @@ from rota.wire.subjects import CRED_HEADER, RID_HEADER
 
 from . import accounting_views, requests as rq
 from .eventlog import FencedError, LogUnavailable
-from .leadership import controllers
+from .leadership import controllers_of
 from .recent import Recent
 from .views import Raw
 
@@ -397,4 +397,4 @@ async def _timetravel(c: Any, caller: Caller, r: rq.TimeTravel, rid: str) -> dic
 @verb("ping", rq.NoArgs)
 async def _ping(c: Any, caller: Caller, r: rq.NoArgs, rid: str) -> dict:
     return {"ok": True, "seq": c.state.seq, "leader": c.leader, "version": __version__,
-            "user": caller.user, "uid": caller.uid, "level": caller.level, "controllers": await controllers(c.log)}
+            "user": caller.user, "uid": caller.uid, "level": caller.level, **await controllers_of(c)}

@@ -131,6 +131,14 @@ async def controllers(eventlog: Any) -> list[dict]:
     return out
 
 
+async def controllers_of(controller: Any) -> dict:
+    """What ``scontrol ping`` shows: the controllers that announced themselves, and those the
+    configuration names (SlurmctldHost lines, in order)."""
+    cfg = controller.state.config
+    return {"controllers": await controllers(controller.log),
+            "configured": list(cfg.controllers) if cfg is not None else []}
+
+
 class Candidacy:
     """A controller that leads when it holds the lease and stands by (tailing the log) when it does not.
 

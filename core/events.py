@@ -120,6 +120,7 @@ class ClusterConfig(Model):
     accounting_enforce: tuple[str, ...] = ()   # AccountingStorageEnforce: associations, limits, qos, safe
     preempt_type: Literal["none", "qos"] = "none"   # PreemptType: preempt/none or preempt/qos
     preempt_mode: Literal["off", "cancel", "requeue"] = "off"   # PreemptMode: for QOS that set none
+    controllers: tuple[str, ...] = ()  # SlurmctldHost lines, in order (the first is the primary)
 
     def default_partition(self) -> PartitionConfig | None:
         for p in self.partitions:

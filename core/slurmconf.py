@@ -46,7 +46,7 @@ SHELL_KEYS = {"rotanatslisten": "listen", "rotatlscertfile": "cert_file", "rotat
               "rotatlscafile": "ca_file"}
 # Slurm keys rota accepts and does not act on (so real slurm.conf files pass the check).
 IGNORED_KEYS = {
-    "slurmctldhost", "controlmachine", "authtype", "credtype", "mpidefault", "proctracktype",
+    "authtype", "credtype", "mpidefault", "proctracktype",
     "returntoservice", "slurmctldpidfile", "slurmctldport", "slurmdpidfile", "slurmdport",
     "slurmdspooldir", "statesavelocation", "switchtype", "taskplugin", "inactivelimit",
     "killwait", "slurmctldtimeout", "slurmdtimeout", "waittime", "selecttype", "selecttypeparameters",
@@ -215,6 +215,7 @@ def check_config(text: str, file: str = "slurm.conf", gres_text: str | None = No
     """Parse and diagnose: the config (None when it has errors) and every diagnostic."""
     ctx = _Ctx(file)
     global_vals: dict[str, tuple[int, str]] = {}
+    controllers: list[str] = []          # SlurmctldHost lines: the first leads when all run, the others stand by
     node_lines: list[tuple[int, list[tuple[str, str, str]]]] = []
     part_lines: list[tuple[int, list[tuple[str, str, str]]]] = []
     for lineno, line in _lines(text):
@@ -228,7 +229,11 @@ def check_config(text: str, file: str = "slurm.conf", gres_text: str | None = No
             part_lines.append((lineno, pairs))
         else:
             for key, low, value in pairs:
-                if low in GLOBAL_KEYS:
+                if low in ("slurmctldhost", "controlmachine"):      # one line per controller, in order
+                    name = value.split("(", 1)[0].strip()
+                    if name and name not in controllers:
+                        controllers.append(name)
+                elif low in GLOBAL_KEYS:
                     global_vals[low] = (lineno, value)
                 elif low in IGNORED_KEYS:
                     ctx.ignored(lineno, key)
@@ -257,7 +262,7 @@ def check_config(text: str, file: str = "slurm.conf", gres_text: str | None = No
                                partitions=tuple(parts), scheduler=sched, priority=prio, auth=auth,
                                gres_types=tuple(sorted(gres_types)) if gres_types else ("gpu",),
                                accounting_enforce=enforce, preempt_type=preempt_type,
-                               preempt_mode=preempt_mode)
+                               preempt_mode=preempt_mode, controllers=tuple(controllers))
     except ValueError as exc:   # pydantic validation: should not happen after the checks above
         ctx.err(1, f"invalid configuration: {exc}")
         return None, _ordered(ctx.diags)

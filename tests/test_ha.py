@@ -93,7 +93,10 @@ def test_a_standby_rota_up_takes_over_from_a_killed_one(tmp_path):
 
     bin_dir = Path(sys.executable).parent
     conf = tmp_path / "slurm.conf"
-    conf.write_text("NodeName=gpu01 CPUs=8 RealMemory=16000\nPartitionName=p Nodes=gpu01 Default=YES\n")
+    from rota.agents.agent import hostname
+
+    conf.write_text(f"SlurmctldHost={hostname()}\nSlurmctldHost=ctl-elsewhere(10.0.0.9)\n"
+                    "NodeName=gpu01 CPUs=8 RealMemory=16000\nPartitionName=p Nodes=gpu01 Default=YES\n")
     srv = natsserver.start(tmp_path / "nats")
     dirs = [tmp_path / "a", tmp_path / "b"]
     procs = []
@@ -123,7 +126,7 @@ def test_a_standby_rota_up_takes_over_from_a_killed_one(tmp_path):
         first = run(a_env, "sbatch", "--parsable", "--wrap", "true")
         assert first.returncode == 0, first.stderr
         ping = run(b_env, "scontrol", "ping").stdout.splitlines()
-        assert ping[0].startswith("Slurmctld(primary) at ") and ping[1].startswith("Slurmctld(backup) at "), ping
+        assert ping == [f"Slurmctld(primary) at {hostname()} is UP", "Slurmctld(backup) at ctl-elsewhere is DOWN"], ping
         procs[0].send_signal(signal.SIGKILL)
         procs[0].wait()
         killed = time.monotonic()

@@ -90,3 +90,9 @@ def test_a_slurm_22_05_site_configuration_loads_as_it_is_and_the_unused_keys_are
     assert r.returncode == 0 and "OK: 2 nodes" in r.stdout and "SlurmdUser (line 7)" in r.stderr, r.stderr
     _cfg, diags = check_config(path.read_text() + "SlurmdUserr=root\n", str(path))   # a typo is still an error
     assert any(d.severity == "error" and "SlurmdUserr" in d.message for d in diags)
+
+
+def test_slurmctldhost_lines_name_the_controllers_in_order():
+    cfg = parse_config("SlurmctldHost=ctl1(10.0.0.1)\nSlurmctldHost=ctl2\nControlMachine=ctl1\n"
+                       "NodeName=n1 CPUs=4 RealMemory=1000\nPartitionName=p Nodes=n1 Default=YES\n")
+    assert cfg.controllers == ("ctl1", "ctl2")
