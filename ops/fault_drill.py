@@ -105,7 +105,7 @@ class Drill:
         env = dict(os.environ, ROTA_SOCKET=str(self.base / node / "run" / "rota.sock"))
         for _ in range(count):
             r = subprocess.run([str(BIN / "sbatch"), "--parsable", "-t", "1", "--wrap", "sleep 0.1"], env=env,
-                               capture_output=True, text=True, timeout=120)
+                               capture_output=True, text=True, timeout=120, cwd=self.base)   # its output files there
             with self.lock:
                 if r.returncode == 0 and r.stdout.strip().isdecimal():
                     self.acked.append((time.monotonic(), int(r.stdout)))
