@@ -249,8 +249,9 @@ async def test_a_restarted_agent_finds_its_running_jobs_again(cluster):
 async def test_a_job_that_ended_while_its_agent_was_away_keeps_its_real_exit_status(cluster):
     proc = cluster.start_agent("n1")
     await cluster.registered("n1")
-    jid = await cluster.submit("sleep 1; exit 7")
-    await cluster.until(lambda s: s.jobs[jid].state == "RUNNING", what="job running")
+    started = cluster.tmp / "away-started"
+    jid = await cluster.submit(f"touch {started}; sleep 1; exit 7")
+    await cluster.until(lambda s: started.exists(), what="the job's script to run")
     proc.kill()                              # the agent is away (less than the node timeout) while it ends
     proc.wait()
     await asyncio.sleep(1.5)
@@ -263,8 +264,9 @@ async def test_a_job_that_ended_while_its_agent_was_away_keeps_its_real_exit_sta
 async def test_a_late_report_after_the_node_timeout_keeps_how_the_job_really_ended(cluster):
     proc = cluster.start_agent("n2")
     await cluster.registered("n2")
-    jid = await cluster.submit("sleep 1; exit 7")
-    await cluster.until(lambda s: s.jobs[jid].state == "RUNNING", what="job running")
+    started = cluster.tmp / "late-started"
+    jid = await cluster.submit(f"touch {started}; sleep 1; exit 7")
+    await cluster.until(lambda s: started.exists(), what="the job's script to run")
     proc.kill()
     proc.wait()
     await cluster.until(lambda s: s.jobs[jid].state == "NODE_FAIL", timeout=10, what="NODE_FAIL")
