@@ -246,14 +246,20 @@ async def test_a_restarted_agent_finds_its_running_jobs_again(cluster):
     assert (job.state, job.exit_code) == ("FAILED", 4)   # the real exit status, found again
 
 
-async def test_a_job_that_ended_while_its_agent_was_away_keeps_its_real_exit_status(cluster):
-    proc = cluster.start_agent("n1")
-    await cluster.registered("n1")
-    started = cluster.tmp / "away-started"
+async def exit_7_with_its_agent_gone(cluster, node: str) -> int:
+    """A job on ``node`` that exits 7 a second after its script started; its agent killed meanwhile."""
+    proc = cluster.start_agent(node)
+    await cluster.registered(node)
+    started = cluster.tmp / f"{node}-started"
     jid = await cluster.submit(f"touch {started}; sleep 1; exit 7")
     await cluster.until(lambda s: started.exists(), what="the job's script to run")
-    proc.kill()                              # the agent is away (less than the node timeout) while it ends
+    proc.kill()
     proc.wait()
+    return jid
+
+
+async def test_a_job_that_ended_while_its_agent_was_away_keeps_its_real_exit_status(cluster):
+    jid = await exit_7_with_its_agent_gone(cluster, "n1")   # away for less than the node timeout
     await asyncio.sleep(1.5)
     cluster.start_agent("n1")
     job = await cluster.ended(jid)
@@ -262,13 +268,7 @@ async def test_a_job_that_ended_while_its_agent_was_away_keeps_its_real_exit_sta
 
 
 async def test_a_late_report_after_the_node_timeout_keeps_how_the_job_really_ended(cluster):
-    proc = cluster.start_agent("n2")
-    await cluster.registered("n2")
-    started = cluster.tmp / "late-started"
-    jid = await cluster.submit(f"touch {started}; sleep 1; exit 7")
-    await cluster.until(lambda s: started.exists(), what="the job's script to run")
-    proc.kill()
-    proc.wait()
+    jid = await exit_7_with_its_agent_gone(cluster, "n2")
     await cluster.until(lambda s: s.jobs[jid].state == "NODE_FAIL", timeout=10, what="NODE_FAIL")
     cluster.start_agent("n2")
     job = await cluster.until(lambda s: s.jobs[jid] if s.jobs[jid].exit_code == 7 else None, what="the late report")
