@@ -1,7 +1,8 @@
 """A fault drill on loopback: 3 NATS servers, 2 controllers (a leader and a standby), 4 agents, submitters
 running `sbatch` while, in turn, the leading controller is killed (-9) and comes back as the standby, the
 new leader is stopped (SIGSTOP) until the other takes over and then continued (deposed: the log refuses
-it), a NATS server is killed and brought back, and an agent is stopped and continued. Then the log is read back and checked.
+it), a NATS server is killed and brought back, an agent is stopped and continued, and the standby is
+killed and restarted. Then the log is read back and checked.
 
     python ops/fault_drill.py [--jobs 400] [--submitters 4] [--dir DIR]
 
@@ -146,6 +147,12 @@ class Drill:
         time.sleep(8)
         self.procs["n4"].send_signal(signal.SIGCONT)
         self._after("SIGSTOP of an agent for 8 s", t0)
+        self._at(7 * total // 8)
+        t0 = time.monotonic()
+        self.procs["ctl-b"].send_signal(signal.SIGKILL)           # the standby (deposed earlier) dies
+        self.procs["ctl-b"].wait()
+        self._controller("ctl-b", standby=True)                    # and comes back, following the log
+        self._after("kill -9 of the standby controller, restarted", t0)
         for t in threads:
             t.join()
 
