@@ -515,7 +515,9 @@ def test_a_preempted_job_is_requeued_keeps_its_id_and_sacct_why_and_report_tell_
     assert r.returncode == 0 and f"job {urgent} (root, QOS urgent) preempted it" in r.stdout, r.stdout + r.stderr
     r = run(up, "rota", "report", "usage", "-P")
     assert r.returncode == 0 and r.stdout.splitlines()[0] == "Account|User|CPU hours|GPU hours|Jobs", r.stdout + r.stderr
-    assert any(line.split("|")[1] == "root" for line in r.stdout.splitlines()[1:]), r.stdout
+    wait_until(lambda: any(line.split("|")[1] == "root" for line in
+                           run(up, "rota", "report", "usage", "-P").stdout.splitlines()[1:]), 20,
+               "the running job's first second of use in the report")
     run(up, "scancel", victim, urgent)
 
 
