@@ -156,7 +156,7 @@ class Writer:
                 except BaseException as exc:  # never leave a caller waiting
                     for *_rest, fut in batch:
                         if not fut.done():
-                            fut.set_exception(exc if isinstance(exc, Exception) else LogUnavailable(str(exc)))
+                            _reject(fut, exc if isinstance(exc, Exception) else LogUnavailable(str(exc)))
                     if not isinstance(exc, Exception):
                         raise
 
@@ -182,7 +182,7 @@ class Writer:
             return
         for env, fut, _ in staged:
             self.remember(env.idem, env.seq)
-            fut.set_result((env, False))
+            _resolve(fut, (env, False))
         if any(may_start_something(env.event) for env, _, _ in staged):
             self.dirty.set()
         self._report(self.state, changes.invalid)
@@ -196,7 +196,7 @@ class Writer:
         for item in batch:
             prepare, actor, idem, fut = item
             if idem and idem in self._recent:   # a retry of something already on the log
-                fut.set_result((ev.Envelope.trusted(self._recent[idem], self.state.now, actor, idem, None), True))
+                _resolve(fut, (ev.Envelope.trusted(self._recent[idem], self.state.now, actor, idem, None), True))
                 continue
             if idem in first_of:                # a retry that arrived with its first try: one event, one answer
                 first_of[idem].add_done_callback(functools.partial(_answer_like, follower=fut))
@@ -204,7 +204,7 @@ class Writer:
             try:
                 event = prepare(self.state)
             except Exception as exc:  # noqa: BLE001 - Rejected and bad requests go back to the caller
-                fut.set_exception(exc)
+                _reject(fut, exc)
                 continue
             ts = max(self.now(), self.state.now)
             seq = self.state.seq + 1
@@ -223,7 +223,7 @@ class Writer:
         if landed is None:
             self.stale = True
             for (_env, fut, _), ack in zip(staged, acks):
-                fut.set_exception(ack if isinstance(ack, Exception) else LogUnavailable("outcome unknown"))
+                _reject(fut, ack if isinstance(ack, Exception) else LogUnavailable("outcome unknown"))
             return
         if any(idem not in ours for idem in landed):
             self.leader = False
@@ -235,14 +235,14 @@ class Writer:
                 fut.add_done_callback(lambda f: self._retried.discard(id(f)))
                 again.append(item)
             elif env.idem in landed:
-                fut.set_result((env.model_copy(update={"seq": landed[env.idem]}), False))
+                _resolve(fut, (env.model_copy(update={"seq": landed[env.idem]}), False))
             elif not isinstance(ack, BaseException) and ack.duplicate:
                 self.remember(env.idem, ack.seq)
-                fut.set_result((env.model_copy(update={"seq": ack.seq}), True))
+                _resolve(fut, (env.model_copy(update={"seq": ack.seq}), True))
             elif not self.leader:
-                fut.set_exception(FencedError(base))
+                _reject(fut, FencedError(base))
             else:
-                fut.set_exception(ack if isinstance(ack, LogUnavailable) else
+                _reject(fut, ack if isinstance(ack, LogUnavailable) else
                                   LogUnavailable("a request before it in the same batch failed"))
         self._queue[:0] = again
 
@@ -262,9 +262,20 @@ class Writer:
         return landed
 
 
+def _resolve(fut: asyncio.Future, value: Any) -> None:
+    """Answer a request, unless its caller already gave up on it (a cancelled cycle, say)."""
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _reject(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
 def _fail(batch: list, exc: Exception) -> None:
     for *_rest, fut in batch:
-        fut.set_exception(exc)
+        _reject(fut, exc)
 
 
 def _answer_like(first: asyncio.Future, follower: asyncio.Future) -> None:
@@ -272,7 +283,7 @@ def _answer_like(first: asyncio.Future, follower: asyncio.Future) -> None:
     if follower.done():
         return
     if first.cancelled() or first.exception() is not None:
-        follower.set_exception(first.exception() or LogUnavailable("cancelled"))
+        _reject(follower, first.exception() or LogUnavailable("cancelled"))
     else:
         env, _duplicate = first.result()
-        follower.set_result((env, True))
+        _resolve(follower, (env, True))

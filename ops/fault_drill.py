@@ -66,14 +66,14 @@ class Drill:
         env = dict(os.environ, ROTA_STATE_DIR=str(self.base / name))
         cmd = [str(BIN / "rota"), "up", "--config", str(self.base / "slurm.conf"), "--nats", self.urls, "--no-agent",
                "--node-timeout", "20"] + (["--standby"] if standby else [])
-        self.procs[name] = subprocess.Popen(cmd, env=env, stdout=open(self.base / f"{name}.log", "w"),
+        self.procs[name] = subprocess.Popen(cmd, env=env, stdout=open(self.base / f"{name}.log", "a"),
                                             stderr=subprocess.STDOUT)
 
     def _agent(self, node: str) -> None:
         cmd = [str(BIN / "rota"), "agent", "--node", node, "--nats", self.urls, "--state-dir", str(self.base / node),
                "--key", str(self.base / "ctl-a" / "cluster.key"), "--cpus", "4", "--memory", "16000",
                "--heartbeat", "1", "--kill-wait", "2", "--no-cgroups"]
-        self.procs[node] = subprocess.Popen(cmd, stdout=open(self.base / f"{node}.log", "w"),
+        self.procs[node] = subprocess.Popen(cmd, stdout=open(self.base / f"{node}.log", "a"),
                                             stderr=subprocess.STDOUT)
 
     def _wait_file(self, path: Path, who: str, timeout: float = 60) -> None:

@@ -307,3 +307,15 @@ async def test_scontrol_show_job_gives_a_waiting_jobs_real_priority_and_0_only_w
     waiting, held = c.views.job(2, ROOT), c.views.job(3, ROOT)
     assert waiting["reason"] == "Dependency" and waiting["priority"] > 0
     assert held["reason"] == "JobHeldUser" and held["priority"] == 0
+
+
+async def test_a_request_whose_caller_gave_up_does_not_fail_the_others_in_its_batch():
+    import asyncio
+
+    c = Controller(MemoryLog(), config=CFG, clock=Clock())
+    await c.start()
+    gone = asyncio.create_task(c.append(ev.JobHeld(job_id=1), "a cycle that is cancelled"))
+    kept = asyncio.create_task(c.handle("submit", {"rid": "kept", "spec": spec()}))
+    await asyncio.sleep(0)
+    gone.cancel()                    # (a controller that stops leading cancels its cycle mid-write)
+    assert (await kept)["ok"]
