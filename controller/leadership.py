@@ -99,16 +99,6 @@ class Lease:
                 pass
             self.revision = None
 
-    async def holder(self) -> dict | None:
-        try:
-            entry = await self.kv.get(KEY)
-        except Exception:  # noqa: BLE001 - no one holds it
-            return None
-        try:
-            return json.loads(entry.value) if entry.value else None
-        except ValueError:
-            return None
-
 
 async def controllers(eventlog: Any) -> list[dict]:
     """Every controller on ``eventlog``'s servers that announced itself lately: name, host, role ("primary"
@@ -152,7 +142,6 @@ class Candidacy:
         self.lease = Lease(js, name, host, ttl)
         self.on_lead, self.on_lose = on_lead, on_lose
         self.leading = False
-        self.took_over_at: float | None = None      # monotonic time it last became the leader
         self._status: Any = None
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -164,7 +153,7 @@ class Candidacy:
                     await self._step()
                 except Exception as exc:  # noqa: BLE001 - the servers are away: keep trying
                     log.warning("leadership: %s", exc or type(exc).__name__)
-                    if self.leading and not await self._still_leading_after_error():
+                    if self.leading and (self.lease.revision is None or not self.c.leader):
                         await self._lose("the lease could not be renewed")
                 try:
                     await asyncio.wait_for(stop.wait(), timeout=self.ttl / 5)
@@ -189,16 +178,12 @@ class Candidacy:
             if await self.lease.acquire(self.c.state.seq):
                 await self.c.writer.catch_up()         # whatever the last leader appended before it died
                 self.leading = True
-                self.took_over_at = time.monotonic()
                 await self.c.lead(name=self.name, host=self.host)
                 log.warning("leading from log sequence %d", self.c.state.seq)
                 await self._announce()
                 if self.on_lead is not None:
                     await self.on_lead()
         await self._announce()
-
-    async def _still_leading_after_error(self) -> bool:
-        return self.lease.revision is not None and self.c.leader
 
     async def _lose(self, why: str) -> None:
         log.warning("no longer leading: %s", why)

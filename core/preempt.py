@@ -22,7 +22,7 @@ from .profile import INF, Timeline
 from .request import NodeRequest
 from .state import Job, Node, State
 
-_TERM_KEY = tuple[int, int, int]
+_VictimOrder = tuple[int, int, int]
 
 
 class Preempter:
@@ -50,7 +50,7 @@ class Preempter:
             victims.sort(key=self._order)
         self.taken: set[int] = set()        # chosen this cycle for some job
 
-    def _order(self, job: Job) -> _TERM_KEY:
+    def _order(self, job: Job) -> _VictimOrder:
         return (self.qos_prio.get(job.spec.qos, 0), -job.start_time, -job.job_id)
 
     def may_preempt(self, job: Job) -> tuple[str, ...]:
@@ -92,7 +92,7 @@ class Preempter:
         self.taken.update(victims)
         if not new:
             return ev.Preemption(by=job.job_id, victims=())
-        qos = {q.name: q for q in self.state.qos.values()}
+        qos = self.state.qos
         out = []
         for v in sorted(new, key=lambda v: v.job_id):
             mode = self.modes.get(v.spec.qos, "cancel")
