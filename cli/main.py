@@ -157,7 +157,8 @@ def keygen(
             if config:
                 from .up import load_config
 
-                hosts += [n.name for n in load_config(config, None).nodes]
+                cfg = load_config(config, None)
+                hosts += [h for h in [n.name for n in cfg.nodes] + list(cfg.controllers) if h not in hosts]
             keys.write_private(nats_auth, authorization_block(ring, hosts).encode(), exclusive=False)
             typer.echo(f"rota keygen: wrote the authorization block for {len(hosts)} host(s) to {nats_auth} "
                        "(mode 0600); include it in each nats-server's configuration")

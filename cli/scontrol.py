@@ -403,12 +403,13 @@ def ping() -> list[str]:
     listed = sorted(reply.get("controllers") or [], key=lambda c: (c.get("role") != "primary", c.get("name", "")))
     configured = reply.get("configured") or []
     if configured:       # SlurmctldHost lines: Slurm's labels by position, each UP when it runs
-        running = {c.get("host") for c in listed}
+        running = {c.get("host") for c in listed if c.get("up", True)}
         return [f"Slurmctld({'primary' if i == 0 else 'backup'}) at {host} is {'UP' if host in running else 'DOWN'}"
                 for i, host in enumerate(configured)]
     if not listed:
         return ["Slurmctld(primary) at (this cluster) is UP"]
-    return [f"Slurmctld({c.get('role', 'backup')}) at {c.get('host') or c.get('name')} is UP" for c in listed]
+    return [f"Slurmctld({c.get('role', 'backup')}) at {c.get('host') or c.get('name')} is "
+            f"{'UP' if c.get('up', True) else 'DOWN'}" for c in listed]
 
 
 def run(argv: list[str], out=sys.stdout, err=sys.stderr, db: str | None = None) -> int:

@@ -346,9 +346,9 @@ def main(state_dir: str | None, config: str | None, nats: str | None, nats_port:
         node = None if no_agent else pick_agent_node(cfg, agent_node)
         settings = shell_settings(config)
         tls = {**settings.get("tls", {}), **(tls or {})} or None
-        if tls is not None and not (tls.get("cert_file") and tls.get("key_file")):
+        if tls is not None and nats is None and not (tls.get("cert_file") and tls.get("key_file")):
             raise ValueError("TLS needs a certificate and its key (--tls-cert and --tls-key, or RotaTLSCertFile "
-                             "and RotaTLSKeyFile in the configuration)")
+                             "and RotaTLSKeyFile in the configuration)")   # with --nats: only the servers' CA
         listen = listen or settings.get("listen") or "127.0.0.1"
         from rota.agents.agent import hostname
 

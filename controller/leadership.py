@@ -101,8 +101,10 @@ class Lease:
 
 
 async def controllers(eventlog: Any) -> list[dict]:
-    """Every controller on ``eventlog``'s servers that announced itself lately: name, host, role ("primary"
-    leads), sequence (none for a log that is not on NATS)."""
+    """Every controller on ``eventlog``'s servers that announced itself lately: name, host, role ("primary":
+    the one holding the lease, whatever the others last said of themselves), sequence, and ``up`` (false
+    when it has not announced itself for two lease lifetimes: frozen, cut off). Empty for a log that is
+    not on NATS."""
     js = getattr(eventlog, "js", None)
     if js is None:
         return []
@@ -112,12 +114,20 @@ async def controllers(eventlog: Any) -> list[dict]:
         keys = await kv.keys()
     except Exception:  # noqa: BLE001 - none yet
         return out
+    try:
+        lease = await (await _bucket(js, LEASE_BUCKET, LEASE_TTL)).get(KEY)
+        holder = json.loads(lease.value).get("name") if lease.value else None
+    except Exception:  # noqa: BLE001 - no one holds it
+        holder = None
+    now = time.time()
     for key in sorted(keys):
         try:
-            entry = await kv.get(key)
-            out.append(json.loads(entry.value))
+            entry = json.loads((await kv.get(key)).value)
         except Exception:  # noqa: BLE001 - expired meanwhile
             continue
+        entry["role"] = "primary" if entry.get("name") == holder else "backup"
+        entry["up"] = now - float(entry.get("at") or 0) <= 2 * LEASE_TTL
+        out.append(entry)
     return out
 
 

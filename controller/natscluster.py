@@ -33,11 +33,12 @@ def start_cluster(base: str | Path, n: int = 3, name: str = "rota") -> list[nats
     return servers
 
 
-async def wait_for_jetstream(urls: list[str], timeout: float = 30.0) -> None:
-    """Wait until the cluster has elected a JetStream meta leader."""
+async def wait_for_jetstream(urls: list[str], timeout: float = 30.0, options: dict | None = None) -> None:
+    """Wait until the cluster has elected a JetStream meta leader (``options``: nats-py's, e.g. a role's
+    credentials and TLS)."""
     import nats
 
-    nc = await nats.connect(urls)
+    nc = await nats.connect(urls, **(options or {}))
     try:
         js = nc.jetstream()
         deadline = asyncio.get_running_loop().time() + timeout

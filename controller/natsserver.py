@@ -35,15 +35,18 @@ def free_port() -> int:
 
 
 def write_config(path: Path, port: int, store_dir: Path, *, sync_always: bool = True,
-                 cluster: tuple[str, int, list[int]] | None = None, server_name: str = "rota",
+                 cluster: tuple[str, int, list[int | str]] | None = None, server_name: str = "rota",
                  authorization: str | None = None, tls: dict[str, str] | None = None,
                  host: str = "127.0.0.1") -> None:
     """A nats-server config: loopback by default, JetStream file store; ``sync_interval: always``
     so an acknowledged event survives a machine crash. ``authorization``: the users and permissions
-    block (:mod:`rota.wire.natsauth`); ``tls``: cert_file, key_file and ca_file. Written private: it
-    holds the roles' passwords."""
+    block (:mod:`rota.wire.natsauth`); ``tls``: cert_file, key_file and ca_file. ``cluster``: its name,
+    the route port (on ``host``) and the other servers' routes (a port on loopback, or "host:port").
+    Written private: it holds the roles' passwords."""
+    # ping_interval/ping_max: a client that stops answering (a frozen controller in the API's queue group,
+    # an agent cut off) is dropped after seconds, not minutes, so requests stop going to it
     lines = [f"server_name: {server_name}", f"listen: {host}:{port}", "max_payload: 8MB",
-             "jetstream {", f'  store_dir: "{store_dir}"']
+             'ping_interval: "2s"', "ping_max: 2", "jetstream {", f'  store_dir: "{store_dir}"']
     if sync_always:
         lines.append("  sync_interval: always")
     lines.append("}")
@@ -56,8 +59,8 @@ def write_config(path: Path, port: int, store_dir: Path, *, sync_always: bool = 
         lines.append(authorization)
     if cluster is not None:
         name, cport, routes = cluster
-        lines += ["cluster {", f"  name: {name}", f"  listen: 127.0.0.1:{cport}", "  routes: ["]
-        lines += [f"    nats-route://127.0.0.1:{r}" for r in routes]
+        lines += ["cluster {", f"  name: {name}", f"  listen: {host}:{cport}", "  routes: ["]
+        lines += [f"    nats-route://{r if isinstance(r, str) else f'127.0.0.1:{r}'}" for r in routes]
         lines += ["  ]", "}"]
     from rota.wire.keys import write_private
 
@@ -113,7 +116,7 @@ def _die_with(parent: int):
 
 
 def start(state_dir: str | os.PathLike, port: int | None = None, *, sync_always: bool = True,
-          cluster: tuple[str, int, list[int]] | None = None, server_name: str = "rota",
+          cluster: tuple[str, int, list[int | str]] | None = None, server_name: str = "rota",
           wait: float = 15.0, authorization: str | None = None, tls: dict[str, str] | None = None,
           host: str = "127.0.0.1") -> NatsServer:
     """Start nats-server with its store under ``state_dir`` (private) and wait until it accepts connections."""

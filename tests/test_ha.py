@@ -63,6 +63,8 @@ async def test_a_standby_takes_over_when_the_leader_dies_and_the_old_leader_cann
     takeover = time.monotonic() - died
     print(f"takeover {takeover:.2f} s after the leader froze (lease {TTL} s)")
     assert takeover <= TTL + 3, takeover
+    listed = await controllers(b.log)     # the frozen one last said it was the primary: the lease says who is
+    assert {(x["name"], x["role"]) for x in listed} == {("ctl-a", "backup"), ("ctl-b", "primary")}, listed
     started = [env async for env in b.log.read(1) if env.event.type == "controller.started"]
     assert started[-1].event.name == "ctl-b" and started[-1].seq > first["job_id"]
     again = await b.handle("submit", {"rid": "2", "spec": spec(name="after")})

@@ -8,6 +8,21 @@ from typing import Any
 from .natsauth import connect_options
 
 log = logging.getLogger("rota.nats")
+# A server that stops answering (frozen, cut off by a partition: no reset ever arrives) is given up for
+# another after this many seconds times this many unanswered pings, rather than nats-py's 2 x 2 minutes.
+PING_INTERVAL = 2
+MAX_OUTSTANDING_PINGS = 2
+
+
+class _QuietTlsEof(logging.Filter):
+    """asyncio warns each time a TLS server closes a connection (nats-py's protocol asks to stay half
+    open, which TLS cannot); the reconnect callbacks already say what matters."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received" not in record.getMessage()
+
+
+logging.getLogger("asyncio").addFilter(_QuietTlsEof())
 
 
 def connection_callbacks(who: str) -> dict:
@@ -35,6 +50,7 @@ async def connect(urls: str | list[str], who: str, *, keyring: Any = None, host:
 
     servers = urls.split(",") if isinstance(urls, str) else urls
     kwargs: dict[str, Any] = {"max_reconnect_attempts": -1, "reconnect_time_wait": 0.2, "name": who,
+                              "ping_interval": PING_INTERVAL, "max_outstanding_pings": MAX_OUTSTANDING_PINGS,
                               **connection_callbacks(who), **connect_options(keyring, host, tls_ca)}
     kwargs.update(options)
     return await nats.connect(servers, **kwargs)
