@@ -47,6 +47,7 @@ class Signer:
         self.path, self.host, self.key, self.nc, self.ttl, self.clock = path, host, key, nc, ttl, clock
         self.server: asyncio.AbstractServer | None = None
         self._inflight: dict[int, int] = {}
+        self.commands: Any = None      # the command server beside the socket (rota.agents.commandserver)
 
     async def start(self) -> None:
         run_dir = os.path.dirname(self.path)
@@ -56,8 +57,15 @@ class Signer:
             os.unlink(self.path)     # a socket left by a rota that died; we own its directory
         self.server = await asyncio.start_unix_server(self._serve, path=self.path, limit=localsock.MAX_HEADER * 4)
         os.chmod(self.path, 0o666)   # every local user may ask; who they are comes from the kernel
+        if os.environ.get("ROTA_THIN") != "0":
+            from .commandserver import command_socket_in, start
+
+            self.commands = start(command_socket_in(run_dir))
 
     async def stop(self) -> None:
+        if self.commands is not None:
+            self.commands.terminate()
+            self.commands = None
         if self.server is not None:
             self.server.close()
             try:

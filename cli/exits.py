@@ -2,6 +2,11 @@
 from __future__ import annotations
 
 import sys
+from typing import Callable
+
+# called with the exit status just before the command leaves (the command server's child sets it, so a
+# command that leaves with os._exit still reports its status to its caller)
+before_exit: Callable[[int], None] | None = None
 
 
 def exit_with(run, at_once: bool = False) -> None:
@@ -14,6 +19,8 @@ def exit_with(run, at_once: bool = False) -> None:
         code = 0
     except KeyboardInterrupt:
         code = 130
+    if before_exit is not None:
+        before_exit(code)
     if at_once:
         import os
 

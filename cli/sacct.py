@@ -350,3 +350,7 @@ def main_exit() -> None:
     from .exits import exit_with
 
     exit_with(run)
+
+
+if __name__ == "__main__":
+    main_exit()

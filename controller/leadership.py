@@ -100,6 +100,15 @@ class Lease:
             self.revision = None
 
 
+async def lease_holder(js: Any) -> str | None:
+    """The name of the controller holding the lease (None: no one does)."""
+    try:
+        entry = await (await _bucket(js, LEASE_BUCKET, LEASE_TTL)).get(KEY)
+        return json.loads(entry.value).get("name") if entry.value else None
+    except Exception:  # noqa: BLE001 - no one holds it
+        return None
+
+
 async def controllers(eventlog: Any) -> list[dict]:
     """Every controller on ``eventlog``'s servers that announced itself lately: name, host, role ("primary":
     the one holding the lease, whatever the others last said of themselves), sequence, and ``up`` (false
@@ -114,11 +123,7 @@ async def controllers(eventlog: Any) -> list[dict]:
         keys = await kv.keys()
     except Exception:  # noqa: BLE001 - none yet
         return out
-    try:
-        lease = await (await _bucket(js, LEASE_BUCKET, LEASE_TTL)).get(KEY)
-        holder = json.loads(lease.value).get("name") if lease.value else None
-    except Exception:  # noqa: BLE001 - no one holds it
-        holder = None
+    holder = await lease_holder(js)
     now = time.time()
     for key in sorted(keys):
         try:

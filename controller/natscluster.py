@@ -22,7 +22,7 @@ def start_cluster(base: str | Path, n: int = 3, name: str = "rota") -> list[nats
     servers = []
     try:
         for i in range(n):
-            routes = [p for j, p in enumerate(route_ports) if j != i]
+            routes: list[int | str] = [p for j, p in enumerate(route_ports) if j != i]
             servers.append(natsserver.start(base / f"n{i + 1}", port=client_ports[i],
                                             cluster=(name, route_ports[i], routes),
                                             server_name=f"{name}-n{i + 1}"))

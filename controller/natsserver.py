@@ -101,7 +101,7 @@ class NatsServer:
             self.process.wait()
 
 
-def _die_with(parent: int):
+def die_with(parent: int):
     """In the child before exec: get SIGTERM when the process that started us dies, even by kill -9,
     so an embedded server never outlives ``rota up`` holding its port and store."""
     def arm() -> None:
@@ -140,7 +140,7 @@ def _launch(conf: Path, log: Path, port: int, host: str, scheme: str, wait: floa
     with open(log, "ab") as fh:
         proc = subprocess.Popen([find_binary(), "-c", str(conf)], stdout=fh, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
-                                preexec_fn=_die_with(os.getpid()) if sys.platform == "linux" else None)
+                                preexec_fn=die_with(os.getpid()) if sys.platform == "linux" else None)
     near = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:

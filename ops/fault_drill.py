@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import signal
@@ -293,20 +292,16 @@ class Drill:
     def leader(self, other_than: str | None = None, timeout: float = 60) -> tuple[str, float]:
         """The controller holding the lease (one other than ``other_than``), and the seconds it took to see it:
         read from the lease itself every 0.1 s, so the takeover time is not that of a command's retries."""
-        from rota.controller.leadership import KEY, LEASE_BUCKET
+        from rota.controller.leadership import lease_holder
         from rota.wire import natsconn
 
         async def poll() -> tuple[str, float]:
             t0 = time.monotonic()
             nc = await natsconn.connect(self.urls, "drill", **self._controller_options())
             try:
-                kv = await nc.jetstream(timeout=2).key_value(LEASE_BUCKET)
+                js = nc.jetstream(timeout=2)
                 while time.monotonic() - t0 < timeout:
-                    try:
-                        held = json.loads((await kv.get(KEY)).value).get("name") or ""
-                        name = held.rsplit("/", 1)[-1]          # HOST/STATE-DIRECTORY-NAME
-                    except Exception:  # noqa: BLE001 - no one holds it, or a server is away
-                        name = None
+                    name = ((await lease_holder(js)) or "").rsplit("/", 1)[-1]     # HOST/STATE-DIRECTORY-NAME
                     if name in CONTROLLERS and name != other_than:
                         return name, time.monotonic() - t0
                     await asyncio.sleep(0.1)

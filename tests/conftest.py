@@ -38,3 +38,6 @@ async def jetstream(tmp_path):
     for lg in logs:
         await lg.close()
     srv.stop()
+
+
+from test_up import up  # noqa: E402,F401 - the fixture (a real `rota up`) for other modules' tests

@@ -1,0 +1,147 @@
+"""The thin commands: the native client and the Python one hand the command to the warm command server,
+which runs it as the caller (uid, groups, working directory, environment, umask, terminal or pipes); the
+result is what the command run in its own process gives."""
+import os
+import re
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMANDS = ("sbatch", "squeue", "sacct", "sinfo", "scancel", "scontrol", "srun")
+
+
+def build(python: str) -> Path:
+    """The native client compiled into a directory every user can read, linked under each command's name."""
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        pytest.skip("no C compiler: the commands use the Python thin client (tested below)")
+    d = Path(tempfile.mkdtemp(prefix="rota-native-"))
+    d.chmod(0o755)
+    subprocess.run([cc, "-O2", "-Wall", "-Werror", f'-DROTA_PYTHON="{python}"', "-o", str(d / "rota-command"),
+                    str(ROOT / "cli" / "native" / "rota_command.c")], check=True)
+    for c in COMMANDS:
+        (d / c).symlink_to("rota-command")
+    return d
+
+
+@pytest.fixture
+def native():
+    d = build(sys.executable)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def native_only():
+    """A native client that cannot fall back to Python: whatever it does, the command server did."""
+    d = build("/nonexistent/python")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def python_thin(cmd: str, *args: str) -> list[str]:
+    return [sys.executable, "-c", f"from rota.cli.thin import {cmd}; {cmd}()", *args]
+
+
+def three_ways(env, native_dir: Path, cmd: str, *args: str, cwd: str = "/tmp") -> list[tuple[int, str, str]]:
+    """The command through the native client, the Python thin client, and run in its own process."""
+    out = []
+    for argv, extra in (([str(native_dir / cmd), *args], {}), (python_thin(cmd, *args), {}),
+                        (python_thin(cmd, *args), {"ROTA_THIN": "0"})):
+        r = subprocess.run(argv, env={**env, **extra}, capture_output=True, text=True, timeout=60, cwd=cwd)
+        out.append((r.returncode, re.sub(r"LastSchedEval=\S+", "", r.stdout), r.stderr))   # moves with each cycle
+    return out
+
+
+def test_the_thin_paths_give_what_the_command_gives_in_its_own_process(up, native):
+    for i in range(3):
+        r = subprocess.run([str(native / "sbatch"), "-H", "-J", f"t{i}", "--wrap", "true"], env=up, cwd="/tmp",
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and r.stdout.startswith("Submitted batch job "), r
+    for args in (("squeue", "-h", "-o", "%i %j %u %T %R"), ("scontrol", "show", "job", "2"), ("sinfo",),
+                 ("sacct", "-X", "-n", "-P", "-o", "JobID,JobName,State"), ("sbatch", "--bogus"),
+                 ("scontrol", "show", "job", "999"), ("squeue", "--format")):
+        ways = three_ways(up, native, *args)
+        assert ways[0] == ways[1] == ways[2], (args, ways)
+    assert three_ways(up, native, "squeue", "-h", "-o", "%i")[0][1].split() == ["1", "2", "3"]
+
+
+def test_a_script_on_stdin_and_the_working_directory_reach_the_command(up, native_only, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    r = subprocess.run([str(native_only / "sbatch"), "-H", "--parsable"], input="#!/bin/sh\necho from-stdin\n",
+                       env=up, capture_output=True, text=True, timeout=60, cwd=work)
+    assert r.returncode == 0 and r.stdout.strip().isdigit(), r
+    shown = subprocess.run([str(native_only / "scontrol"), "show", "job", r.stdout.strip()], env=up,
+                           capture_output=True, text=True, timeout=60).stdout
+    assert f"WorkDir={work}" in shown and f"StdOut={work}/slurm-{r.stdout.strip()}.out" in shown, shown
+
+
+def test_the_command_runs_as_its_caller_and_cannot_read_what_the_caller_cannot(up, native_only):
+    nobody = pwd.getpwnam("nobody")
+    home = Path(tempfile.mkdtemp(prefix="rota-nobody-"))
+    os.chown(home, nobody.pw_uid, nobody.pw_gid)
+    secret = Path(tempfile.mkdtemp(prefix="rota-secret-")) / "script.sh"
+    secret.write_text("#!/bin/sh\necho root only\n")
+    secret.chmod(0o600)
+
+    def as_nobody():
+        os.setgroups([])
+        os.setresgid(nobody.pw_gid, nobody.pw_gid, nobody.pw_gid)
+        os.setresuid(nobody.pw_uid, nobody.pw_uid, nobody.pw_uid)
+        os.umask(0o077)
+
+    try:
+        env = {**up, "HOME": str(home), "ROTA_MARK": "given-by-the-caller"}
+        r = subprocess.run([str(native_only / "sbatch"), "-H", "--parsable", "--wrap", "true"], env=env, cwd=home,
+                           capture_output=True, text=True, timeout=60, preexec_fn=as_nobody)
+        assert r.returncode == 0, r
+        shown = subprocess.run([str(native_only / "scontrol"), "show", "job", r.stdout.strip()], env=up,
+                               capture_output=True, text=True, timeout=60).stdout
+        assert f"UserId=nobody({nobody.pw_uid})" in shown and f"WorkDir={home}" in shown, shown
+        refused = subprocess.run([str(native_only / "sbatch"), "-H", str(secret)], env=env, cwd=home,
+                                 capture_output=True, text=True, timeout=60, preexec_fn=as_nobody)
+        assert refused.returncode == 1 and f"Unable to open file {secret}" in refused.stderr, refused
+        mine = subprocess.run([str(native_only / "squeue"), "-h", "-u", "nobody", "-o", "%i"], env=env, cwd=home,
+                              capture_output=True, text=True, timeout=60, preexec_fn=as_nobody)
+        assert mine.stdout.split() == [r.stdout.strip()], mine
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(secret.parent, ignore_errors=True)
+
+
+def test_signals_reach_the_command_and_its_status_comes_back(up, native_only):
+    p = subprocess.Popen([str(native_only / "srun"), "sleep", "60"], env=up, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            q = subprocess.run([str(native_only / "squeue"), "-h", "-t", "R", "-o", "%i"], env=up,
+                               capture_output=True, text=True, timeout=60)
+            if q.stdout.strip():
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the srun job never ran")
+        time.sleep(1)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+        assert p.returncode != 0, (out, err)
+        assert "command server stopped" not in err, err
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_without_a_command_server_the_native_client_runs_the_command_itself(tmp_path, native):
+    env = dict(os.environ, ROTA_STATE_DIR=str(tmp_path / "none"))
+    r = subprocess.run([str(native / "sinfo")], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "no rota runs on this host" in r.stderr, r
