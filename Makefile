@@ -3,7 +3,6 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-CC ?= cc
 THIN_COMMANDS := sbatch squeue sacct sinfo scancel scontrol srun salloc sacctmgr sshare sprio
 
 .PHONY: up demo test test-slow lint bench install clean
@@ -11,14 +10,12 @@ THIN_COMMANDS := sbatch squeue sacct sinfo scancel scontrol srun salloc sacctmgr
 $(STAMP): pyproject.toml cli/native/rota_command.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "rota needs Python 3.11 or newer")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	for c in $(THIN_COMMANDS); do if [ -L $(VENV)/bin/$$c ]; then rm -f $(VENV)/bin/$$c; fi; done
+	for c in $(THIN_COMMANDS); do if [ -L $(VENV)/bin/$$c ]; then rm -f $(VENV)/bin/$$c; fi; done   # pip writes its own
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[test,plot]"
-	@# the native thin client, where there is a C compiler: installed under each hot command's name
-	@# (otherwise pip's Python entry points stay: the same thin path, with Python's start in front)
-	if command -v $(CC) > /dev/null 2>&1 && $(CC) -O2 -Wall -DROTA_PYTHON='"$(abspath $(PY))"' \
-	        -o $(VENV)/bin/rota-command cli/native/rota_command.c; then \
-	    for c in $(THIN_COMMANDS); do ln -sf rota-command $(VENV)/bin/$$c; done; fi
+	@# the native thin client, where there is a C compiler, as sbatch, squeue, ... (otherwise pip's Python
+	@# entry points stay: the same thin path, with Python's start in front)
+	$(VENV)/bin/rota install-commands || true
 	@# byte code, as pip writes for an installed package: the commands then start without compiling
 	@# rota's modules (an editable install has none, and PYTHONDONTWRITEBYTECODE stops Python writing it)
 	$(PY) -m compileall -q core agents cli controller projections wire bench > /dev/null

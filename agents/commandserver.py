@@ -1,8 +1,9 @@
-"""The warm side of the thin commands: a process with the Slurm-named commands already imported that, for
-each caller, forks a child which becomes the caller (its uid, gid and groups from the kernel, its working
-directory, environment, umask and open terminal or pipes, passed over the socket) and runs the command
-there, as the command's own process would have. The caller's process only hands these over and waits
-for the exit status: it skips Python's start and rota's imports.
+"""The warm side of the thin commands: a process with the Slurm-named commands already imported keeps a
+few children forked ahead of time; each takes one caller, becomes it (its uid, gid and groups from the
+kernel; its working directory, environment, umask and open terminal or pipes, passed over the socket) and
+runs the command there, as the command's own process would have. The caller's process only hands these
+over and waits for the exit status: it skips Python's start and rota's imports. The server holds no key:
+a child has nothing of the cluster's that its caller could not have.
 
 One runs beside every local signer (``rota up``, ``rota agent``, ``rota authd``) on ``run/commands.sock``.
 Run as root it serves every local user; run as a user, only that user (others are told to fall back to
@@ -11,7 +12,9 @@ running the command themselves).
 The protocol, on a Unix stream socket: the client sends a 4-byte big-endian length and a JSON request
 (``cmd``, ``argv``, ``cwd``, ``env``, ``umask``) with its stdin, stdout and stderr attached (SCM_RIGHTS).
 The server answers ``F`` (fall back: run the command yourself) or ``A`` and the child's pid (signals for
-the command go there), then, when the command is done, ``X`` and its exit status (4 bytes, signed).
+the command go there); the client, if it has not given up waiting, answers ``G`` and the command runs;
+when it is done the server sends ``X`` and its exit status (4 bytes, signed). A client that gave up
+before ``A`` closes the socket and runs the command itself: without its ``G`` the child runs nothing.
 """
 from __future__ import annotations
 
@@ -32,8 +35,9 @@ COMMANDS = {name: f"rota.cli.{name}" for name in ("sbatch", "squeue", "sacct", "
 WARM = ("rota.cli.client", "rota.cli.options", "rota.cli.timespec", "rota.cli.lightjson", "rota.cli.exits",
         "rota.wire.localsock", "rota.wire.paths", "rota.core.hostlist", "sqlite3", "json", "datetime", "shlex")
 MAX_REQUEST = 4 << 20          # the environment and arguments of one command
-MAX_CHILDREN = 256             # commands in flight at once; beyond that callers run theirs themselves
-MAX_PER_USER = 64
+MAX_CHILDREN = 512             # commands in flight at once (an srun holds one for its job), spares included
+SPARES = 4                     # children forked ahead, each waiting for a caller
+RECEIVE_WAIT = 2.0             # seconds a child waits for its caller's request
 
 
 def command_socket_in(run_dir: str) -> str:
@@ -41,40 +45,49 @@ def command_socket_in(run_dir: str) -> str:
 
 
 def warm() -> None:
+    """Import what the commands use, and load the name service's libraries (each child looks its caller up)."""
+    import gc
+
     for name in (*COMMANDS.values(), *WARM):
         try:
             importlib.import_module(name)
         except ImportError:
             pass
+    try:
+        os.getgrouplist(pwd.getpwuid(os.geteuid()).pw_name, os.getegid())
+    except KeyError:
+        pass
+    gc.freeze()          # what is loaded now stays put: children do not copy it for the collector's sake
 
 
 class CommandServer:
-    """Accepts callers on ``path`` and forks a child per command (see the module's docstring)."""
+    """Serves callers on ``path`` from a few children forked ahead of time (see the module's docstring):
+    each accepts one caller, tells this process so (a new spare is forked at once), becomes the caller
+    and runs its command. At most ``MAX_CHILDREN`` at a time; callers beyond wait in the backlog, and
+    give up waiting after a few seconds to run the command themselves."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.children: dict[int, int] = {}         # pid -> uid
+    def __init__(self, path: str, spares: int = SPARES) -> None:
+        self.path, self.spares = path, spares
+        self.children: set[int] = set()
+        self.idle = 0                              # children forked and not yet given a caller
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         if os.path.exists(path):
             os.unlink(path)
         self.sock.bind(path)
         os.chmod(path, 0o666)                      # any local user; who they are comes from the kernel
         self.sock.listen(128)
-        self.sock.settimeout(1.0)
+        self.taken_r, self.taken_w = os.pipe()    # a child writes a byte here when it accepted a caller
 
     def serve_forever(self) -> None:
+        import select
+
         while True:
+            while self.idle < self.spares and len(self.children) < MAX_CHILDREN:
+                self._spawn()
+            ready, _, _ = select.select([self.taken_r], [], [], 1.0)
+            if ready:
+                self.idle -= len(os.read(self.taken_r, 64))
             self._reap()
-            try:
-                conn, _ = self.sock.accept()
-            except socket.timeout:
-                continue
-            except InterruptedError:
-                continue
-            try:
-                self._fork_for(conn)
-            finally:
-                conn.close()
 
     def _reap(self) -> None:
         while self.children:
@@ -85,24 +98,31 @@ class CommandServer:
                 return
             if pid == 0:
                 return
-            self.children.pop(pid, None)
+            self.children.discard(pid)
 
-    def _fork_for(self, conn: socket.socket) -> None:
-        pid_, uid, gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                             struct.calcsize("3i")))
-        mine = sum(1 for u in self.children.values() if u == uid)
-        if len(self.children) >= MAX_CHILDREN or mine >= MAX_PER_USER or (os.geteuid() != 0 and uid != os.geteuid()):
-            _send(conn, b"F")
-            return
+    def _spawn(self) -> None:
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
+                os.close(self.taken_r)
+                conn, _ = self.sock.accept()
+                os.write(self.taken_w, b".")
+                os.close(self.taken_w)
                 self.sock.close()
-                code = _child(conn, uid, gid)
+                code = _serve(conn)
             finally:
                 os._exit(code)
-        self.children[pid] = uid
+        self.children.add(pid)
+        self.idle += 1
+
+
+def _serve(conn: socket.socket) -> int:
+    _pid, uid, gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    if os.geteuid() != 0 and uid != os.geteuid():
+        _send(conn, b"F")                          # a user's own rota serves only that user
+        return 0
+    return _child(conn, uid, gid)
 
 
 def _send(conn: socket.socket, data: bytes) -> None:
@@ -114,7 +134,7 @@ def _send(conn: socket.socket, data: bytes) -> None:
 
 def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
     """The request and the three descriptors that came with it."""
-    conn.settimeout(10)
+    conn.settimeout(RECEIVE_WAIT)
     fds = array.array("i")
     data, ancdata, _flags, _addr = conn.recvmsg(65536, socket.CMSG_SPACE(3 * fds.itemsize))
     for level, kind, payload in ancdata:
@@ -151,7 +171,7 @@ def _become(uid: int, gid: int) -> None:
 
 
 def _child(conn: socket.socket, uid: int, gid: int) -> int:
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _become(uid, gid)                    # before reading a byte of what the caller sent
     try:
         req, fds = _receive(conn)
         name = str(req["cmd"])
@@ -162,8 +182,13 @@ def _child(conn: socket.socket, uid: int, gid: int) -> int:
     except (OSError, ValueError, KeyError, TypeError):
         _send(conn, b"F")
         return 0
-    _become(uid, gid)
     _send(conn, b"A" + struct.pack("!I", os.getpid()))
+    try:
+        go = conn.recv(1)                   # the caller still waits (it runs the command itself otherwise)
+    except OSError:
+        go = b""
+    if go != b"G":
+        return 0
     conn.settimeout(None)
     for i, fd in enumerate(fds):
         os.dup2(fd, i)
@@ -234,6 +259,7 @@ def start(path: str):  # -> subprocess.Popen
 
 
 def main() -> None:
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     if len(sys.argv) != 2:
         raise SystemExit("usage: python -m rota.agents.commandserver SOCKET")
     warm()

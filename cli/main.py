@@ -116,6 +116,28 @@ def authd(
                                 state_dir=state_dir, echo=typer.echo))
 
 
+@app.command("install-commands")
+def install_commands(
+    bin_dir: Optional[str] = typer.Option(None, "--bin-dir", help="where the commands are (default: beside "
+        "this Python, where pip put them)"),
+) -> None:
+    """Build the native thin client (needs a C compiler) and install it as sbatch, squeue, ... : they then
+    start in about a millisecond and hand the command to the local command server."""
+    import subprocess
+
+    from .native_build import NoCompiler, install
+
+    target = Path(bin_dir) if bin_dir else Path(sys.executable).parent
+    try:
+        names = install(target)
+    except NoCompiler as exc:
+        _fail(f"rota install-commands: {exc}")
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", None) or str(exc)
+        _fail(f"rota install-commands: could not build the native client: {detail.strip()}")
+    typer.echo(f"rota install-commands: {', '.join(names)} in {target} are now the native thin client")
+
+
 @app.command()
 def keygen(
     path: Optional[str] = typer.Argument(None, help="where to write the key (default: the state directory's cluster.key)"),

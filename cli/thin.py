@@ -14,6 +14,7 @@ import socket
 import struct
 import sys
 
+ANSWER_WAIT = 5.0      # seconds to wait for the server to take the command before running it here
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
              signal.SIGCONT)
 
@@ -66,17 +67,19 @@ def call(name: str, argv: list[str]) -> int | None:
     req = json.dumps({"cmd": name, "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ),
                       "umask": umask}).encode()
     try:
+        sock.settimeout(ANSWER_WAIT)
         sock.sendmsg([struct.pack("!I", len(req)) + req],
                      [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", _descriptors()))])
-        answer = _recv_exactly(sock, 1)
-        if answer != b"A":
+        answer = _recv_exactly(sock, 5)
+        if answer is None or answer[:1] != b"A":
+            sock.close()
             return None
-        pid_bytes = _recv_exactly(sock, 4)
+        sock.settimeout(None)
+        sock.sendall(b"G")                 # from here on the command runs there, never here
     except OSError:
+        sock.close()
         return None
-    if pid_bytes is None:
-        return None
-    child = struct.unpack("!I", pid_bytes)[0]
+    child = struct.unpack("!I", answer[1:])[0]
 
     def forward(signum: int, _frame: object) -> None:
         try:

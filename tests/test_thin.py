@@ -14,21 +14,25 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = ("sbatch", "squeue", "sacct", "sinfo", "scancel", "scontrol", "srun")
 
 
 def build(python: str) -> Path:
     """The native client compiled into a directory every user can read, linked under each command's name."""
-    cc = shutil.which(os.environ.get("CC", "cc"))
-    if cc is None:
-        pytest.skip("no C compiler: the commands use the Python thin client (tested below)")
+    from rota.cli.native_build import NoCompiler, compile_client, install
+
     d = Path(tempfile.mkdtemp(prefix="rota-native-"))
     d.chmod(0o755)
-    subprocess.run([cc, "-O2", "-Wall", "-Werror", f'-DROTA_PYTHON="{python}"', "-o", str(d / "rota-command"),
-                    str(ROOT / "cli" / "native" / "rota_command.c")], check=True)
-    for c in COMMANDS:
-        (d / c).symlink_to("rota-command")
+    try:
+        if python == sys.executable:
+            install(d, COMMANDS)
+        else:
+            compile_client(d / "rota-command", python)
+            for c in COMMANDS:
+                (d / c).symlink_to("rota-command")
+    except NoCompiler:
+        shutil.rmtree(d)
+        pytest.skip("no C compiler: the commands use the Python thin client (tested below)")
     return d
 
 

@@ -19,10 +19,13 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/types.h>
 #include <sys/un.h>
 #include <arpa/inet.h>
 #include <unistd.h>
+
+#define ANSWER_WAIT 5 /* seconds to wait for the server to take the command before running it here */
 
 #ifndef ROTA_PYTHON
 #define ROTA_PYTHON "python3"
@@ -189,12 +192,21 @@ int main(int argc, char **argv) {
         if (r <= 0) fall_back(name, argv);
         sent += r;
     }
-    char answer;
+    char answer[5];
     uint32_t pid;
-    if (!read_exactly(s, &answer, 1) || answer != 'A' || !read_exactly(s, &pid, 4)) {
+    struct timeval wait = {.tv_sec = ANSWER_WAIT};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+    if (!read_exactly(s, answer, 5) || answer[0] != 'A') {
+        close(s);                    /* no 'G' was sent: the server runs nothing */
+        fall_back(name, argv);
+    }
+    struct timeval forever = {0};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &forever, sizeof forever);
+    if (send(s, "G", 1, MSG_NOSIGNAL) != 1) {
         close(s);
         fall_back(name, argv);
     }
+    memcpy(&pid, answer + 1, 4);
     child = (pid_t)ntohl(pid);
     struct sigaction sa = {.sa_handler = forward, .sa_flags = SA_RESTART};
     sigemptyset(&sa.sa_mask);

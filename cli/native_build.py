@@ -1,0 +1,43 @@
+"""Building the native thin client (``cli/native/rota_command.c``) and linking it under the hot commands'
+names, where a C compiler is present: ``rota install-commands`` (``make`` runs it)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+SOURCE = Path(__file__).resolve().parent / "native" / "rota_command.c"
+THIN_COMMANDS = ("sbatch", "squeue", "sacct", "sinfo", "scancel", "scontrol", "srun", "salloc", "sacctmgr",
+                 "sshare", "sprio")
+
+
+class NoCompiler(Exception):
+    """No C compiler here: the commands stay the Python entry points (the same thin path, slower to start)."""
+
+
+def compile_client(out: Path, python: str = sys.executable) -> Path:
+    """Compile the client to ``out``; when no server runs it falls back to ``python -m rota.cli.NAME``."""
+    cc = shutil.which(os.environ.get("CC") or "cc")
+    if cc is None:
+        raise NoCompiler("no C compiler (cc) found: the commands stay the Python entry points")
+    tmp = out.with_name(out.name + ".new")
+    subprocess.run([cc, "-O2", "-Wall", "-Werror", f'-DROTA_PYTHON="{python}"', "-o", str(tmp), str(SOURCE)],
+                   check=True, capture_output=True, text=True)
+    tmp.chmod(0o755)
+    os.replace(tmp, out)
+    return out
+
+
+def install(bin_dir: Path, names: tuple[str, ...] = THIN_COMMANDS) -> list[str]:
+    """Compile the client into ``bin_dir`` and link each command name to it (replacing what is there,
+    one atomic rename each); returns the names linked."""
+    client = compile_client(bin_dir / "rota-command")
+    for name in names:
+        link = bin_dir / f".{name}.new"
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(client.name)
+        os.replace(link, bin_dir / name)
+    return list(names)
