@@ -101,12 +101,17 @@ class CommandServer:
             self.children.discard(pid)
 
     def _spawn(self) -> None:
+        from rota.controller.natsserver import die_with
+
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
                 os.close(self.taken_r)
+                die_with(parent)()                 # a spare goes with the server
                 conn, _ = self.sock.accept()
+                die_with(parent, 0)()              # a command under way does not
                 os.write(self.taken_w, b".")
                 os.close(self.taken_w)
                 self.sock.close()

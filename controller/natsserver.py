@@ -101,16 +101,15 @@ class NatsServer:
             self.process.wait()
 
 
-def die_with(parent: int):
-    """In the child before exec: get SIGTERM when the process that started us dies, even by kill -9,
-    so an embedded server never outlives ``rota up`` holding its port and store."""
+def die_with(parent: int, signum: int = 15):
+    """In the child (before exec): get ``signum`` (SIGTERM) when the process that started us dies, even
+    by kill -9, so an embedded server never outlives ``rota up`` holding its port and store. 0: no longer."""
     def arm() -> None:
         import ctypes
-        import signal
 
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM, 0, 0, 0)   # PR_SET_PDEATHSIG
-        if os.getppid() != parent:               # the parent died before prctl took effect
+        libc.prctl(1, signum, 0, 0, 0)           # PR_SET_PDEATHSIG
+        if signum and os.getppid() != parent:    # the parent died before prctl took effect
             os._exit(1)
     return arm
 
