@@ -118,6 +118,20 @@ def run(runs: int, loop: int, slurm: bool) -> list[Figure]:
             for k, rate in rates.items():
                 figures.append(Figure(f"{loop} held submits, {submitters} submitter(s) looping sbatch: {k}", rate,
                                       "/s", "", None, cmd))
+            if submitters == 8:
+                looped = rates["native"]
+        from rota.client import Client
+
+        client = Client(socket=str(base / "state" / "run" / "rota.sock"))
+        bulk = []
+        for _ in range(3):
+            t = time.perf_counter()
+            client.submit_many(["true"] * (loop * 5), options=["--hold", "-o", "/dev/null"])
+            bulk.append(loop * 5 / (time.perf_counter() - t))
+        rate = statistics.median(bulk)
+        figures.append(Figure(f"{loop * 5} held submits in one Client.submit_many (median of 3)", rate, "/s",
+                              ">= 5 x the 8-submitter loop", rate >= 5 * looped, cmd,
+                              f"{rate / looped:.1f} x the 8-submitter sbatch loop"))
     finally:
         up.send_signal(signal.SIGINT)
         try:

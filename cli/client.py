@@ -21,10 +21,11 @@ class AllocationError(Exception):
     """An allocation (``srun``, ``salloc``) that could not be had (the message is the error line)."""
 
 
-def request(verb: str, body: dict, timeout: float = 45.0) -> dict:
-    """Send one API request and return the controller's reply (a retry carries the same request id)."""
+def request(verb: str, body: dict, timeout: float = 45.0, path: str | None = None) -> dict:
+    """Send one API request (through the signer at ``path``, else this host's) and return the controller's
+    reply (a retry carries the same request id)."""
     rid = os.urandom(16).hex()
-    path = socket_path()
+    path = path or socket_path()
     payload = lightjson.dumps(body).encode()
     try:
         data = localsock.call(path, verb, rid, payload, timeout)

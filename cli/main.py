@@ -21,6 +21,30 @@ def acctmgr(ctx: typer.Context) -> None:
     raise typer.Exit(sacctmgr_main(list(ctx.args)))
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def submit(
+    ctx: typer.Context,
+    file: str = typer.Option(..., "--file", "-f", help="one job per line: a command to run, as sbatch --wrap "
+                             "runs it ('-': standard input; blank lines and lines starting with # are skipped)"),
+) -> None:
+    """Submit many jobs in one request: `rota submit --file jobs.txt -t 10 --gres=gpu:1` (the options after the
+    file are sbatch's, for every job). Prints the job ids, one per line."""
+    from rota.client import Client, JobError, NoCluster
+
+    try:
+        text = sys.stdin.read() if file == "-" else Path(file).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        _fail(f"rota submit: cannot read {file}: {getattr(exc, 'strerror', None) or exc}")
+    jobs = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    if not jobs:
+        _fail(f"rota submit: {file} names no job (one command per line)")
+    try:
+        ids = Client().submit_many(jobs, options=list(ctx.args))
+    except (JobError, NoCluster) as exc:
+        _fail(f"rota submit: {exc}")
+    sys.stdout.write("".join(f"{j}\n" for j in ids))
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
              add_help_option=False)
 def report(ctx: typer.Context) -> None:

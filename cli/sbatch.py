@@ -127,8 +127,9 @@ def read_options(argv: list[str], script_options: list[str] | None = None) -> tu
     return values, operands
 
 
-def build_spec(argv: list[str], now: float | None = None) -> tuple[dict, bool]:
-    """The job spec for a command line (reading its script), and whether ``--parsable`` was given."""
+def build_spec(argv: list[str], now: float | None = None, script: str | None = None) -> tuple[dict, bool]:
+    """The job spec for a command line (reading its script, unless ``script`` gives its text), and whether
+    ``--parsable`` was given."""
     cli, operands = read_options(argv)
     if cli.get("help"):
         raise SbatchError(USAGE, 0)
@@ -141,7 +142,9 @@ def build_spec(argv: list[str], now: float | None = None) -> tuple[dict, bool]:
         name = "wrap"
         merged = cli
     else:
-        if not operands:
+        if script is not None:
+            name = "sbatch"
+        elif not operands:
             if sys.stdin.isatty():
                 raise SbatchError("sbatch: error: Batch script is empty!")
             script, name = _text(sys.stdin.buffer.read(MAX_SCRIPT + 1), "the batch script on standard input"), "sbatch"

@@ -27,16 +27,24 @@ KEY = "leader"
 LEASE_TTL = 5.0          # seconds a lease lives without renewal: takeover within this plus catching up
 
 
-async def _bucket(js: Any, name: str, ttl: float) -> Any:
+async def _bucket(js: Any, name: str, ttl: float, check_copies: bool = False) -> Any:
+    """The key-value bucket ``name`` (made with as many copies as the log; ``check_copies``: one made with
+    fewer, by an older rota, gets them)."""
     from nats.js.api import KeyValueConfig
 
+    from rota.wire.jsqueue import log_replicas, match_replicas
+
     try:
-        return await js.key_value(name)
+        kv = await js.key_value(name)
     except Exception:  # noqa: BLE001 - not there yet: make it (another controller may race us: then open it)
         try:
-            return await js.create_key_value(KeyValueConfig(bucket=name, ttl=ttl, history=1))
+            return await js.create_key_value(KeyValueConfig(bucket=name, ttl=ttl, history=1,
+                                                            replicas=await log_replicas(js)))
         except Exception:  # noqa: BLE001
             return await js.key_value(name)
+    if check_copies:
+        await match_replicas(js, f"KV_{name}", await log_replicas(js))
+    return kv
 
 
 class Lease:
@@ -48,7 +56,12 @@ class Lease:
         self.revision: int | None = None
 
     async def open(self) -> None:
-        self.kv = await _bucket(self.js, LEASE_BUCKET, self.ttl)
+        self.kv = await _bucket(self.js, LEASE_BUCKET, self.ttl, check_copies=True)
+
+    async def _quick(self, call: Awaitable[Any]) -> Any:
+        """A lease operation that gives up well within the lease's life (a server that died with the
+        bucket's leader holds an answer back for seconds): the next try can still keep the lease."""
+        return await asyncio.wait_for(call, timeout=self.ttl / 4)
 
     def _value(self, seq: int) -> bytes:
         return json.dumps({"name": self.name, "host": self.host, "seq": seq, "at": time.time(),
@@ -60,19 +73,19 @@ class Lease:
         from nats.js.errors import KeyWrongLastSequenceError
 
         try:
-            self.revision = await self.kv.create(KEY, self._value(seq))
+            self.revision = await self._quick(self.kv.create(KEY, self._value(seq)))
             return True
         except KeyWrongLastSequenceError:
             pass
         try:
-            entry = await self.kv.get(KEY)
+            entry = await self._quick(self.kv.get(KEY))
             held = json.loads(entry.value) if entry.value else {}
         except Exception:  # noqa: BLE001 - gone meanwhile: try again next time
             return False
         if held.get("name") != self.name:
             return False
         try:
-            self.revision = await self.kv.update(KEY, self._value(seq), last=entry.revision)
+            self.revision = await self._quick(self.kv.update(KEY, self._value(seq), last=entry.revision))
             return True
         except KeyWrongLastSequenceError:
             return False
@@ -84,11 +97,22 @@ class Lease:
         if self.revision is None:
             return False
         try:
-            self.revision = await self.kv.update(KEY, self._value(seq), last=self.revision)
+            self.revision = await self._quick(self.kv.update(KEY, self._value(seq), last=self.revision))
             return True
         except KeyWrongLastSequenceError:
-            self.revision = None
-            return False
+            pass
+        try:    # an earlier renewal may have landed although its answer was lost (a server died meanwhile)
+            entry = await self._quick(self.kv.get(KEY))
+            held = json.loads(entry.value) if entry.value else {}
+            if held.get("name") == self.name and held.get("pid") == os.getpid():
+                self.revision = await self._quick(self.kv.update(KEY, self._value(seq), last=entry.revision))
+                return True
+        except KeyWrongLastSequenceError:
+            pass
+        except Exception:  # noqa: BLE001 - expired (not found): it is lost
+            pass
+        self.revision = None
+        return False
 
     async def release(self) -> None:
         """Give the lease up (a clean stop): a standby need not wait for it to expire."""
@@ -161,7 +185,7 @@ class Candidacy:
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.lease.open()
-        self._status = await _bucket(self.js, STATUS_BUCKET, 3 * self.ttl)
+        self._status = await _bucket(self.js, STATUS_BUCKET, 3 * self.ttl, check_copies=True)
         try:
             while not stop.is_set():
                 try:

@@ -54,6 +54,17 @@ class Submit(Request):
     spec: JobSpecIn
 
 
+MAX_BATCH = 10_000      # jobs in one submit_many
+
+
+class SubmitMany(Request):
+    specs: list[JobSpecIn] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class JobStates(Request):
+    job_ids: list[JobId] = Field(min_length=1, max_length=MAX_BATCH)
+
+
 class JobOnly(Request):
     job_id: JobId
 

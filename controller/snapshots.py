@@ -114,10 +114,19 @@ class ObjectStoreSnapshots:
 
 
 async def open_store(js: Any) -> Any:
+    """The snapshot store, with as many copies as the log."""
+    from nats.js.api import ObjectStoreConfig
+
+    from rota.wire.jsqueue import log_replicas, match_replicas
+
+    copies = await log_replicas(js)
     try:
-        return await js.object_store(BUCKET)
+        store = await js.object_store(BUCKET)
     except Exception:  # noqa: BLE001 - not created yet
-        return await js.create_object_store(bucket=BUCKET)
+        return await js.create_object_store(BUCKET, ObjectStoreConfig(bucket=BUCKET, replicas=copies))
+    if copies > 1:
+        await match_replicas(js, f"OBJ_{BUCKET}", copies)
+    return store
 
 
 def history_name(seq: int) -> str:

@@ -197,6 +197,24 @@ class Views:
 
     # ------------------------------------------------------------ one job, nodes, a trial submit
 
+    def job_states(self, job_ids: list[int], caller: Caller) -> dict[str, dict]:
+        """Each job's state and exit code, as far as the controller still knows it: a job purged after
+        MinJobAge is COMPLETED (exit 0) or ENDED (otherwise: sacct tells how); one it never had, or another
+        user's under PrivateData=jobs, UNKNOWN."""
+        state = self.c.state
+        private = private_jobs(state, caller)
+        out: dict[str, dict] = {}
+        for job_id in job_ids:
+            job = state.jobs.get(job_id)
+            if job is not None and not (private and job.spec.uid != caller.uid):
+                out[str(job_id)] = {"state": job.state, "exit_code": job.exit_code}
+            elif job is None and job_id in state.ended:
+                ok, bad = state.ended[job_id]
+                out[str(job_id)] = {"state": "COMPLETED" if ok and not bad else "ENDED", "exit_code": 0 if not bad else None}
+            else:
+                out[str(job_id)] = {"state": "UNKNOWN", "exit_code": None}
+        return out
+
     def job(self, job_id: int, caller: Caller) -> dict:
         """Everything ``scontrol show job`` prints about a job the controller still holds (never its
         script or environment)."""

@@ -147,3 +147,44 @@ def test_a_standby_rota_up_takes_over_from_a_killed_one(tmp_path):
                 except subprocess.TimeoutExpired:
                     p.kill()
         srv.stop()
+
+
+async def test_on_three_servers_every_stream_bucket_and_store_keeps_three_copies(tmp_path):
+    """A lease, an order queue or the snapshots on one server alone would stop the cluster while that
+    server is away: all keep as many copies as the log, and one made with fewer (an older rota) is raised."""
+    from nats.js.api import KeyValueConfig
+
+    from rota.controller.eventlog import JetStreamLog
+    from rota.controller.leadership import LEASE_BUCKET, LEASE_TTL, Lease
+    from rota.controller.natscluster import start_cluster, wait_for_jetstream
+    from rota.controller.snapshots import BUCKET, open_store
+    from rota.wire import subjects as sj
+    from rota.wire.jsqueue import ensure_streams
+
+    servers = start_cluster(tmp_path / "cluster", 3)
+    urls = [s.url for s in servers]
+    try:
+        await wait_for_jetstream(urls)
+        lg = await JetStreamLog.connect(urls, replicas=3)
+        await lg.js.create_key_value(KeyValueConfig(bucket=LEASE_BUCKET, ttl=LEASE_TTL, history=1))   # as an older rota made it
+        lease = Lease(lg.js, "ctl-a", "host-a")      # the real lifetime: a server's death takes seconds to ride out
+        await lease.open()
+        await ensure_streams(lg.js)
+        await open_store(lg.js)
+        for stream in (f"KV_{LEASE_BUCKET}", sj.INBOX_STREAM, sj.ASSIGN_STREAM, f"OBJ_{BUCKET}"):
+            assert (await lg.js.stream_info(stream)).config.num_replicas == 3, stream
+        assert await lease.acquire(1)
+        servers[0].kill()          # the bucket stays available: the lease is kept, or taken again at once
+        deadline = time.monotonic() + 20
+        held = False
+        while not held and time.monotonic() < deadline:
+            try:
+                held = await lease.renew(2) or await lease.acquire(2)
+            except Exception:  # noqa: BLE001 - the bucket's leader was on the dead server: a new one is elected
+                pass
+            await asyncio.sleep(0.2)
+        assert held
+        await lg.close()
+    finally:
+        for s in servers:
+            s.stop()

@@ -28,19 +28,48 @@ async def _retrying(what: str, action: Any, attempts: int = 40) -> Any:
     raise AssertionError(what)
 
 
-async def ensure_streams(js: Any, replicas: int = 1) -> None:
-    """The inbox and assignment streams: file storage, work-queue retention (deleted once acted on)."""
+async def log_replicas(js: Any) -> int:
+    """How many copies the event log keeps (1; 3 on a 3-server cluster). rota's other streams, buckets and
+    stores keep as many: on a cluster, losing one server must lose none of them (a lease, an order queue
+    on one server alone stops the whole cluster while that server is away)."""
+    try:
+        return max(1, (await js.stream_info(sj.EVENT_STREAM)).config.num_replicas or 1)
+    except Exception:  # noqa: BLE001 - no log yet
+        return 1
+
+
+async def match_replicas(js: Any, stream: str, replicas: int) -> None:
+    """Raise a stream (a bucket's, a store's) made with fewer copies, by an older rota, to ``replicas``."""
+    info = await js.stream_info(stream)
+    if (info.config.num_replicas or 1) >= replicas:
+        return
+    info.config.num_replicas = replicas
+    await js.update_stream(info.config)
+    for _ in range(100):            # until the new copies have caught up (a few seconds at most)
+        cluster = (await js.stream_info(stream)).cluster
+        peers = (cluster.replicas or []) if cluster is not None else []
+        if len(peers) >= replicas - 1 and all(p.current for p in peers):
+            return
+        await asyncio.sleep(0.1)
+
+
+async def ensure_streams(js: Any, replicas: int | None = None) -> None:
+    """The inbox and assignment streams: file storage, work-queue retention (deleted once acted on), as
+    many copies as the log (``replicas``: that, unless given)."""
     from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 
+    copies = replicas or await log_replicas(js)
     for name, prefix in ((sj.INBOX_STREAM, sj.INBOX_PREFIX), (sj.ASSIGN_STREAM, sj.ASSIGN_PREFIX)):
         cfg = StreamConfig(name=name, subjects=[f"{prefix}.>"], storage=StorageType.FILE,
-                           retention=RetentionPolicy.WORK_QUEUE, num_replicas=replicas, duplicate_window=600.0)
+                           retention=RetentionPolicy.WORK_QUEUE, num_replicas=copies, duplicate_window=600.0)
 
         async def make(name: str = name, cfg: StreamConfig = cfg) -> None:
             try:
                 await js.stream_info(name)
             except Exception:  # noqa: BLE001 - not found: create
                 await js.add_stream(cfg)
+                return
+            await match_replicas(js, name, copies)
 
         await _retrying(f"stream {name}", make)
 
