@@ -145,8 +145,11 @@ class Pair:
 def run(jobs: int, runs: int, cache: str | None) -> list[Figure]:
     from rota.controller import natsserver
 
+    import gc
+
     log, _big, made = cached_log(jobs, cache)
     events = len(log)
+    gc.freeze()          # a million envelopes: a full collection would stall the loader past the servers' pings
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         (base / "slurm.conf").write_text(CONF)

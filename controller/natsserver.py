@@ -46,7 +46,7 @@ def write_config(path: Path, port: int, store_dir: Path, *, sync_always: bool = 
     # ping_interval/ping_max: a client that stops answering (a frozen controller in the API's queue group,
     # an agent cut off) is dropped after seconds, not minutes, so requests stop going to it
     lines = [f"server_name: {server_name}", f"listen: {host}:{port}", "max_payload: 8MB",
-             'ping_interval: "2s"', "ping_max: 2", "jetstream {", f'  store_dir: "{store_dir}"']
+             'ping_interval: "3s"', "ping_max: 2", "jetstream {", f'  store_dir: "{store_dir}"']
     if sync_always:
         lines.append("  sync_interval: always")
     lines.append("}")

@@ -10,7 +10,7 @@ from .natsauth import connect_options
 log = logging.getLogger("rota.nats")
 # A server that stops answering (frozen, cut off by a partition: no reset ever arrives) is given up for
 # another after this many seconds times this many unanswered pings, rather than nats-py's 2 x 2 minutes.
-PING_INTERVAL = 2
+PING_INTERVAL = 3
 MAX_OUTSTANDING_PINGS = 2
 
 
