@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 THIN_COMMANDS := sbatch squeue sacct sinfo scancel scontrol srun salloc sacctmgr sshare sprio
 
-.PHONY: up demo test test-slow lint bench install clean
+.PHONY: up demo test test-slow lint bench bench-vs-slurm install clean
 
 $(STAMP): pyproject.toml cli/native/rota_command.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "rota needs Python 3.11 or newer")'
@@ -34,6 +34,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# a real Slurm on this host (ops/slurm/setup.sh, as root) and rota, the same workloads in one run, alternating
+bench-vs-slurm: $(STAMP)
+	ops/slurm/setup.sh
+	$(PY) -m rota.bench.thin_bench --slurm
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow

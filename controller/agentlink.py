@@ -47,6 +47,7 @@ class AgentLink:
         self.last_seen: dict[str, float] = {}
         self.agent_running: dict[str, set[int]] = {}
         self._senders: dict[str, asyncio.Queue[Order]] = {}
+        self._stopped = False
         self._tasks: list[asyncio.Task] = []
         self._subs: list[Any] = []
         self._started = time.monotonic()
@@ -62,6 +63,7 @@ class AgentLink:
         self._tasks = [asyncio.create_task(t) for t in (self._inbox(), self._monitor(), self._orders())]
 
     async def stop(self) -> None:
+        self._stopped = True
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -78,7 +80,10 @@ class AgentLink:
     # ------------------------------------------------------------ orders
 
     def send(self, orders: list[tuple[str, Order]]) -> None:
-        """Queue each order for its node (sent in order, each node by its own sender)."""
+        """Queue each order for its node (sent in order, each node by its own sender). Once stopped (no
+        longer leading), none: the next leader sends what its state implies."""
+        if self._stopped:
+            return
         for node, order in orders:
             queue = self._senders.get(node)
             if queue is None:

@@ -350,10 +350,11 @@ class Drill:
 
     # ---------------------------------------------------------------- the verdict
 
-    def settle(self, timeout: float = 300) -> None:
-        """Wait until every acknowledged job has ended."""
+    def settle(self) -> None:
+        """Wait until every acknowledged job has ended (five minutes, and a tenth of a second a job)."""
         from rota.core.states import TERMINAL_STATES
 
+        timeout = 300 + 0.1 * len(self.acked)
         wanted = {j for _, j in self.acked}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
