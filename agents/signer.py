@@ -47,7 +47,7 @@ class Signer:
         self.path, self.host, self.key, self.nc, self.ttl, self.clock = path, host, key, nc, ttl, clock
         self.server: asyncio.AbstractServer | None = None
         self._inflight: dict[int, int] = {}
-        self.commands: Any = None      # the command server beside the socket (rota.agents.commandserver)
+        self.commands: Any = None      # the command server beside the socket (rota.cli.commandserver)
 
     async def start(self) -> None:
         run_dir = os.path.dirname(self.path)
@@ -58,9 +58,7 @@ class Signer:
         self.server = await asyncio.start_unix_server(self._serve, path=self.path, limit=localsock.MAX_HEADER * 4)
         os.chmod(self.path, 0o666)   # every local user may ask; who they are comes from the kernel
         if os.environ.get("ROTA_THIN") != "0":
-            from .commandserver import command_socket_in, start
-
-            self.commands = start(command_socket_in(run_dir))
+            self.commands = _start_command_server(os.path.join(run_dir, "commands.sock"))
 
     async def stop(self) -> None:
         if self.commands is not None:
@@ -150,3 +148,16 @@ class Signer:
 def _error(message: str) -> bytes:
     data = message.encode()
     return b"ERR %d\n" % len(data) + data
+
+
+def _start_command_server(path: str) -> Any:
+    """The thin commands' server (rota.cli.commandserver, a program of its own) on ``path``, beside this
+    signer; it dies with this process."""
+    import subprocess
+    import sys
+
+    from rota.wire.lifetime import die_with
+
+    return subprocess.Popen([sys.executable, "-m", "rota.cli.commandserver", path], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=die_with(os.getpid()) if sys.platform == "linux" else None)

@@ -29,7 +29,7 @@ def submit(
 ) -> None:
     """Submit many jobs in one request: `rota submit --file jobs.txt -t 10 --gres=gpu:1` (the options after the
     file are sbatch's, for every job). Prints the job ids, one per line."""
-    from rota.client import Client, JobError, NoCluster
+    from .api import Client, JobError, NoCluster
 
     try:
         text = sys.stdin.read() if file == "-" else Path(file).read_text()

@@ -170,7 +170,6 @@ class FrontDoor:
 
 _RID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
-
 def encode(result: dict | Raw, rid: str = "") -> bytes:
     """A reply as JSON bytes, its request id first (``{"rid":"...",...}``); pre-encoded values spliced in."""
     if isinstance(result, Raw):
@@ -178,7 +177,6 @@ def encode(result: dict | Raw, rid: str = "") -> bytes:
         return b'{"rid":"%s",%s' % (rid.encode(), data[1:]) if data.startswith(b"{") and data != b"{}" else data
     return orjson.dumps({"rid": rid, **result},
                         default=lambda v: orjson.Fragment(v.data) if isinstance(v, Raw) else str(v))
-
 
 # ---------------------------------------------------------------- the verbs
 
@@ -189,46 +187,21 @@ def _spec(spec: ev.JobSpec, caller: Caller) -> ev.JobSpec:
                                    "submit_host": caller.host or spec.submit_host})
 
 
-async def _submit_one(c: Any, caller: Caller, spec: ev.JobSpec, idem: str) -> int:
+async def submit_one(c: Any, caller: Caller, spec: ev.JobSpec, idem: str) -> int:
     """Append one job's submission (``idem``: a retry of the same request lands once); its id."""
     spec = _spec(spec, caller)
     env, duplicate = await c.write(lambda state: commands.submit(state, spec, state.next_job_id, caller),
                                    caller.actor(), idem)
-    if duplicate:   # a retried submit: answer with the job its first try created
-        job_id = next((j.job_id for j in c.state.jobs.values() if j.submit_seq == env.seq), None)
-        if job_id is None:
-            raise commands.Rejected("this request was accepted earlier, but its job is no longer known",
-                                    code="duplicate")
-        return job_id
-    return env.event.job_id
+    job_id = next((j.job_id for j in c.state.jobs.values() if j.submit_seq == env.seq), None) if duplicate \
+        else env.event.job_id            # a retried submit: the job its first try created
+    if job_id is None:
+        raise commands.Rejected("this request was accepted earlier, but its job is no longer known", code="duplicate")
+    return job_id
 
 
 @verb("submit", rq.Submit, writes=True)
 async def _submit(c: Any, caller: Caller, request: rq.Submit, rid: str) -> dict:
-    return {"ok": True, "job_id": await _submit_one(c, caller, request.spec, f"{caller.uid}:{rid}" if rid else "")}
-
-
-@verb("submit_many", rq.SubmitMany, writes=True)
-async def _submit_many(c: Any, caller: Caller, request: rq.SubmitMany, rid: str) -> dict:
-    """Many jobs in one request: each checked and appended as a submit of its own (one refused does not
-    stop the others), all at once, so the log's group commit makes them few fsyncs. ``job_ids`` in the
-    order given, None where refused; ``errors``: [index, why]."""
-    async def one(i: int, spec: ev.JobSpec) -> int:
-        return await _submit_one(c, caller, spec, f"{caller.uid}:{rid}:{i}" if rid else "")
-    results = await asyncio.gather(*(one(i, s) for i, s in enumerate(request.specs)), return_exceptions=True)
-    for r in results:
-        if isinstance(r, (FencedError, LogUnavailable)):
-            raise r                       # the whole request is retried (each item lands once)
-        if isinstance(r, BaseException) and not isinstance(r, commands.Rejected):
-            raise r
-    return {"ok": True, "job_ids": [r if isinstance(r, int) else None for r in results],
-            "errors": [[i, r.lines[-1]] for i, r in enumerate(results) if isinstance(r, commands.Rejected)]}
-
-
-@verb("job_states", rq.JobStates)
-async def _job_states(c: Any, caller: Caller, request: rq.JobStates, rid: str) -> dict:
-    return {"ok": True, "jobs": c.views.job_states(request.job_ids, caller)}
-
+    return {"ok": True, "job_id": await submit_one(c, caller, request.spec, f"{caller.uid}:{rid}" if rid else "")}
 
 @verb("test_submit", rq.Submit)
 async def _test_submit(c: Any, caller: Caller, request: rq.Submit, rid: str) -> dict:

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rota.wire.lifetime import die_with
+
 
 class NatsServerError(RuntimeError):
     """The embedded server could not be found or started."""
@@ -101,17 +103,6 @@ class NatsServer:
             self.process.wait()
 
 
-def die_with(parent: int, signum: int = 15):
-    """In the child (before exec): get ``signum`` (SIGTERM) when the process that started us dies, even
-    by kill -9, so an embedded server never outlives ``rota up`` holding its port and store. 0: no longer."""
-    def arm() -> None:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signum, 0, 0, 0)           # PR_SET_PDEATHSIG
-        if signum and os.getppid() != parent:    # the parent died before prctl took effect
-            os._exit(1)
-    return arm
 
 
 def start(state_dir: str | os.PathLike, port: int | None = None, *, sync_always: bool = True,

@@ -22,6 +22,7 @@ from rota.core.state import State, dump_snapshot
 from rota.wire import diskspace, subjects as sj
 
 from .eventlog import EventLog, FencedError, LogUnavailable
+from . import bulk  # noqa: F401 - registers the bulk verbs
 from .frontdoor import FrontDoor
 from .outbox import Outbox
 from .views import Views, encode_reply

@@ -1,6 +1,7 @@
 """The folders depend on each other in one direction only (no cycles): core at the bottom, then wire
 (what crosses processes and hosts), then the three parts (controller, agents, projections), each on its
-own, then cli on top, which puts them together; bench measures anything."""
+own, then cli on top, which puts them together, and client (the Python API) over it; bench measures
+anything."""
 import ast
 from pathlib import Path
 
@@ -14,7 +15,8 @@ ALLOWED = {
     "agents": {"core", "wire"},
     "projections": {"core", "wire"},
     "cli": {"core", "wire", "controller", "agents", "projections"},
-    "bench": {"core", "wire", "controller", "agents", "projections", "cli"},
+    "client": {"cli"},
+    "bench": {"core", "wire", "controller", "agents", "projections", "cli", "client"},
 }
 
 

@@ -40,10 +40,6 @@ SPARES = 4                     # children forked ahead, each waiting for a calle
 RECEIVE_WAIT = 2.0             # seconds a child waits for its caller's request
 
 
-def command_socket_in(run_dir: str) -> str:
-    return os.path.join(run_dir, "commands.sock")
-
-
 def warm() -> None:
     """Import what the commands use, and load the name service's libraries (each child looks its caller up)."""
     import gc
@@ -101,7 +97,7 @@ class CommandServer:
             self.children.discard(pid)
 
     def _spawn(self) -> None:
-        from rota.controller.natsserver import die_with
+        from rota.wire.lifetime import die_with
 
         parent = os.getpid()
         pid = os.fork()
@@ -252,21 +248,10 @@ def _run(module: str, name: str, cwd: str) -> int:
         return 1
 
 
-def start(path: str):  # -> subprocess.Popen
-    """Start a command server on ``path`` beside this process; it dies with it."""
-    import subprocess
-
-    from rota.controller.natsserver import die_with
-
-    return subprocess.Popen([sys.executable, "-m", "rota.agents.commandserver", path], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            preexec_fn=die_with(os.getpid()) if sys.platform == "linux" else None)
-
-
 def main() -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     if len(sys.argv) != 2:
-        raise SystemExit("usage: python -m rota.agents.commandserver SOCKET")
+        raise SystemExit("usage: python -m rota.cli.commandserver SOCKET")
     warm()
     CommandServer(sys.argv[1]).serve_forever()
 
