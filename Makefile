@@ -3,14 +3,14 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-THIN_COMMANDS := sbatch squeue sacct sinfo scancel scontrol srun salloc sacctmgr sshare sprio
 
 .PHONY: up demo test test-slow lint bench bench-vs-slurm install clean
 
 $(STAMP): pyproject.toml cli/native/rota_command.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "rota needs Python 3.11 or newer")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	for c in $(THIN_COMMANDS); do if [ -L $(VENV)/bin/$$c ]; then rm -f $(VENV)/bin/$$c; fi; done   # pip writes its own
+	@# the native client's links go first: pip writes its own entry points there
+	if [ -d $(VENV)/bin ]; then find $(VENV)/bin -maxdepth 1 -type l -lname rota-command -delete; fi
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[test,plot]"
 	@# the native thin client, where there is a C compiler, as sbatch, squeue, ... (otherwise pip's Python

@@ -29,8 +29,9 @@ import socket
 import struct
 import sys
 
-COMMANDS = {name: f"rota.cli.{name}" for name in ("sbatch", "squeue", "sacct", "sinfo", "scancel", "scontrol",
-                                                   "srun", "salloc", "sacctmgr", "sshare", "sprio")}
+from .thin import COMMANDS as THIN_COMMANDS
+
+COMMANDS = {name: f"rota.cli.{name}" for name in THIN_COMMANDS}
 # what the commands import when they run (imported here once, so a child finds them loaded)
 WARM = ("rota.cli.client", "rota.cli.options", "rota.cli.timespec", "rota.cli.lightjson", "rota.cli.exits",
         "rota.wire.localsock", "rota.wire.paths", "rota.core.hostlist", "sqlite3", "json", "datetime", "shlex")

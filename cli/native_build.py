@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .thin import COMMANDS as THIN_COMMANDS
+
 SOURCE = Path(__file__).resolve().parent / "native" / "rota_command.c"
-THIN_COMMANDS = ("sbatch", "squeue", "sacct", "sinfo", "scancel", "scontrol", "srun", "salloc", "sacctmgr",
-                 "sshare", "sprio")
 
 
 class NoCompiler(Exception):

@@ -14,6 +14,9 @@ import socket
 import struct
 import sys
 
+# the commands that go the thin way (also the native client's list, in cli/native/rota_command.c)
+COMMANDS = ("sbatch", "squeue", "sacct", "sinfo", "scancel", "scontrol", "srun", "salloc", "sacctmgr", "sshare",
+            "sprio")
 ANSWER_WAIT = 5.0      # seconds to wait for the server to take the command before running it here
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
              signal.SIGCONT)
@@ -111,6 +114,4 @@ def _entry(name: str):
     return run
 
 
-sbatch, squeue, sacct, sinfo, scancel, scontrol, srun, salloc, sacctmgr, sshare, sprio = (
-    _entry(n) for n in ("sbatch", "squeue", "sacct", "sinfo", "scancel", "scontrol", "srun", "salloc", "sacctmgr",
-                        "sshare", "sprio"))
+sbatch, squeue, sacct, sinfo, scancel, scontrol, srun, salloc, sacctmgr, sshare, sprio = map(_entry, COMMANDS)

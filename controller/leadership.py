@@ -6,7 +6,7 @@ and a leader that dies stops renewing it, so it expires and a standby takes it. 
 who should write; the log itself fences: every append names the sequence it expects to follow, so a
 deposed leader that wakes up (SIGSTOP, a partition) can never append, whatever it believes.
 
-Every controller also announces itself (name, host, role, sequence) in a second bucket, which
+Every controller also announces itself (name, host, sequence) in a second bucket, which
 ``scontrol ping`` reads through the leader.
 """
 from __future__ import annotations
@@ -135,7 +135,7 @@ async def lease_holder(js: Any) -> str | None:
 
 async def controllers(eventlog: Any) -> list[dict]:
     """Every controller on ``eventlog``'s servers that announced itself lately: name, host, role ("primary":
-    the one holding the lease, whatever the others last said of themselves), sequence, and ``up`` (false
+    the one holding the lease), sequence, and ``up`` (false
     when it has not announced itself for two lease lifetimes: frozen, cut off). Empty for a log that is
     not on NATS."""
     js = getattr(eventlog, "js", None)
@@ -233,7 +233,6 @@ class Candidacy:
             await self.on_lose()
 
     async def _announce(self) -> None:
-        role = "primary" if self.leading else "backup"
-        body = json.dumps({"name": self.name, "host": self.host, "role": role, "seq": self.c.state.seq,
+        body = json.dumps({"name": self.name, "host": self.host, "seq": self.c.state.seq,   # who leads: the lease
                            "at": time.time()}).encode()
         await self._status.put(hashlib.sha256(self.name.encode()).hexdigest()[:20], body)   # a valid key for any name

@@ -103,8 +103,6 @@ class NatsServer:
             self.process.wait()
 
 
-
-
 def start(state_dir: str | os.PathLike, port: int | None = None, *, sync_always: bool = True,
           cluster: tuple[str, int, list[int | str]] | None = None, server_name: str = "rota",
           wait: float = 15.0, authorization: str | None = None, tls: dict[str, str] | None = None,

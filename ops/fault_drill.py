@@ -30,7 +30,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
@@ -123,7 +123,6 @@ class Fault:
     t0: float
     wall0: float
     takeover: float | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 class Drill:
