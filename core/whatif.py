@@ -31,6 +31,8 @@ class Run:
 
     seconds: int
     exited: ev.JobExited
+    ended_at: int = -1        # when it ended on the log, and the end's place there
+    seq: int = 0
 
 
 @dataclass
@@ -80,7 +82,7 @@ def recorded_inputs(envelopes: Iterable[ev.Envelope]) -> Recorded:
         elif isinstance(e, ev.JobExited):
             job = st.jobs.get(e.job_id)
             if job is not None and job.state == RUNNING:
-                runs.setdefault(key_of(job), []).append(Run(max(0, env.ts - job.start_time), e))
+                runs.setdefault(key_of(job), []).append(Run(max(0, env.ts - job.start_time), e, env.ts, env.seq))
             last_input = env.ts      # a change a cycle follows, too
         else:
             inputs.append(env)
@@ -131,8 +133,9 @@ def apply_settings(config: ev.ClusterConfig, settings: dict[str, str]) -> ev.Clu
     return ev.ClusterConfig.model_validate(data)
 
 
-# heap items: (time, order, tiebreak, kind, payload); at one time: ends, then inputs and recorded cycles
-# in log order, then the cycles that follow changes
+# heap items: (time, order, tiebreak, kind, payload); at one time: ends the log does not have (runs that
+# moved, cancels), then inputs, recorded cycles and the ends the log has, in log order (a cycle logged
+# before an end in the same second did not see the freed resources), then the cycles that follow changes
 _END, _LOGGED, _AFTER = 0, 1, 2
 
 
@@ -197,7 +200,9 @@ def replay(rec: Recorded, settings: dict[str, str]) -> tuple[SimResult, dict[int
                     run = runs[n]
                 else:    # it never ran (or ran fewer times) in the history: it holds its nodes its whole limit
                     run = Run(s.time_limit or 0, ev.JobExited(job_id=s.job_id, state="TIMEOUT"))
-                heapq.heappush(heap, (t + run.seconds, _END, 0, "end", (s.job_id, job.restarts, run.exited)))
+                ends = t + run.seconds
+                order, tie = (_LOGGED, run.seq) if ends == run.ended_at else (_END, 0)
+                heapq.heappush(heap, (ends, order, tie, "end", (s.job_id, job.restarts, run.exited)))
                 tid = trace_id.setdefault(k, len(trace_id) + 1)
                 outcomes[s.job_id] = JobOutcome(s.job_id, tid, job.submit_time, start=t, runtime=run.seconds,
                                                 cpus=sum(a.cpus for a in s.alloc),

@@ -256,3 +256,27 @@ def test_whatif_replays_cancels_drains_holds_arrays_and_dependencies_exactly():
     assert {j["job"] for j in res.per_job} >= {"1_0", "1_5", "2", "3", "4", "6"}
     fifo = whatif(h.log, {"policy": "conservative"})
     assert fifo.replayed == 10 and fifo.changed["jobs"] == 10
+
+
+
+def test_whatif_keeps_the_logs_order_of_a_cycle_and_an_end_in_the_same_second():
+    """A cycle that started a small job just before a big job's blocker ended, in the same second, did
+    not see the freed GPUs: the baseline replays that order (the small job starts, the big one waits),
+    not the end first."""
+    h = Harness(make_cluster(nodes=1, gpus=8, policy="easy"))
+    a = h.submit(name="a", gpus_per_node=4, time_limit=600)
+    h.cycle()
+    b = h.submit(name="b", gpus_per_node=8, time_limit=600)
+    h.advance(5)
+    c = h.submit(name="c", gpus_per_node=4, time_limit=60)
+    h.cycle()                                   # c backfills beside a; b waits for a
+    assert h.state.jobs[c].state == "RUNNING"
+    h.finish(a, elapsed=5)                      # a ends in that second, after the cycle
+    h.advance(1)
+    h.cycle()                                   # b waits for c now
+    h.advance(10)
+    h.finish(c, elapsed=11)
+    h.cycle()
+    assert h.state.jobs[b].state == "RUNNING"
+    res = whatif(h.log, {})
+    assert res.replayed == res.baseline_matches_history == 3, res

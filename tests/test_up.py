@@ -452,7 +452,7 @@ def test_whatif_on_a_real_clusters_log_reproduces_its_history(up):
     import json
 
     res = json.loads(r.stdout)
-    assert res["replayed"] >= 6 and res["baseline_matches_history"] >= res["replayed"] - 1, res
+    assert res["replayed"] >= 6 and res["baseline_matches_history"] >= res["replayed"] - 1, json.dumps(res)
     assert res["baseline"]["jobs"] >= 6 and "avg_wait" in res["changed"]
     r = run(up, "rota", "whatif", "--set", "policy=easy")
     assert "avg_wait" in r.stdout and "start exactly when they did" in r.stdout, r.stdout
