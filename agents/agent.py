@@ -28,7 +28,7 @@ from rota.wire import natsconn
 from rota.wire import orders as wire_orders
 from rota.wire import subjects as sj
 from rota.wire.subjects import CRED_HEADER
-from rota.wire.jsqueue import stored_at, work_queue
+from rota.wire.jsqueue import ACK_WAIT, stored_at, work_queue
 
 from . import cgroups as cg
 from . import launch
@@ -70,7 +70,9 @@ class Run:
 
     @property
     def deadline(self) -> float:
-        return self.order.start_time + self.time_limit if self.time_limit else float("inf")
+        """When the time limit runs out. It counts from the logged start, or from the launch where the
+        order came late (redelivered after a NATS server died holding it): the job gets its whole limit."""
+        return max(self.order.start_time, self.started) + self.time_limit if self.time_limit else float("inf")
 
 
 class Agent:
@@ -229,7 +231,7 @@ class Agent:
 
     async def _assignments(self) -> None:
         async for msgs in work_queue(self.js, sj.ASSIGN_STREAM, f"{sj.ASSIGN_PREFIX}.{self.node}",
-                                     sj.agent_consumer(self.node), batch=64, ack_wait=60, what="assignments",
+                                     sj.agent_consumer(self.node), batch=64, ack_wait=ACK_WAIT, what="assignments",
                                      create=False):
             for msg in msgs:
                 try:
@@ -336,8 +338,7 @@ class Agent:
             self.steps.tick(now)
             for run in list(self.runs.values()):
                 warn = warning(run.order.spec.signal) if run.order.spec.signal and not run.warned else None
-                if warn is not None and warn.batch_only and run.time_limit \
-                        and now >= run.order.start_time + run.time_limit - warn.before:
+                if warn is not None and warn.batch_only and run.time_limit and now >= run.deadline - warn.before:
                     run.warned = True
                     self._signal_batch(run, warn.signal)
                 if run.kill_reason is None and now >= run.deadline:

@@ -420,3 +420,22 @@ async def test_an_order_that_cannot_be_delivered_is_set_aside_and_others_still_g
     assert link.set_aside and link.set_aside[-1][0] == "n1" and "more than NATS carries" in link.set_aside[-1][2]
     later = await cluster.submit("echo after")
     assert (await cluster.ended(later)).state == "COMPLETED"
+
+
+def test_a_launch_that_came_late_still_gets_its_whole_time_limit():
+    """An order redelivered long after its job's logged start (the NATS server that held it died) runs
+    for its whole limit from its launch, not killed at once as TIMEOUT; an order on time counts from
+    the logged start."""
+    from rota.agents.agent import Run
+    from rota.core.orders import Launch
+
+    start = 1_000_000
+    order = Launch.model_validate({
+        "op": "launch", "job_id": 7, "restarts": 0, "name": "j", "user": "root", "partition": "main",
+        "nodes": ["n1"], "node_index": 0, "cpus": 1, "mem": 0, "gpus": [], "cpus_per_node": [1],
+        "tasks_per_node": [1], "ntasks": 1, "time_limit": 60, "start_time": start,
+        "array_job_id": None, "array_task_id": None,
+        "spec": {"uid": 0, "gid": 0, "script": "#!/bin/sh\n", "workdir": "/tmp", "output": "/dev/null"}})
+    assert Run(order, 1, start + 0.2).deadline == start + 60.2
+    assert Run(order, 1, start + 90.0).deadline == start + 150.0
+    assert Run(order, 1, start - 5.0).deadline == start + 60          # a clock a little behind the log's

@@ -188,3 +188,28 @@ async def test_on_three_servers_every_stream_bucket_and_store_keeps_three_copies
     finally:
         for s in servers:
             s.stop()
+
+
+async def test_order_and_report_queues_give_back_a_lost_delivery_within_ten_seconds(jetstream):
+    """A message handed to a reader whose server then died comes back after the queue's redelivery wait:
+    ten seconds, also for consumers an older rota made with a minute."""
+    from rota.wire import subjects as sj
+    from rota.wire.jsqueue import ACK_WAIT, ensure_agent_consumers, ensure_streams, queue_config, work_queue
+
+    lg = await jetstream()
+    await ensure_streams(lg.js)
+    old = queue_config(sj.agent_consumer("n1"), f"{sj.ASSIGN_PREFIX}.n1", 60.0)
+    await lg.js.add_consumer(sj.ASSIGN_STREAM, old)
+    await ensure_agent_consumers(lg.js, ["n1", "n2"])
+    for node in ("n1", "n2"):
+        assert (await lg.js.consumer_info(sj.ASSIGN_STREAM, sj.agent_consumer(node))).config.ack_wait == ACK_WAIT
+    await lg.js.add_consumer(sj.INBOX_STREAM, queue_config("controller", f"{sj.INBOX_PREFIX}.>", 30.0))
+    reader = work_queue(lg.js, sj.INBOX_STREAM, f"{sj.INBOX_PREFIX}.>", "controller", batch=1, ack_wait=ACK_WAIT,
+                        what="inbox")
+    await lg.js.publish(f"{sj.INBOX_PREFIX}.n1", b"{}", stream=sj.INBOX_STREAM)
+    first = (await asyncio.wait_for(reader.__anext__(), 10))[0]        # taken, never acknowledged
+    began = time.monotonic()
+    again = (await asyncio.wait_for(reader.__anext__(), 20))[0]
+    assert again.metadata.sequence.stream == first.metadata.sequence.stream
+    assert ACK_WAIT - 1 <= time.monotonic() - began <= ACK_WAIT + 3
+    await again.ack()

@@ -15,6 +15,8 @@ from . import subjects as sj
 
 log = logging.getLogger("rota.wire")
 MORE_WAIT = 0.002    # seconds a fetch of "whatever else is there" may take (the server answers at once)
+# a message handed to a reader whose server then died comes back after this long
+ACK_WAIT = 10.0
 
 
 async def _retrying(what: str, action: Any, attempts: int = 40) -> Any:
@@ -81,18 +83,23 @@ def queue_config(durable: str, subject: str, ack_wait: float) -> Any:
                           deliver_policy=DeliverPolicy.ALL, ack_wait=ack_wait, max_ack_pending=1024)
 
 
-async def ensure_agent_consumers(js: Any, nodes: list[str], ack_wait: float = 60.0) -> None:
-    """One durable consumer per node on the assignment stream, filtered to that node's subject."""
+async def ensure_agent_consumers(js: Any, nodes: list[str], ack_wait: float = ACK_WAIT) -> None:
+    """One durable consumer per node on the assignment stream, filtered to that node's subject (one made
+    by an older rota with another redelivery wait gets this one)."""
     for node in nodes:
         cfg = queue_config(sj.agent_consumer(node), f"{sj.ASSIGN_PREFIX}.{node}", ack_wait)
+        await _retrying(f"consumer {cfg.durable_name}", lambda cfg=cfg: _ensure_consumer(js, sj.ASSIGN_STREAM, cfg))
 
-        async def make(cfg: Any = cfg) -> None:
-            try:
-                await js.consumer_info(sj.ASSIGN_STREAM, cfg.durable_name)
-            except Exception:  # noqa: BLE001 - not found: create
-                await js.add_consumer(sj.ASSIGN_STREAM, cfg)
 
-        await _retrying(f"consumer {cfg.durable_name}", make)
+async def _ensure_consumer(js: Any, stream: str, cfg: Any) -> None:
+    """Make a durable consumer, or give one made with another redelivery wait this one (an update)."""
+    try:
+        info = await js.consumer_info(stream, cfg.durable_name)
+    except Exception:  # noqa: BLE001 - not found: create
+        await js.add_consumer(stream, cfg)
+        return
+    if info.config.ack_wait != cfg.ack_wait:
+        await js.add_consumer(stream, cfg)
 
 
 async def work_queue(js: Any, stream: str, subject: str, durable: str, *, batch: int, ack_wait: float,
@@ -105,6 +112,7 @@ async def work_queue(js: Any, stream: str, subject: str, durable: str, *, batch:
     while True:
         try:
             if create:
+                await _ensure_consumer(js, stream, cfg)
                 sub = await js.pull_subscribe(subject, durable=durable, stream=stream, config=cfg)
             else:
                 await js.consumer_info(stream, durable)
