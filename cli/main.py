@@ -270,9 +270,11 @@ def simulate(
     except sim_mod.SimulateError as exc:
         _fail(str(exc))
     if as_json:
-        typer.echo(_json.dumps({"trace": tr.name, "policy": policy, **m}, indent=1))
+        typer.echo(_json.dumps({"trace": tr.name, "policy": policy, **m, "records": tr.notes}, indent=1))
         return
     typer.echo(f"trace {tr.name}: {int(m['jobs'])} jobs, policy {policy}")
+    for why, count in sorted(tr.notes.items()):
+        typer.echo(f"  trace records: {count} {why}")
     typer.echo(f"  average wait             {m['avg_wait']:12.1f} s")
     typer.echo(f"  average bounded slowdown {m['avg_bsld']:12.2f}   (tau = 10 s)")
     typer.echo(f"  utilisation              {m['util']:12.3f}   " + (f"(GPU {m['gpu_util']:.3f})" if 'gpu_util' in m else ""))

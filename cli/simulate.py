@@ -7,13 +7,13 @@ import os
 import resource
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, TextIO
 
 from rota.core import events as ev
 from rota.core.sim import SimResult, Simulator, TraceJob
-from rota.core.traces import TraceFormatError, gpu_cluster, read_philly, read_swf, swf_cluster
+from rota.core.traces import TOO_BIG, TraceFormatError, gpu_cluster, read_philly, read_swf, swf_cluster
 
 
 class SimulateError(Exception):
@@ -26,6 +26,7 @@ class LoadedTrace:
     kind: str                    # "swf" or "philly"
     jobs: list[TraceJob]
     config: ev.ClusterConfig
+    notes: dict[str, int] = field(default_factory=dict)    # records dropped or changed, by why
 
 
 def _open_text(path: Path) -> TextIO:
@@ -48,11 +49,15 @@ def load_trace(path: str | os.PathLike, *, nodes: int | None = None, gpus_per_no
         with _open_text(p) as fh:
             if stem.endswith(".swf") or stem.startswith("lublin"):
                 tr = read_swf(fh, source=name)
-                return LoadedTrace(name, "swf", tr.jobs, swf_cluster(tr.max_procs, params))
+                return LoadedTrace(name, "swf", tr.jobs, swf_cluster(tr.max_procs, params), tr.notes)
             if stem.endswith(".csv"):
-                jobs = read_philly(fh, gpus_per_node=gpus_per_node, source=name)
-                return LoadedTrace(name, "philly", jobs,
-                                   gpu_cluster(nodes or 160, gpus_per_node, params=params))
+                notes: dict[str, int] = {}
+                jobs = read_philly(fh, gpus_per_node=gpus_per_node, source=name, notes=notes)
+                machine = nodes or 160
+                too_big = sum(1 for j in jobs if j.spec.nodes > machine)
+                if too_big:
+                    notes[TOO_BIG] = too_big
+                return LoadedTrace(name, "philly", jobs, gpu_cluster(machine, gpus_per_node, params=params), notes)
     except (TraceFormatError, UnicodeDecodeError, OSError, EOFError) as exc:
         raise SimulateError(f"cannot read trace {name}: {exc}") from None
     raise SimulateError(f"unknown trace format for {name}: expected .swf[.gz] or a Philly .csv[.gz]")

@@ -320,6 +320,7 @@ class JobsStarted(Model):
     policy: str
     starts: tuple[Start, ...]
     preemptions: tuple[Preemption, ...] = ()
+    shadow: tuple[int, int] | None = None     # easy_strict: (head job, shadow) the cycle kept from before
 
 
 JobEndState = Literal["COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "CANCELLED", "NODE_FAIL"]

@@ -9,7 +9,10 @@ A policy object lives for one cycle and keeps what it has learnt in it.
 - ``easy``: one reservation, for the first blocked job; later jobs start only if they do not
   disturb it.
 - ``easy_strict``: EASY as in the RLScheduler simulator: a later job may start only if it
-  ends before the reserved job's start (no use of spare resources beside the reservation).
+  ends strictly before the reserved job's start, the shadow (no use of spare resources beside the
+  reservation). The simulator keeps the head job's shadow from the cycle that first blocked it while
+  other jobs end early (``kept``), as the published simulator does; a live controller recomputes it
+  every cycle, since its decisions must follow from the log alone.
 - ``conservative`` (default): every job gets a reservation at its earliest start within
   ``bf_window``; a job starts now only if that disturbs no reservation of a higher-priority job.
 """
@@ -24,6 +27,7 @@ class Policy(Protocol):
     """One cycle's policy."""
 
     name: str
+    book: bool        # a reservation holds its nodes on the timelines (later jobs are placed around it)
 
     def considers(self, parts: list[str]) -> bool:
         """Whether a job using ``parts`` is tested at all (False: it waits for Priority)."""
@@ -34,9 +38,9 @@ class Policy(Protocol):
     def may_try(self, partition: str, duration: int) -> bool:
         """Whether a job of ``duration`` seconds may be placed in ``partition``."""
 
-    def blocked(self, parts: list[str], start: int | None) -> bool:
-        """A job could not start now (its earliest start is ``start``, None: none in the horizon):
-        True when it gets a reservation."""
+    def blocked(self, parts: list[str], start: int | None, job_id: int) -> bool:
+        """Job ``job_id`` could not start now (its earliest start is ``start``, None: none in the
+        horizon): True when it gets a reservation."""
 
     @property
     def reserved(self) -> bool:
@@ -45,6 +49,7 @@ class Policy(Protocol):
 
 class Fifo:
     name = "fifo"
+    book = True
 
     def __init__(self, now: int) -> None:
         self.now = now
@@ -60,13 +65,14 @@ class Fifo:
     def may_try(self, partition: str, duration: int) -> bool:
         return partition not in self.blocked_parts
 
-    def blocked(self, parts: list[str], start: int | None) -> bool:
+    def blocked(self, parts: list[str], start: int | None, job_id: int) -> bool:
         self.blocked_parts.update(parts)
         return False
 
 
 class Easy:
     name = "easy"
+    book = True
 
     def __init__(self, now: int) -> None:
         self.now = now
@@ -82,7 +88,7 @@ class Easy:
     def may_try(self, partition: str, duration: int) -> bool:
         return True
 
-    def blocked(self, parts: list[str], start: int | None) -> bool:
+    def blocked(self, parts: list[str], start: int | None, job_id: int) -> bool:
         if start is None:
             return False
         if not self.reserved:
@@ -92,13 +98,28 @@ class Easy:
 
 class EasyStrict(Easy):
     name = "easy_strict"
+    book = False      # a backfill must end before the shadow: the time alone keeps it out of the way
+
+    def __init__(self, now: int, kept: tuple[int, int] | None = None) -> None:
+        super().__init__(now)
+        self.kept = kept                      # (head job, shadow) from an earlier cycle
+        self.head: tuple[int, int] | None = None
+
+    def blocked(self, parts: list[str], start: int | None, job_id: int) -> bool:
+        if start is None:
+            return False
+        if not self.reserved:
+            shadow = self.kept[1] if self.kept is not None and self.kept[0] == job_id else start
+            self.reserved, self.shadow, self.head = True, shadow, (job_id, shadow)
+        return True
 
     def may_try(self, partition: str, duration: int) -> bool:
-        return not self.reserved or self.now + duration <= self.shadow
+        return not self.reserved or self.now + duration < self.shadow
 
 
 class Conservative:
     name = "conservative"
+    book = True
 
     def __init__(self, now: int, window: int) -> None:
         self.now = now
@@ -114,7 +135,7 @@ class Conservative:
     def may_try(self, partition: str, duration: int) -> bool:
         return True
 
-    def blocked(self, parts: list[str], start: int | None) -> bool:
+    def blocked(self, parts: list[str], start: int | None, job_id: int) -> bool:
         if start is None:
             return False
         self.reserved = True
@@ -124,14 +145,15 @@ class Conservative:
 POLICIES = ("fifo", "easy", "easy_strict", "conservative")
 
 
-def make_policy(name: str, now: int, bf_window: int) -> Policy:
-    """The policy called ``name`` for a cycle at ``now``; ValueError for an unknown name."""
+def make_policy(name: str, now: int, bf_window: int, kept: tuple[int, int] | None = None) -> Policy:
+    """The policy called ``name`` for a cycle at ``now`` (``kept``: easy_strict's head job and shadow
+    from an earlier cycle); ValueError for an unknown name."""
     if name == "fifo":
         return Fifo(now)
     if name == "easy":
         return Easy(now)
     if name == "easy_strict":
-        return EasyStrict(now)
+        return EasyStrict(now, kept)
     if name == "conservative":
         return Conservative(now, bf_window)
     raise ValueError(f"unknown scheduling policy {name!r}; choose one of {', '.join(POLICIES)}")

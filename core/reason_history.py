@@ -79,7 +79,7 @@ class ReasonHistory:
         if isinstance(e, ev.JobsStarted):
             started = {s.array_job_id or s.job_id for s in e.starts}
             if any(jid not in started for jid in st.pending):   # some stay pending: what did it say of them?
-                self._record(st, schedule(st, e.now, e.policy), e.now, st.seq + 1, None)
+                self._record(st, schedule(st, e.now, e.policy, kept_shadow=e.shadow), e.now, st.seq + 1, None)
         self.moments.apply(st, env, changes if changes is not NOTHING else None)
         if isinstance(e, ev.JobsStarted):
             for s in e.starts:

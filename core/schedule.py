@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 from . import events as ev
 from .cycle import Cycle, NodeBases
-from .policies import POLICIES, Policy, make_policy
+from .policies import POLICIES, EasyStrict, Policy, make_policy
 from .priority import Factors, job_priority, priority_factors
 from .profile import INF, UNLIMITED_DURATION, ShapeSearch, Timeline
 from .reasons import REQ_NODE_NOT_AVAIL_ALL, Amounts, Reason
@@ -79,29 +79,33 @@ class Decision:
     priorities: dict[int, int] = field(default_factory=dict)
     checked: dict[int, tuple[int, ...]] = field(default_factory=dict)  # backfilled start -> resvs
     preemptions: list[ev.Preemption] = field(default_factory=list)
+    shadow: tuple[int, int] | None = None      # easy_strict: the blocked head job and its shadow
 
     def event(self) -> ev.JobsStarted | None:
         """The log event for this cycle, or None when it started and preempted nothing."""
         if not self.starts and not self.preemptions:
             return None
         return ev.JobsStarted(cycle=self.cycle, now=self.now, policy=self.policy,
-                              starts=tuple(self.starts), preemptions=tuple(self.preemptions))
+                              starts=tuple(self.starts), preemptions=tuple(self.preemptions), shadow=self.shadow)
 
 
 # ---------------------------------------------------------------- the cycle
 
 
 def schedule(state: State, now: int, policy: str | None = None, explain: bool = False,
-             focus: int | None = None, window: int | None = None, bases: NodeBases | None = None) -> Decision:
+             focus: int | None = None, window: int | None = None, bases: NodeBases | None = None,
+             kept_shadow: tuple[int, int] | None = None) -> Decision:
     """Decide which pending jobs start at ``now`` and when the others expect to start.
 
     ``focus`` (with ``explain``): only that job's situation is wanted (``rota why``): the walk stops
     after it (lower-priority jobs cannot change it) and only it is explained. The decision is then
     partial: use it to explain, never to act. ``window``: the backfill window instead of the configured one.
-    ``bases``: node timelines' inputs kept from earlier cycles of a walk (see :class:`NodeBases`)."""
+    ``bases``: node timelines' inputs kept from earlier cycles of a walk (see :class:`NodeBases`).
+    ``kept_shadow``: easy_strict's head job and shadow from the previous cycle (the simulator's)."""
     cfg = state.config
     pol = policy or (cfg.scheduler.policy if cfg is not None else "conservative")
-    policy_now = make_policy(pol, now, window if window is not None else cfg.scheduler.bf_window if cfg is not None else 0)
+    policy_now = make_policy(pol, now, window if window is not None else cfg.scheduler.bf_window if cfg is not None else 0,
+                             kept_shadow)
     decision = Decision(now=now, policy=pol, cycle=state.cycle + 1)
     if cfg is None or not state.pending:
         return decision
@@ -132,6 +136,8 @@ def schedule(state: State, now: int, policy: str | None = None, explain: bool = 
         cut = next((i for i, r in enumerate(ready) if r[1].job_id == focus), None)
         ready = ready[: cut + 1] if cut is not None else []
     _walk(cy, decision, ready, policy_now)
+    if isinstance(policy_now, EasyStrict):
+        decision.shadow = policy_now.head
     return decision
 
 
@@ -293,9 +299,9 @@ def _walk(cy: Cycle, decision: Decision, ready: list, policy: Policy) -> None:
             else:
                 resources_given.update(parts)
             pend = Pending(why, rank=rank, priority=prio)
-            if policy.blocked(parts, best.start if best is not None else None) and best is not None:
+            if policy.blocked(parts, best.start if best is not None else None, jid) and best is not None:
                 # the focus job is the last walked: nothing is placed after it, its nodes need no booking
-                pend.start = _reserve(decision, jid, task, best, book=cy.focus != jid).start
+                pend.start = _reserve(decision, jid, task, best, book=cy.focus != jid and policy.book).start
             if cy.explain and cy.focus in (None, jid):
                 _explain_pending(cy, job, parts, pend, decision.reservations.get(jid))
             decision.pending[jid] = pend

@@ -93,6 +93,7 @@ class Simulator:
         if self.policy != config.scheduler.policy:   # the log's configuration says what the cycles ran under
             config = config.model_copy(update={"scheduler": config.scheduler.model_copy(update={"policy": self.policy})})
         self.config = config
+        self.kept_shadow: tuple[int, int] | None = None
         self.record_log = record_log
         self.kill_at_limit = kill_at_limit
         self.state = State()
@@ -112,8 +113,11 @@ class Simulator:
             self.log.append(env)
 
     def decide(self, state: State, now: int) -> Decision:
-        """One cycle's decision (the scheduler's own; a subclass may stand in for a faulty controller)."""
-        return schedule(state, now, self.policy)
+        """One cycle's decision (the scheduler's own; a subclass may stand in for a faulty controller).
+        easy_strict keeps the blocked head job's shadow from cycle to cycle, as the published simulator does."""
+        d = schedule(state, now, self.policy, kept_shadow=self.kept_shadow)
+        self.kept_shadow = d.shadow
+        return d
 
     def run(self, jobs: Iterable[TraceJob], *, stop_when_all_started: bool = False,
             progress: Callable[[int, int], None] | None = None) -> SimResult:

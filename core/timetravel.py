@@ -169,7 +169,7 @@ def _sample_all(st: State, env: ev.Envelope, now: int | None, moments: "Moments"
     e = env.event
     if now is None:
         assert isinstance(e, ev.JobsStarted)
-        d = schedule(st, e.now, e.policy, explain=True)
+        d = schedule(st, e.now, e.policy, explain=True, kept_shadow=e.shadow)
         planned = _Plan(st, e.now)
         for story in waiting:
             story.sample(_sample(d, st, e.now, story.job_id, e, planned))
@@ -269,7 +269,8 @@ def cycle_sample(st: State, e: ev.JobsStarted, job_id: int, bases: NodeBases | N
     """Re-run the cycle ``e`` records, from ``st`` (the state just before it), focused on ``job_id``;
     None when the job starts in it (no wait to record, no reservation to place others around).
     ``bases``: the nodes' timeline inputs kept along the walk (:class:`Moments` keeps them current)."""
-    return _sample(schedule(st, e.now, e.policy, explain=True, focus=job_id, bases=bases), st, e.now, job_id, e)
+    d = schedule(st, e.now, e.policy, explain=True, focus=job_id, bases=bases, kept_shadow=e.shadow)
+    return _sample(d, st, e.now, job_id, e)
 
 
 def evaluate(st: State, now: int, job_id: int, bases: NodeBases | None = None) -> CycleSample | None:
@@ -593,7 +594,7 @@ def verify(envelopes: Iterable[ev.Envelope], from_seq: int = 1, to_seq: int | No
         e = env.event
         if isinstance(e, ev.JobsStarted) and env.seq >= from_seq:
             if pick is None or pick(k):
-                d = schedule(st, e.now, e.policy)
+                d = schedule(st, e.now, e.policy, kept_shadow=e.shadow)
                 yield env.seq, _compare(env.seq, e, d.starts) or _compare_preemptions(env.seq, e, d.preemptions)
             k += 1
         apply(st, env)

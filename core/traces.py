@@ -18,11 +18,25 @@ class TraceFormatError(ValueError):
     """A trace line that cannot be read."""
 
 
+# why a record was dropped or changed, as `rota simulate` reports it
+NO_RUNTIME = "no run time: dropped"
+NEGATIVE_RUNTIME = "negative run time: set to 10 s"
+NO_PROCESSORS = "no processors: dropped"
+SHORT_ESTIMATE = "estimate below run time: killed at the estimate (unless --no-kill)"
+TOO_BIG = "larger than the machine: never start"
+
+
 @dataclass(slots=True)
 class SwfTrace:
     max_procs: int
     jobs: list[TraceJob]
     header: dict[str, str]
+    notes: dict[str, int]         # records dropped or changed, by why
+
+
+def _note(notes: dict[str, int] | None, why: str) -> None:
+    if notes is not None:
+        notes[why] = notes.get(why, 0) + 1
 
 
 def read_swf(lines: Iterable[str], *, source: str = "trace") -> SwfTrace:
@@ -30,6 +44,7 @@ def read_swf(lines: Iterable[str], *, source: str = "trace") -> SwfTrace:
     run time 0 dropped, negative run time becomes 10 s (the RLScheduler protocol)."""
     header: dict[str, str] = {}
     jobs: list[TraceJob] = []
+    notes: dict[str, int] = {}
     for lineno, line in enumerate(lines, start=1):
         s = line.strip()
         if not s:
@@ -50,12 +65,17 @@ def read_swf(lines: Iterable[str], *, source: str = "trace") -> SwfTrace:
         except ValueError as exc:
             raise TraceFormatError(f"{source}:{lineno}: {exc}") from None
         if run == 0:
+            _note(notes, NO_RUNTIME)
             continue
         if run < 0:
+            _note(notes, NEGATIVE_RUNTIME)
             run = 10
         if procs <= 0:
+            _note(notes, NO_PROCESSORS)
             continue
         estimate = req_time if req_time > 0 else run
+        if estimate < run:
+            _note(notes, SHORT_ESTIMATE)
         spec = JobSpec(name=f"swf{jid}", user=f"u{user}" if user >= 0 else "u0", uid=max(user, 0),
                        ntasks=procs, ntasks_given=True, time_limit=estimate, mem_per_node=None)
         jobs.append(TraceJob(submit=submit, spec=spec, runtime=run, trace_id=jid))
@@ -64,7 +84,10 @@ def read_swf(lines: Iterable[str], *, source: str = "trace") -> SwfTrace:
         max_procs = max((j.spec.ntasks for j in jobs), default=1)
     else:
         max_procs = int(procs_s.split()[0])
-    return SwfTrace(max_procs, jobs, header)
+    too_big = sum(1 for j in jobs if j.spec.ntasks > max_procs)
+    if too_big:
+        notes[TOO_BIG] = too_big
+    return SwfTrace(max_procs, jobs, header, notes)
 
 
 def swf_cluster(max_procs: int, params: SchedulerParams | None = None) -> ClusterConfig:
@@ -76,8 +99,9 @@ def swf_cluster(max_procs: int, params: SchedulerParams | None = None) -> Cluste
 
 
 def read_philly(lines: Iterable[str], *, gpus_per_node: int = 8, cpus_per_gpu: int = 4,
-                source: str = "trace") -> list[TraceJob]:
-    """Parse the Chronus/Philly CSV; the run time doubles as the job's (exact) time limit."""
+                source: str = "trace", notes: dict[str, int] | None = None) -> list[TraceJob]:
+    """Parse the Chronus/Philly CSV; the run time doubles as the job's (exact) time limit. Records
+    dropped are counted in ``notes`` by why."""
     reader = csv.DictReader(lines)
     need = {"job_id", "user", "num_gpu", "submit_time", "duration"}
     if reader.fieldnames is None or not need.issubset(reader.fieldnames):
@@ -90,6 +114,7 @@ def read_philly(lines: Iterable[str], *, gpus_per_node: int = 8, cpus_per_gpu: i
         except ValueError as exc:
             raise TraceFormatError(f"{source}:{lineno}: {exc}") from None
         if duration <= 0:
+            _note(notes, NO_RUNTIME)
             continue
         if gpus <= gpus_per_node:
             nodes, per_node = 1, gpus
