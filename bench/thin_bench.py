@@ -1,10 +1,11 @@
-"""The commands as users run them: one held `sbatch`, `squeue -r` with 2,000 pending array tasks, and
-submit loops (1 and 8 submitters running `sbatch` one after another), through the native thin client,
-the Python entry point (thin), and the command in its own process (``ROTA_THIN=0``), against a live
-`rota up`; with ``--slurm``, Slurm's own commands (a running Slurm: ../shared/slurm-anchor or
-ops/slurm) in the same run, alternating, with the ratios.
+"""The commands as users run them: one held `sbatch`, `squeue -r` with 2,000 pending array tasks,
+submit loops (1 and 8 submitters running `sbatch` one after another), trivial jobs submitted one by
+one until all ended, an array's launch rate on 4 nodes, and bulk submission through the Python API,
+against a live `rota up` with four agents (gpu01-04, as slurmd x 4 on one host); the held sbatch also
+through the Python entry point and in its own process (``ROTA_THIN=0``). With ``--slurm``, Slurm's own
+commands (a running Slurm: ops/slurm/setup.sh) in the same run, alternating, with the ratios.
 
-    python -m rota.bench.thin_bench [--runs 15] [--loop 300] [--slurm]
+    python -m rota.bench.thin_bench [--runs 15] [--loop 300] [--e2e 200] [--array 500] [--slurm]
 
 Every figure is a process started and waited for, as a shell or a workflow engine does.
 """
@@ -63,22 +64,95 @@ def loop_rate(argv: list[str], env: dict, total: int, submitters: int) -> float:
     return (total // submitters * submitters) / (time.perf_counter() - t)
 
 
-def run(runs: int, loop: int, slurm: bool) -> list[Figure]:
+def drained(squeue: str, env: dict, timeout: float = 600) -> None:
+    """Wait until ``squeue -h`` lists nothing (every job of the run has ended)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not subprocess.run([squeue, "-h"], env=env, capture_output=True, text=True, cwd="/tmp").stdout.strip():
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{squeue}: jobs still listed after {timeout:.0f} s")
+
+
+def end_to_end(bin_dir: str, env: dict, jobs: int) -> float:
+    """Jobs per second: ``jobs`` trivial jobs submitted one by one, until the last has ended."""
+    t = time.perf_counter()
+    for _ in range(jobs):
+        subprocess.run([f"{bin_dir}/sbatch", "-o", "/dev/null", "--wrap=true"], env=env, check=True,
+                       stdout=subprocess.DEVNULL, cwd="/tmp")
+    drained(f"{bin_dir}/squeue", env)
+    return jobs / (time.perf_counter() - t)
+
+
+def launch_rate(bin_dir: str, env: dict, jobs: int) -> float:
+    """Jobs per second: an array of ``jobs`` trivial tasks (one request), until the last has ended."""
+    t = time.perf_counter()
+    subprocess.run([f"{bin_dir}/sbatch", "-o", "/dev/null", f"--array=0-{jobs - 1}", "--wrap=true"], env=env,
+                   check=True, stdout=subprocess.DEVNULL, cwd="/tmp")
+    drained(f"{bin_dir}/squeue", env)
+    return jobs / (time.perf_counter() - t)
+
+
+def side_by_side(name: str, measure: dict, repeats: int, cmd: str, higher_is_better: bool, unit: str,
+                 target: float | None = None) -> list[Figure]:
+    """Run each way's ``measure`` ``repeats`` times, alternating; medians, and rota's ratio to Slurm's."""
+    values: dict[str, list[float]] = {k: [] for k in measure}
+    for _ in range(repeats):
+        for k, fn in measure.items():
+            values[k].append(fn())
+    med = {k: statistics.median(v) for k, v in values.items()}
+    out = []
+    for k, v in med.items():
+        note, met, tgt = "", None, ""
+        if "Slurm" in med and k != "Slurm":
+            ratio = v / med["Slurm"]
+            note = f"{ratio:.2f} x Slurm's" + ("" if higher_is_better else " time")
+            if target is not None:
+                tgt = (f">= {target} x Slurm" if higher_is_better else f"<= {target} x Slurm")
+                met = ratio >= target if higher_is_better else ratio <= target
+        out.append(Figure(f"{name}: {k}", v, unit, tgt, met, cmd,
+                          note + f" (runs {', '.join(f'{x:.1f}' for x in values[k])})"))
+    return out
+
+
+def start_agents(base: Path, env: dict) -> list[subprocess.Popen]:
+    """The other three emulated nodes' agents (``rota up`` runs gpu01's), as slurmd x 4 on one host."""
+    procs = []
+    for node in ("gpu02", "gpu03", "gpu04"):
+        procs.append(subprocess.Popen(
+            [str(BIN / "rota"), "agent", "--node", node, "--fake-gpus", "a100:8", "--cpus", "64", "--memory", "257000",
+             "--socket",
+             str(base / f"{node}.sock")], env=env, stdout=open(base / f"{node}.log", "w"), stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        idle = subprocess.run([str(BIN / "sinfo"), "-h", "-N", "-o", "%N %t"], env=env, capture_output=True,
+                              text=True).stdout.split()
+        if idle.count("idle") == 4:
+            return procs
+        time.sleep(0.2)
+    raise RuntimeError("the four nodes did not come up idle")
+
+
+def run(runs: int, loop: int, slurm: bool, e2e: int = 200, array: int = 500) -> list[Figure]:
     if not (BIN / "sbatch").is_symlink():
         raise SystemExit("the native client is not installed here: run `rota install-commands` first")
     base = Path(tempfile.mkdtemp(prefix="rota-thin-"))
     base.chmod(0o755)
     (base / "slurm.conf").write_text(CONF)
     env = dict(os.environ, ROTA_STATE_DIR=str(base / "state"))
-    up = subprocess.Popen([str(BIN / "rota"), "up", "--config", str(base / "slurm.conf"), "--fake-gpus", "a100:8"],
+    up = subprocess.Popen([str(BIN / "rota"), "up", "--config", str(base / "slurm.conf"), "--fake-gpus", "a100:8",
+                           "--agent-node", "gpu01"],
                           env=env, stdout=open(base / "up.log", "w"), stderr=subprocess.STDOUT)
+    agents: list[subprocess.Popen] = []
     figures = []
     cmd = f"python -m rota.bench.thin_bench --runs {runs} --loop {loop}" + (" --slurm" if slurm else "")
+    slurm_env = dict(os.environ)
     try:
         for _ in range(300):
             if (base / "state" / "run" / "commands.sock").exists() and (base / "state" / "cluster.json").exists():
                 break
             time.sleep(0.1)
+        agents = start_agents(base, env)
         direct = dict(env, ROTA_THIN="0")
         py_entry = [sys.executable, "-c", "from rota.cli.thin import sbatch; sbatch()"]
         held = ["--parsable", "--hold", "-o", "/dev/null", "--wrap=true"]
@@ -88,14 +162,17 @@ def run(runs: int, loop: int, slurm: bool) -> list[Figure]:
         envs = {k: direct if k == "in its own process" else env for k in ways}
         if slurm:
             ways["Slurm"] = ["/usr/bin/sbatch", *held]
-            envs["Slurm"] = dict(os.environ)
+            envs["Slurm"] = slurm_env
         times = alternate(ways, envs, runs)
         for k, ts in times.items():
             med = statistics.median(ts)
-            note = ""
+            note, met, tgt = "", None, ""
             if slurm and k != "Slurm":
-                note = f"{statistics.median([a / b for a, b in zip(ts, times['Slurm'])]):.2f} x Slurm's"
-            figures.append(Figure(f"one held sbatch: {k}" if "pass" not in k else k, med * 1000, "ms", "", None,
+                ratio = statistics.median([a / b for a, b in zip(ts, times["Slurm"])])
+                note = f"{ratio:.2f} x Slurm's time"
+                if k == "native":
+                    tgt, met = "<= 1.0 x Slurm", ratio <= 1.0
+            figures.append(Figure(f"one held sbatch: {k}" if "pass" not in k else k, med * 1000, "ms", tgt, met,
                                   cmd, note))
         subprocess.run([str(BIN / "sbatch"), "--hold", "-o", "/dev/null", "--array=0-1999", "--wrap=true"], env=env,
                        check=True, stdout=subprocess.DEVNULL, cwd="/tmp")
@@ -105,21 +182,45 @@ def run(runs: int, loop: int, slurm: bool) -> list[Figure]:
             subprocess.run(["/usr/bin/sbatch", "--hold", "-o", "/dev/null", "--array=0-1999", "--wrap=true"],
                            check=True, stdout=subprocess.DEVNULL, cwd="/tmp")
             sq["Slurm"] = ["/usr/bin/squeue", "-r"]
-            sq_envs["Slurm"] = dict(os.environ)
+            sq_envs["Slurm"] = slurm_env
         times = alternate(sq, sq_envs, runs)
-        lines = subprocess.run(sq["native"], env=env, capture_output=True, text=True).stdout.count("\n")
+        lines = {k: subprocess.run(a, env=sq_envs[k], capture_output=True, text=True).stdout.count("\n")
+                 for k, a in sq.items()}
         for k, ts in times.items():
-            figures.append(Figure(f"squeue -r, 2,000 pending array tasks: {k}", statistics.median(ts) * 1000, "ms", "",
-                                  None, cmd, f"{lines} lines" if k == "native" else ""))
+            note, met, tgt = f"{lines[k]} lines", None, ""
+            if slurm and k != "Slurm":
+                ratio = statistics.median([a / b for a, b in zip(ts, times["Slurm"])])
+                note += f"; {ratio:.2f} x Slurm's time"
+                tgt, met = "<= 1.0 x Slurm", ratio <= 1.0
+            figures.append(Figure(f"squeue -r, 2,000 pending array tasks: {k}", statistics.median(ts) * 1000, "ms",
+                                  tgt, met, cmd, note))
+        # the held jobs go: the loops and the runs below start from an empty queue
+        subprocess.run([str(BIN / "scancel"), "-u", "root"], env=env, check=False, cwd="/tmp")
+        if slurm:
+            subprocess.run(["/usr/bin/scancel", "-u", "root"], env=slurm_env, check=False, cwd="/tmp")
+        sides = {"native": (str(BIN), env)}
+        if slurm:
+            sides["Slurm"] = ("/usr/bin", slurm_env)
+        looped = {}
         for submitters in (1, 8):
-            rates = {"native": loop_rate([str(BIN / "sbatch"), *held], env, loop, submitters)}
+            measure = {k: (lambda b=b, e=e, n=submitters: loop_rate([f"{b}/sbatch", *held], e, loop, n))
+                       for k, (b, e) in sides.items()}
+            rows = side_by_side(f"{loop} held submits, {submitters} submitter(s) looping sbatch", measure, 3, cmd,
+                                True, "/s", 1.0 if submitters == 8 else None)
+            figures += rows
+            looped[submitters] = {r.name.rsplit(": ", 1)[1]: r.value for r in rows}
+            subprocess.run([str(BIN / "scancel"), "-u", "root"], env=env, check=False, cwd="/tmp")
             if slurm:
-                rates["Slurm"] = loop_rate(["/usr/bin/sbatch", *held], dict(os.environ), loop, submitters)
-            for k, rate in rates.items():
-                figures.append(Figure(f"{loop} held submits, {submitters} submitter(s) looping sbatch: {k}", rate,
-                                      "/s", "", None, cmd))
-            if submitters == 8:
-                looped = rates["native"]
+                subprocess.run(["/usr/bin/scancel", "-u", "root"], env=slurm_env, check=False, cwd="/tmp")
+        drained(str(BIN / "squeue"), env)
+        if slurm:
+            drained("/usr/bin/squeue", slurm_env)
+        figures += side_by_side(f"{e2e} trivial jobs submitted one by one until all ended",
+                                {k: (lambda b=b, e=e: end_to_end(b, e, e2e)) for k, (b, e) in sides.items()}, 3,
+                                cmd, True, "jobs/s", 1.5)
+        figures += side_by_side(f"job launch rate, an array of {array} trivial tasks on 4 nodes until all ended",
+                                {k: (lambda b=b, e=e: launch_rate(b, e, array)) for k, (b, e) in sides.items()}, 3,
+                                cmd, True, "jobs/s")
         from rota.client import Client
 
         client = Client(socket=str(base / "state" / "run" / "rota.sock"))
@@ -129,15 +230,23 @@ def run(runs: int, loop: int, slurm: bool) -> list[Figure]:
             client.submit_many(["true"] * (loop * 5), options=["--hold", "-o", "/dev/null"])
             bulk.append(loop * 5 / (time.perf_counter() - t))
         rate = statistics.median(bulk)
+        peer = looped[8].get("Slurm")
         figures.append(Figure(f"{loop * 5} held submits in one Client.submit_many (median of 3)", rate, "/s",
-                              ">= 5 x the 8-submitter loop", rate >= 5 * looped, cmd,
-                              f"{rate / looped:.1f} x the 8-submitter sbatch loop"))
+                              ">= 5 x Slurm's 8-submitter loop" if peer else ">= 5 x the 8-submitter loop",
+                              rate >= 5 * (peer or looped[8]["native"]), cmd,
+                              f"{rate / looped[8]['native']:.1f} x rota's 8-submitter sbatch loop"
+                              + (f", {rate / peer:.1f} x Slurm's" if peer else "")))
     finally:
+        for p in agents:
+            p.send_signal(signal.SIGINT)
         up.send_signal(signal.SIGINT)
-        try:
-            up.wait(30)
-        except subprocess.TimeoutExpired:
-            up.kill()
+        for p in [*agents, up]:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if slurm:
+            subprocess.run(["/usr/bin/scancel", "-u", "root"], check=False, cwd="/tmp")
         shutil.rmtree(base, ignore_errors=True)
     return figures
 
@@ -147,9 +256,11 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--loop", type=int, default=300)
     ap.add_argument("--slurm", action="store_true", help="also Slurm's commands (/usr/bin), alternating")
+    ap.add_argument("--e2e", type=int, default=200, help="jobs submitted one by one until all ended")
+    ap.add_argument("--array", type=int, default=500, help="array tasks for the launch rate")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    figures = run(args.runs, args.loop, args.slurm)
+    figures = run(args.runs, args.loop, args.slurm, args.e2e, args.array)
     print_table(figures, "the commands as processes")
     write_json(figures, args.json)
 

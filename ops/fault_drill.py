@@ -393,6 +393,26 @@ class Drill:
                         max((gap for t, gap in stalls if f.wall0 < t <= wall_end), default=0)))
         return out
 
+    def story(self, job_id: int, envs: list) -> str:
+        """A job's events on the log, each with the fault under way then (to find what a fault did to it)."""
+        parts = []
+        for e in envs:
+            ev = e.event
+            if ev is None:
+                continue
+            mine = getattr(ev, "job_id", None) == job_id or (
+                ev.type == "jobs.started" and any(s.job_id == job_id for s in ev.starts))
+            if not mine:
+                continue
+            fault = next((f.what for f in reversed(self.faults) if f.wall0 <= e.ts), "before any fault")
+            detail = ""
+            if ev.type == "jobs.started":
+                detail = " on " + ",".join(a.node for s in ev.starts if s.job_id == job_id for a in s.alloc)
+            elif ev.type == "job.exited":
+                detail = f" {ev.state} {ev.exit_code}:{ev.signal} after {ev.elapsed} s"
+            parts.append(f"{time.strftime('%H:%M:%S', time.localtime(e.ts))} {ev.type}{detail} ({fault})")
+        return f"job {job_id}: " + "; ".join(parts)
+
     def report(self) -> int:
         from rota.core.apply import apply
         from rota.core.state import State
@@ -423,12 +443,15 @@ class Drill:
         duplicates = sum(n - 1 for n in starts.values() if n > 1)
         states: dict[str, int] = {}
         never_ended = 0
-        for j in acked:
+        odd: list[str] = []                          # what the log says of each job that did not end well
+        for j in sorted(acked):
             job = st.jobs.get(j)
             state = job.state if job is not None else ("COMPLETED" if st.ended.get(j, (0, 1))[0] else "ENDED")
             states[state] = states.get(state, 0) + 1
             if state in ("PENDING", "RUNNING"):
                 never_ended += 1
+            if state != "COMPLETED":
+                odd.append(self.story(j, envs))
         wrongly = sum(n for s, n in states.items() if s not in ("COMPLETED", "PENDING", "RUNNING"))
         layout = ("each piece in its own network namespace" if self.net.isolated
                   else f"all on loopback, no partitions ({self.net.why_not})")
@@ -448,6 +471,8 @@ class Drill:
         print("how the acknowledged jobs ended: " + ", ".join(f"{k} {v}" for k, v in sorted(states.items())))
         print(f"longest time jobs waited with no start recorded (scheduling stall): "
               f"{max((g for _, g in stalls), default=0)} s")
+        for story in odd[:10]:
+            print(f"  {story}")
         for why in sorted(set(self.refused))[:5]:
             print(f"  refused: {why}")
         ping = subprocess.run([str(BIN / "scontrol"), "ping"], capture_output=True, text=True, timeout=60,
