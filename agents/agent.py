@@ -313,9 +313,11 @@ class Agent:
         record = json.dumps({"order": order.model_dump(mode="json"), "status_file": run.status_file, "pid": proc.pid,
                              "started": run.started, "ticks": run.ticks})
         path = self.ledger / f"{run.job_id}.json"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        part = path.with_suffix(".part")     # renamed whole: an agent killed mid-write leaves no empty record
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(record)
+        os.replace(part, path)
 
     def _pick_cpus(self, n: int) -> list[int] | None:
         """Specific CPUs for a job's cpuset, when this host really has the CPUs the node claims."""
