@@ -81,14 +81,17 @@ class Client:
             else:
                 specs.append(self.spec(job.get("script"), wrap=job.get("wrap"),
                                        options=[*options, *job.get("options", ())]))
-        if not specs:
-            return []
-        reply = self._call("submit_many", {"specs": specs})
-        if reply["errors"]:
-            i, why = reply["errors"][0]
-            done = [j for j in reply["job_ids"] if j is not None]
+        ids: list[int | None] = []
+        errors: list[tuple[int, str]] = []
+        for first, batch in _batches(specs):
+            reply = self._call("submit_many", {"specs": batch})
+            ids += reply["job_ids"]
+            errors += [(first + i, why) for i, why in reply["errors"]]
+        if errors:
+            i, why = errors[0]
+            done = [j for j in ids if j is not None]
             raise JobError(f"job {i} of {len(specs)} refused: {why} ({len(done)} submitted: {done[:5]}...)")
-        return [int(j) for j in reply["job_ids"]]
+        return [int(j) for j in ids if j is not None]
 
     def status(self, job_ids: int | Iterable[int]) -> dict[int, str]:
         """Each job's state (PENDING, RUNNING, COMPLETED, ...; ENDED for one that ended unsuccessfully
@@ -133,6 +136,26 @@ class Client:
         while not _settled(states := await self.astatus(ids), deadline):
             await asyncio.sleep(poll)
         return states
+
+
+REQUEST_BYTES = 3 << 20      # one submit_many request stays well under what a NATS message carries
+
+
+def _batches(specs: list[dict]) -> Iterable[tuple[int, list[dict]]]:
+    """The specs in requests of at most REQUEST_BYTES each (index of each request's first spec)."""
+    from . import lightjson
+
+    first, size = 0, 0
+    batch: list[dict] = []
+    for i, spec in enumerate(specs):
+        n = len(lightjson.dumps(spec))
+        if batch and size + n > REQUEST_BYTES:
+            yield first, batch
+            first, batch, size = i, [], 0
+        batch.append(spec)
+        size += n
+    if batch:
+        yield first, batch
 
 
 def _settled(states: dict[int, str], deadline: float | None) -> bool:

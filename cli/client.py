@@ -9,6 +9,7 @@ import os
 
 from rota.wire import localsock
 from rota.wire.paths import socket_path
+from rota.wire.subjects import unpack_reply
 
 from . import lightjson
 
@@ -35,7 +36,7 @@ def request(verb: str, body: dict, timeout: float = 45.0, path: str | None = Non
     except localsock.SignerError as exc:
         raise NoCluster(str(exc)) from None
     try:
-        reply = lightjson.loads(data)
+        reply = lightjson.loads(unpack_reply(rid, data))
     except ValueError:
         raise NoCluster("the controller's answer is not JSON") from None
     if not isinstance(reply, dict):

@@ -26,7 +26,7 @@ from rota.core import __version__, commands
 from rota.core import credentials as creds
 from rota.core import events as ev
 from rota.core.auth import Caller, caller as make_caller
-from rota.wire.subjects import CRED_HEADER, RID_HEADER
+from rota.wire.subjects import CRED_HEADER, RID_HEADER, pack_reply
 
 from . import accounting_views, requests as rq
 from .eventlog import FencedError, LogUnavailable
@@ -119,8 +119,16 @@ class FrontDoor:
         except Exception as exc:  # one reply per request, whatever happened
             log.exception("request %s on %s failed", rid[:64], msg.subject)
             result = {"ok": False, "error": [f"internal error: {type(exc).__name__}"], "code": "internal"}
+        from nats.errors import MaxPayloadError
+
+        data = pack_reply(rid, encode(result, rid))
         try:
-            await self.c.nc_reply(msg.reply, encode(result, rid))
+            try:
+                await self.c.nc_reply(msg.reply, data)
+            except MaxPayloadError:    # even compressed: say so rather than leave the caller waiting
+                await self.c.nc_reply(msg.reply, encode({"ok": False, "code": "too_large", "error": [
+                    f"the answer is {len(data):,} bytes compressed, more than the cluster's messages carry: "
+                    "ask for less (by user, partition, state or job)"]}, rid))
         except Exception as exc:  # noqa: BLE001 - the caller is gone or the connection closed
             log.warning("could not answer request %s: %s", rid[:64], exc)
 
@@ -395,5 +403,8 @@ async def _timetravel(c: Any, caller: Caller, r: rq.TimeTravel, rid: str) -> dic
 
 @verb("ping", rq.NoArgs)
 async def _ping(c: Any, caller: Caller, r: rq.NoArgs, rid: str) -> dict:
-    return {"ok": True, "seq": c.state.seq, "leader": c.leader, "version": __version__,
-            "user": caller.user, "uid": caller.uid, "level": caller.level, **await controllers_of(c)}
+    times = list(c.cycle_times)
+    cycles = {"cycle_last_ms": times[-1] * 1000, "cycle_max_ms": max(times) * 1000,
+              "cycle_mean_ms": sum(times) / len(times) * 1000} if times else {}
+    return {"ok": True, "seq": c.state.seq, "leader": c.leader, "version": __version__, "pending": len(c.state.pending),
+            "user": caller.user, "uid": caller.uid, "level": caller.level, **cycles, **await controllers_of(c)}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from typing import Any, Callable
 
 from rota.core import __version__, commands
@@ -60,6 +61,7 @@ class Controller:
         self.frontdoor = FrontDoor(self, keyring)
         self.views = Views(self)
         self.last_decision: tuple[int, Decision] | None = None   # (state sequence, Decision) for queue views
+        self.cycle_times: deque[float] = deque(maxlen=100)       # seconds of the latest cycles (sdiag's figures)
         self._last_snapshot_seq = self._last_history_seq = 0
         self._tasks: list[asyncio.Task] = []
         self._subs: list[Any] = []
@@ -171,8 +173,8 @@ class Controller:
         def decide(state: State) -> ev.JobsStarted:
             decision = schedule(state, max(self.now(), state.now))
             event = decision.event()
+            self.last_decision = (state.seq, decision)
             if event is None:
-                self.last_decision = (state.seq, decision)
                 raise _NothingToDo
             decided.append(event)
             return event
@@ -198,8 +200,11 @@ class Controller:
             dirty.clear()
             try:
                 t0 = time.perf_counter()
+                ran = self.leader and bool(self.state.pending)
                 await self.cycle()
                 last = time.perf_counter() - t0
+                if ran:
+                    self.cycle_times.append(last)
                 await self.maybe_snapshot()
             except FencedError:
                 return

@@ -19,6 +19,7 @@ from rota.core.schedule import priority_of, schedule
 from rota.core.state import TERMINAL_STATES
 
 log = logging.getLogger("rota.controller.views")
+LONG_QUEUE = 2000       # pending jobs beyond which a view uses the last cycle's decision instead of a fresh pass
 
 
 class Raw:
@@ -144,10 +145,12 @@ class Views:
         return self._plan_cache[1]
 
     def _decision(self) -> Any:
-        """The last cycle's decision (reasons as slurmctld shows them); a fresh pass when jobs arrived since."""
+        """The last cycle's decision (reasons as slurmctld shows them); a fresh pass when jobs arrived since,
+        unless the queue is long: then the last cycle's stands (a pass over it takes as long as a cycle),
+        and a job submitted since shows the reason None until the next cycle, as in Slurm."""
         c = self.c
         last = c.last_decision
-        if last is not None and last[0] == c.state.seq:
+        if last is not None and (last[0] == c.state.seq or len(c.state.pending) > LONG_QUEUE):
             return last[1]
         d = schedule(c.state, c.now(), explain=False)
         c.last_decision = (c.state.seq, d)

@@ -149,3 +149,18 @@ def test_without_a_command_server_the_native_client_runs_the_command_itself(tmp_
     env = dict(os.environ, ROTA_STATE_DIR=str(tmp_path / "none"))
     r = subprocess.run([str(native / "sinfo")], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "no rota runs on this host" in r.stderr, r
+
+
+def test_an_answer_larger_than_nats_carries_plain_comes_whole(up, native):
+    """squeue's rows for a long queue outgrow what one NATS message carries (8 MiB: 4,700 rows of 1,800
+    columns here): the answer travels compressed and the command prints every row, through each path."""
+    from rota.client import Client
+    from rota.wire.subjects import PACK_OVER
+
+    ids = Client(socket=os.path.join(up["ROTA_STATE_DIR"], "run", "rota.sock")).submit_many(
+        ["true"] * 4700, options=["--hold", "-o", "/dev/null"])
+    assert len(ids) == 4700
+    for rc, out, err in three_ways(up, native, "squeue", "-h", "-o", "%.1800j|%i"):
+        assert rc == 0, err
+        rows = out.splitlines()
+        assert len(rows) == 4700 and len(out) > 8 * PACK_OVER and rows[0].endswith(f"wrap|{ids[0]}"), (len(rows), err)

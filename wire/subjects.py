@@ -25,3 +25,26 @@ def reply_prefix(rid: str) -> bytes:
     """How the reply to request ``rid`` begins: its request id is the JSON object's first key (what a
     signer checks before handing a reply back, without decoding the rest)."""
     return b'{"rid":"%s",' % rid.encode()
+
+
+PACK_OVER = 1 << 20          # replies larger than this travel compressed (NATS carries at most 8 MiB)
+_PACKED = b'"packed":1}\n'
+
+
+def pack_reply(rid: str, data: bytes) -> bytes:
+    """A large reply (a queue of 100,000 rows) compressed behind its request id's prefix."""
+    if len(data) <= PACK_OVER:
+        return data
+    import zlib
+
+    return reply_prefix(rid) + _PACKED + zlib.compress(data, 1)
+
+
+def unpack_reply(rid: str, data: bytes) -> bytes:
+    """The reply's JSON, unpacked when :func:`pack_reply` compressed it."""
+    head = reply_prefix(rid) + _PACKED
+    if not data.startswith(head):
+        return data
+    import zlib
+
+    return zlib.decompress(data[len(head):])
