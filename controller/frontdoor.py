@@ -19,7 +19,6 @@ import pwd
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-import orjson
 from pydantic import ValidationError
 
 from rota.core import __version__, commands
@@ -32,7 +31,7 @@ from . import accounting_views, requests as rq
 from .eventlog import FencedError, LogUnavailable
 from .leadership import controllers_of
 from .recent import Recent
-from .views import Raw
+from .views import Raw, encode_reply, too_large
 
 log = logging.getLogger("rota.controller.api")
 
@@ -121,14 +120,12 @@ class FrontDoor:
             result = {"ok": False, "error": [f"internal error: {type(exc).__name__}"], "code": "internal"}
         from nats.errors import MaxPayloadError
 
-        data = pack_reply(rid, encode(result, rid))
+        data = pack_reply(rid, encode_reply(result, rid))
         try:
             try:
                 await self.c.nc_reply(msg.reply, data)
             except MaxPayloadError:    # even compressed: say so rather than leave the caller waiting
-                await self.c.nc_reply(msg.reply, encode({"ok": False, "code": "too_large", "error": [
-                    f"the answer is {len(data):,} bytes compressed, more than the cluster's messages carry: "
-                    "ask for less (by user, partition, state or job)"]}, rid))
+                await self.c.nc_reply(msg.reply, too_large(rid, len(data)))
         except Exception as exc:  # noqa: BLE001 - the caller is gone or the connection closed
             log.warning("could not answer request %s: %s", rid[:64], exc)
 
@@ -178,13 +175,6 @@ class FrontDoor:
 
 _RID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
-def encode(result: dict | Raw, rid: str = "") -> bytes:
-    """A reply as JSON bytes, its request id first (``{"rid":"...",...}``); pre-encoded values spliced in."""
-    if isinstance(result, Raw):
-        data = result.data
-        return b'{"rid":"%s",%s' % (rid.encode(), data[1:]) if data.startswith(b"{") and data != b"{}" else data
-    return orjson.dumps({"rid": rid, **result},
-                        default=lambda v: orjson.Fragment(v.data) if isinstance(v, Raw) else str(v))
 
 # ---------------------------------------------------------------- the verbs
 

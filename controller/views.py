@@ -31,13 +31,25 @@ class Raw:
         self.data = data
 
 
-def encode_reply(result: dict | Raw) -> bytes:
-    """A reply as JSON bytes (orjson), splicing pre-encoded values in without re-encoding them."""
+def encode_reply(result: dict | Raw, rid: str | None = None) -> bytes:
+    """A reply as JSON bytes (orjson), splicing pre-encoded values in without re-encoding them; with
+    ``rid``, the request id first (``{"rid":"...",...}``: what a signer checks before handing it back)."""
     import orjson
 
     if isinstance(result, Raw):
-        return result.data
-    return orjson.dumps(result, default=lambda v: orjson.Fragment(v.data) if isinstance(v, Raw) else str(v))
+        data = result.data
+        if rid is None or not data.startswith(b"{") or data == b"{}":
+            return data
+        return b'{"rid":"%s",%s' % (rid.encode(), data[1:])
+    body = result if rid is None else {"rid": rid, **result}
+    return orjson.dumps(body, default=lambda v: orjson.Fragment(v.data) if isinstance(v, Raw) else str(v))
+
+
+def too_large(rid: str, size: int) -> bytes:
+    """The answer sent instead of one that no message carries, even compressed."""
+    return encode_reply({"ok": False, "code": "too_large", "error": [
+        f"the answer is {size:,} bytes compressed, more than the cluster's messages carry: "
+        "ask for less (by user, partition, state or job)"]}, rid)
 
 
 def private_jobs(state: Any, caller: Caller) -> bool:
