@@ -209,7 +209,7 @@ async def test_order_and_report_queues_give_back_a_lost_delivery_within_ten_seco
     await lg.js.publish(f"{sj.INBOX_PREFIX}.n1", b"{}", stream=sj.INBOX_STREAM)
     first = (await asyncio.wait_for(reader.__anext__(), 10))[0]        # taken, never acknowledged
     began = time.monotonic()
-    again = (await asyncio.wait_for(reader.__anext__(), 20))[0]
+    again = (await asyncio.wait_for(reader.__anext__(), 25))[0]
     assert again.metadata.sequence.stream == first.metadata.sequence.stream
-    assert ACK_WAIT - 1 <= time.monotonic() - began <= ACK_WAIT + 3
+    assert ACK_WAIT - 1 <= time.monotonic() - began <= ACK_WAIT + 8      # not the old 30 s or 60 s
     await again.ack()
