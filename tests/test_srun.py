@@ -270,7 +270,9 @@ print("result", job.result(), job.job_id)
     line = next(x for x in r.stdout.splitlines() if x.startswith("result"))
     assert line.startswith("result [0, 1] ")
     jid = int(line.split()[-1])
-    rows = up.sacct(jid, "JobID,State,Restarts")
+    deadline = time.monotonic() + 15        # submitit reads the result file before the job's process has ended
+    while (rows := up.sacct(jid, "JobID,State,Restarts"))[0][1] == "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert rows[0] == [str(jid), "COMPLETED", "1"]
     history = up.run("sacct", "-D", "-X", "-n", "-P", "-o", "JobID,State,Restarts", "-j", str(jid)).stdout.split()
     assert history == [f"{jid}|REQUEUED|0", f"{jid}|COMPLETED|1"]      # every run, as Slurm's -D lists them
