@@ -28,7 +28,7 @@ from rota.wire import natsconn
 from rota.wire import orders as wire_orders
 from rota.wire import subjects as sj
 from rota.wire.subjects import CRED_HEADER
-from rota.wire.jsqueue import ACK_WAIT, stored_at, work_queue
+from rota.wire.jsqueue import stored_at, work_queue
 
 from . import cgroups as cg
 from . import launch
@@ -231,7 +231,7 @@ class Agent:
 
     async def _assignments(self) -> None:
         async for msgs in work_queue(self.js, sj.ASSIGN_STREAM, f"{sj.ASSIGN_PREFIX}.{self.node}",
-                                     sj.agent_consumer(self.node), batch=64, ack_wait=ACK_WAIT, what="assignments",
+                                     sj.agent_consumer(self.node), batch=64, what="assignments",
                                      create=False):
             for msg in msgs:
                 try:

@@ -11,9 +11,9 @@ workflow engines).
 
 Options are sbatch's, read exactly as `sbatch` reads them (``#SBATCH`` lines of a script included). Each
 call is one request through this host's local signer, which learns who is asking from the kernel, as
-for the commands: a ``Client`` holds no key and cannot claim to be anyone else. ``submit_many`` is one
-request however many jobs it carries (up to 10,000): the controller appends them together, so the log
-writes them with a few fsyncs, not one per job. ``async`` twins (``asubmit``, ``asubmit_many``,
+for the commands: a ``Client`` holds no key and cannot claim to be anyone else. ``submit_many`` sends its jobs
+in a few requests (up to 10,000 jobs or 3 MiB each): the controller appends each request's jobs
+together, so the log writes them with a few fsyncs, not one per job. ``async`` twins (``asubmit``, ``asubmit_many``,
 ``astatus``, ``acancel``, ``await_jobs``) run the same calls off the event loop.
 """
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Iterable, Sequence
 from rota.cli.client import NoCluster, request
 
 from rota.core.states import TERMINAL_STATES
+from rota.wire.subjects import MAX_BATCH
 
 SETTLED = frozenset(TERMINAL_STATES) | {"ENDED", "UNKNOWN"}    # nothing more will happen to these
 
@@ -71,8 +72,8 @@ class Client:
         return int(self._call("submit", {"spec": self.spec(script, wrap=wrap, options=options)})["job_id"])
 
     def submit_many(self, jobs: Iterable[Job], options: Sequence[str] = ()) -> list[int]:
-        """Submit many jobs in one request (each a dict of ``submit``'s arguments, or a command line to
-        wrap; ``options`` apply to every one before its own); their ids in order. Raises JobError naming
+        """Submit many jobs in a few requests (each job a dict of ``submit``'s arguments, or a command line
+        to wrap; ``options`` apply to every one before its own); their ids in order. Raises JobError naming
         the first refused one after the others were submitted."""
         specs = []
         for job in jobs:
@@ -98,8 +99,8 @@ class Client:
         long enough ago that only sacct knows how; UNKNOWN for one the caller may not see)."""
         ids = [job_ids] if isinstance(job_ids, int) else list(job_ids)
         states: dict[int, str] = {}
-        for k in range(0, len(ids), 10_000):
-            reply = self._call("job_states", {"job_ids": ids[k:k + 10_000]})
+        for k in range(0, len(ids), MAX_BATCH):
+            reply = self._call("job_states", {"job_ids": ids[k:k + MAX_BATCH]})
             states.update({int(j): v["state"] for j, v in reply["jobs"].items()})
         return states
 
@@ -142,14 +143,15 @@ REQUEST_BYTES = 3 << 20      # one submit_many request stays well under what a N
 
 
 def _batches(specs: list[dict]) -> Iterable[tuple[int, list[dict]]]:
-    """The specs in requests of at most REQUEST_BYTES each (index of each request's first spec)."""
+    """The specs in requests of at most MAX_BATCH jobs and REQUEST_BYTES each (with the index of each
+    request's first spec)."""
     from . import lightjson
 
     first, size = 0, 0
     batch: list[dict] = []
     for i, spec in enumerate(specs):
         n = len(lightjson.dumps(spec))
-        if batch and size + n > REQUEST_BYTES:
+        if batch and (size + n > REQUEST_BYTES or len(batch) == MAX_BATCH):
             yield first, batch
             first, batch, size = i, [], 0
         batch.append(spec)

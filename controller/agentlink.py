@@ -23,7 +23,7 @@ from rota.core.state import RUNNING
 from rota.wire import orders as wire_orders
 from rota.wire import subjects as sj
 from rota.wire.subjects import CRED_HEADER
-from rota.wire.jsqueue import ACK_WAIT, ensure_agent_consumers, ensure_streams, stored_at, work_queue
+from rota.wire.jsqueue import ensure_agent_consumers, ensure_streams, stored_at, work_queue
 
 from .eventlog import FencedError, LogUnavailable
 from .outbox import Outbox
@@ -163,7 +163,7 @@ class AgentLink:
 
     async def _inbox(self) -> None:
         async for msgs in work_queue(self.js, sj.INBOX_STREAM, f"{sj.INBOX_PREFIX}.>", "controller", batch=256,
-                                     ack_wait=ACK_WAIT, what="the agents' inbox"):
+                                     what="the agents' inbox"):
             results = await asyncio.gather(*(self._take(m) for m in msgs), return_exceptions=True)
             for m, r in zip(msgs, results):
                 if r is True:

@@ -201,6 +201,7 @@ async def submit_one(c: Any, caller: Caller, spec: ev.JobSpec, idem: str) -> int
 async def _submit(c: Any, caller: Caller, request: rq.Submit, rid: str) -> dict:
     return {"ok": True, "job_id": await submit_one(c, caller, request.spec, f"{caller.uid}:{rid}" if rid else "")}
 
+
 @verb("test_submit", rq.Submit)
 async def _test_submit(c: Any, caller: Caller, request: rq.Submit, rid: str) -> dict:
     return c.views.test_submit(_spec(request.spec, caller), caller)
@@ -393,8 +394,5 @@ async def _timetravel(c: Any, caller: Caller, r: rq.TimeTravel, rid: str) -> dic
 
 @verb("ping", rq.NoArgs)
 async def _ping(c: Any, caller: Caller, r: rq.NoArgs, rid: str) -> dict:
-    times = list(c.cycle_times)
-    cycles = {"cycle_last_ms": times[-1] * 1000, "cycle_max_ms": max(times) * 1000,
-              "cycle_mean_ms": sum(times) / len(times) * 1000} if times else {}
     return {"ok": True, "seq": c.state.seq, "leader": c.leader, "version": __version__, "pending": len(c.state.pending),
-            "user": caller.user, "uid": caller.uid, "level": caller.level, **cycles, **await controllers_of(c)}
+            "user": caller.user, "uid": caller.uid, "level": caller.level, **c.cycle_figures(), **await controllers_of(c)}

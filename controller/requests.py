@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from rota.core.events import JobSpec
+from rota.wire.subjects import MAX_BATCH
 from rota.core.limits import MAX_COUNT, MAX_LIST, MAX_NAME, MAX_NICE, MAX_PATH, MAX_TIME, control_free
 
 
@@ -52,9 +53,6 @@ class NoArgs(Request):
 
 class Submit(Request):
     spec: JobSpecIn
-
-
-MAX_BATCH = 10_000      # jobs in one submit_many
 
 
 class SubmitMany(Request):

@@ -185,6 +185,12 @@ class Controller:
             return None
         return decided[0]
 
+    def cycle_figures(self) -> dict[str, float]:
+        """The latest cycles' durations in ms, as sdiag gives them (none before the first)."""
+        t = self.cycle_times
+        return {"cycle_last_ms": t[-1] * 1000, "cycle_max_ms": max(t) * 1000,
+                "cycle_mean_ms": sum(t) / len(t) * 1000} if t else {}
+
     async def run_cycles(self) -> None:
         """Cycle when something changed (debounced) and every ``cycle_interval``; a cycle that took d
         seconds is followed by at least 2d of serving requests, so a burst of submits against a long

@@ -28,6 +28,7 @@ class Policy(Protocol):
 
     name: str
     book: bool        # a reservation holds its nodes on the timelines (later jobs are placed around it)
+    head: tuple[int, int] | None     # the blocked head job and the shadow kept for it (easy_strict)
 
     def considers(self, parts: list[str]) -> bool:
         """Whether a job using ``parts`` is tested at all (False: it waits for Priority)."""
@@ -50,6 +51,7 @@ class Policy(Protocol):
 class Fifo:
     name = "fifo"
     book = True
+    head: tuple[int, int] | None = None
 
     def __init__(self, now: int) -> None:
         self.now = now
@@ -73,6 +75,7 @@ class Fifo:
 class Easy:
     name = "easy"
     book = True
+    head: tuple[int, int] | None = None
 
     def __init__(self, now: int) -> None:
         self.now = now
@@ -103,7 +106,6 @@ class EasyStrict(Easy):
     def __init__(self, now: int, kept: tuple[int, int] | None = None) -> None:
         super().__init__(now)
         self.kept = kept                      # (head job, shadow) from an earlier cycle
-        self.head: tuple[int, int] | None = None
 
     def blocked(self, parts: list[str], start: int | None, job_id: int) -> bool:
         if start is None:
@@ -120,6 +122,7 @@ class EasyStrict(Easy):
 class Conservative:
     name = "conservative"
     book = True
+    head: tuple[int, int] | None = None
 
     def __init__(self, now: int, window: int) -> None:
         self.now = now

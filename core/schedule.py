@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 from . import events as ev
 from .cycle import Cycle, NodeBases
-from .policies import POLICIES, EasyStrict, Policy, make_policy
+from .policies import POLICIES, Policy, make_policy
 from .priority import Factors, job_priority, priority_factors
 from .profile import INF, UNLIMITED_DURATION, ShapeSearch, Timeline
 from .reasons import REQ_NODE_NOT_AVAIL_ALL, Amounts, Reason
@@ -136,8 +136,7 @@ def schedule(state: State, now: int, policy: str | None = None, explain: bool = 
         cut = next((i for i, r in enumerate(ready) if r[1].job_id == focus), None)
         ready = ready[: cut + 1] if cut is not None else []
     _walk(cy, decision, ready, policy_now)
-    if isinstance(policy_now, EasyStrict):
-        decision.shadow = policy_now.head
+    decision.shadow = policy_now.head
     return decision
 
 

@@ -72,3 +72,16 @@ def test_rota_submit_file(up, tmp_path):
     bad = subprocess.run([str(BIN / "rota"), "submit", "--file", str(tmp_path / "none.txt")], env=up,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "cannot read" in bad.stderr and "Traceback" not in bad.stderr, bad
+
+
+def test_submit_many_splits_into_requests_the_controller_takes():
+    """At most 10,000 jobs (the controller's limit) and 3 MiB to a request, each with its first index."""
+    from rota.cli.api import REQUEST_BYTES, _batches
+    from rota.wire.subjects import MAX_BATCH
+
+    small = [{"name": "j"}] * 25_000
+    assert [(first, len(b)) for first, b in _batches(small)] == [(0, MAX_BATCH), (MAX_BATCH, MAX_BATCH),
+                                                                 (2 * MAX_BATCH, 5_000)]
+    big = [{"script": "x" * (REQUEST_BYTES // 3)}] * 7        # a third of the limit and a little more each
+    sizes = [len(b) for _first, b in _batches(big)]
+    assert sum(sizes) == 7 and max(sizes) == 2

@@ -204,8 +204,7 @@ async def test_order_and_report_queues_give_back_a_lost_delivery_within_ten_seco
     for node in ("n1", "n2"):
         assert (await lg.js.consumer_info(sj.ASSIGN_STREAM, sj.agent_consumer(node))).config.ack_wait == ACK_WAIT
     await lg.js.add_consumer(sj.INBOX_STREAM, queue_config("controller", f"{sj.INBOX_PREFIX}.>", 30.0))
-    reader = work_queue(lg.js, sj.INBOX_STREAM, f"{sj.INBOX_PREFIX}.>", "controller", batch=1, ack_wait=ACK_WAIT,
-                        what="inbox")
+    reader = work_queue(lg.js, sj.INBOX_STREAM, f"{sj.INBOX_PREFIX}.>", "controller", batch=1, what="inbox")
     await lg.js.publish(f"{sj.INBOX_PREFIX}.n1", b"{}", stream=sj.INBOX_STREAM)
     first = (await asyncio.wait_for(reader.__anext__(), 10))[0]        # taken, never acknowledged
     began = time.monotonic()

@@ -83,11 +83,11 @@ def queue_config(durable: str, subject: str, ack_wait: float) -> Any:
                           deliver_policy=DeliverPolicy.ALL, ack_wait=ack_wait, max_ack_pending=1024)
 
 
-async def ensure_agent_consumers(js: Any, nodes: list[str], ack_wait: float = ACK_WAIT) -> None:
+async def ensure_agent_consumers(js: Any, nodes: list[str]) -> None:
     """One durable consumer per node on the assignment stream, filtered to that node's subject (one made
     by an older rota with another redelivery wait gets this one)."""
     for node in nodes:
-        cfg = queue_config(sj.agent_consumer(node), f"{sj.ASSIGN_PREFIX}.{node}", ack_wait)
+        cfg = queue_config(sj.agent_consumer(node), f"{sj.ASSIGN_PREFIX}.{node}", ACK_WAIT)
         await _retrying(f"consumer {cfg.durable_name}", lambda cfg=cfg: _ensure_consumer(js, sj.ASSIGN_STREAM, cfg))
 
 
@@ -102,8 +102,8 @@ async def _ensure_consumer(js: Any, stream: str, cfg: Any) -> None:
         await js.add_consumer(stream, cfg)
 
 
-async def work_queue(js: Any, stream: str, subject: str, durable: str, *, batch: int, ack_wait: float,
-                     what: str, create: bool = True) -> AsyncIterator[list[Any]]:
+async def work_queue(js: Any, stream: str, subject: str, durable: str, *, batch: int, what: str,
+                     ack_wait: float = ACK_WAIT, create: bool = True) -> AsyncIterator[list[Any]]:
     """Batches of messages from a durable pull consumer on a work-queue stream, forever; the caller
     acks each message once it has acted on it (unacked ones come back after ``ack_wait``).
     ``create=False``: bind to a consumer someone else made (waiting until it exists)."""

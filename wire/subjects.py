@@ -27,6 +27,7 @@ def reply_prefix(rid: str) -> bytes:
     return b'{"rid":"%s",' % rid.encode()
 
 
+MAX_BATCH = 10_000           # jobs in one submit_many or job_states request
 PACK_OVER = 1 << 20          # replies larger than this travel compressed (NATS carries at most 8 MiB)
 _PACKED = b'"packed":1}\n'
 
