@@ -48,6 +48,7 @@ class Signer:
         self.server: asyncio.AbstractServer | None = None
         self._inflight: dict[int, int] = {}
         self.commands: Any = None      # the command server beside the socket (rota.cli.commandserver)
+        self._inode = -1               # the socket file this signer made (another rota may replace it)
 
     async def start(self) -> None:
         run_dir = os.path.dirname(self.path)
@@ -57,6 +58,7 @@ class Signer:
             os.unlink(self.path)     # a socket left by a rota that died; we own its directory
         self.server = await asyncio.start_unix_server(self._serve, path=self.path, limit=localsock.MAX_HEADER * 4)
         os.chmod(self.path, 0o666)   # every local user may ask; who they are comes from the kernel
+        self._inode = os.stat(self.path).st_ino
         if os.environ.get("ROTA_THIN") != "0":
             self.commands = _start_command_server(os.path.join(run_dir, "commands.sock"))
 
@@ -72,7 +74,8 @@ class Signer:
                 pass
             self.server = None
         try:
-            os.unlink(self.path)
+            if os.stat(self.path).st_ino == self._inode:
+                os.unlink(self.path)
         except OSError:
             pass
 

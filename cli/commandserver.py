@@ -1,9 +1,12 @@
-"""The warm side of the thin commands: a process with the Slurm-named commands already imported keeps a
-few children forked ahead of time; each takes one caller, becomes it (its uid, gid and groups from the
-kernel; its working directory, environment, umask and open terminal or pipes, passed over the socket) and
-runs the command there, as the command's own process would have. The caller's process only hands these
-over and waits for the exit status: it skips Python's start and rota's imports. The server holds no key:
-a child has nothing of the cluster's that its caller could not have.
+"""The warm side of the thin commands: a process with the Slurm-named commands already imported hands
+each caller to a worker of the caller's own: a child forked from it that became that user for good (its
+uid, gid and groups, from the kernel) and runs the caller's command with the caller's working directory,
+environment, umask and open terminal or pipes (passed over the socket), as the command's own process
+would have. The caller's process only hands these over and waits for the exit status: it skips Python's
+start and rota's imports. A worker serves the same user's next commands, one at a time (no fork per
+command); it leaves when idle a while, after a command that may leave state behind (``srun``, ``salloc``,
+an interrupted one, one that left threads or changed signal handlers), or with the server. The server holds
+no key: a worker has nothing of the cluster's that its user could not have.
 
 One runs beside every local signer (``rota up``, ``rota agent``, ``rota authd``) on ``run/commands.sock``.
 Run as root it serves every local user; run as a user, only that user (others are told to fall back to
@@ -11,10 +14,10 @@ running the command themselves).
 
 The protocol, on a Unix stream socket: the client sends a 4-byte big-endian length and a JSON request
 (``cmd``, ``argv``, ``cwd``, ``env``, ``umask``) with its stdin, stdout and stderr attached (SCM_RIGHTS).
-The server answers ``F`` (fall back: run the command yourself) or ``A`` and the child's pid (signals for
+The server answers ``F`` (fall back: run the command yourself) or ``A`` and the worker's pid (signals for
 the command go there); the client, if it has not given up waiting, answers ``G`` and the command runs;
 when it is done the server sends ``X`` and its exit status (4 bytes, signed). A client that gave up
-before ``A`` closes the socket and runs the command itself: without its ``G`` the child runs nothing.
+before ``A`` closes the socket and runs the command itself: without its ``G`` the worker runs nothing.
 """
 from __future__ import annotations
 
@@ -24,27 +27,36 @@ import io
 import json
 import os
 import pwd
+import select
 import signal
 import socket
 import struct
 import sys
+import time
 
 from .thin import COMMANDS as THIN_COMMANDS
 
 COMMANDS = {name: f"rota.cli.{name}" for name in THIN_COMMANDS}
-# what the commands import when they run (imported here once, so a child finds them loaded)
+# commands that leave nothing behind in the process: their worker takes the user's next command
+REUSABLE = frozenset(THIN_COMMANDS) - {"srun", "salloc"}
+# what the commands import when they run (imported here once, so a worker finds them loaded)
 WARM = ("rota.cli.client", "rota.cli.options", "rota.cli.timespec", "rota.cli.lightjson", "rota.cli.exits",
         "rota.wire.localsock", "rota.wire.paths", "rota.core.hostlist", "sqlite3", "json", "datetime", "shlex")
 MAX_REQUEST = 4 << 20          # the environment and arguments of one command
-MAX_CHILDREN = 512             # commands in flight at once (an srun holds one for its job), spares included
-SPARES = 4                     # children forked ahead, each waiting for a caller
-RECEIVE_WAIT = 2.0             # seconds a child waits for its caller's request
+MAX_WORKERS = 512              # commands in flight at once (an srun holds a worker for its job), idle ones included
+IDLE_EXIT = 60.0               # seconds a worker waits for its user's next command
+MAX_USES = 1000                # commands one worker runs before it makes way for a fresh one
+RECEIVE_WAIT = 2.0             # seconds a worker waits for its caller's request
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def warm() -> None:
-    """Import what the commands use, and load the name service's libraries (each child looks its caller up)."""
+    """Import what the commands use, and load the name service's libraries (each worker looks its user up)."""
     import gc
 
+    from rota.wire.lifetime import libc
+
+    libc()
     for name in (*COMMANDS.values(), *WARM):
         try:
             importlib.import_module(name)
@@ -54,77 +66,138 @@ def warm() -> None:
         os.getgrouplist(pwd.getpwuid(os.geteuid()).pw_name, os.getegid())
     except KeyError:
         pass
-    gc.freeze()          # what is loaded now stays put: children do not copy it for the collector's sake
+    gc.freeze()          # what is loaded now stays put: workers do not copy it for the collector's sake
+
+
+class Worker:
+    """The server's side of one worker: its control socket (a caller's connection goes over it; the worker
+    says ``D`` when it is ready for the next, and closes it when it leaves) and whose commands it runs."""
+
+    def __init__(self, pid: int, ctl: socket.socket, user: tuple[int, int]) -> None:
+        self.pid, self.ctl, self.user = pid, ctl, user
+        self.idle_since: float | None = None
 
 
 class CommandServer:
-    """Serves callers on ``path`` from a few children forked ahead of time (see the module's docstring):
-    each accepts one caller, tells this process so (a new spare is forked at once), becomes the caller
-    and runs its command. At most ``MAX_CHILDREN`` at a time; callers beyond wait in the backlog, and
-    give up waiting after a few seconds to run the command themselves."""
+    """Serves callers on ``path`` (see the module's docstring): accepts each caller, reads who it is from
+    the kernel and hands the connection to an idle worker of that user (uid and gid), forking one when
+    none is idle. At most ``MAX_WORKERS`` at a time; callers beyond wait until a worker is free, and give
+    up after a few seconds to run the command themselves."""
 
-    def __init__(self, path: str, spares: int = SPARES) -> None:
-        self.path, self.spares = path, spares
-        self.children: set[int] = set()
-        self.idle = 0                              # children forked and not yet given a caller
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.workers: dict[int, Worker] = {}          # by control socket's descriptor
+        self.waiting: list[tuple[socket.socket, tuple[int, int]]] = []
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         if os.path.exists(path):
             os.unlink(path)
         self.sock.bind(path)
         os.chmod(path, 0o666)                      # any local user; who they are comes from the kernel
         self.sock.listen(128)
-        self.taken_r, self.taken_w = os.pipe()    # a child writes a byte here when it accepted a caller
 
     def serve_forever(self) -> None:
-        import select
-
         while True:
-            while self.idle < self.spares and len(self.children) < MAX_CHILDREN:
-                self._spawn()
-            ready, _, _ = select.select([self.taken_r], [], [], 1.0)
-            if ready:
-                self.idle -= len(os.read(self.taken_r, 64))
-            self._reap()
+            self.serve_once(1.0)
 
-    def _reap(self) -> None:
-        while self.children:
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                self.children.clear()
+    def serve_once(self, timeout: float) -> None:
+        """Accept callers, take the workers' news, reap and retire workers, for at most ``timeout`` s."""
+        ready, _, _ = select.select([self.sock, *self.workers], [], [], timeout)
+        for fd in ready:
+            if fd is self.sock:
+                self._accept()
+            else:
+                self._news(self.workers[fd])
+        self._retire_idle(time.monotonic())
+        _reap()
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self.sock.accept()
+        except OSError:
+            return
+        _pid, uid, gid = _peer(conn)
+        if os.geteuid() != 0 and uid != os.geteuid():
+            _send(conn, b"F")                      # a user's own rota serves only that user
+            conn.close()
+            return
+        self._dispatch(conn, (uid, gid))
+
+    def _dispatch(self, conn: socket.socket, user: tuple[int, int]) -> None:
+        for w in self.workers.values():
+            if w.user == user and w.idle_since is not None:
+                try:
+                    socket.send_fds(w.ctl, [b"C"], [conn.fileno()])
+                except OSError:
+                    self._forget(w)
+                    continue
+                w.idle_since = None
+                conn.close()
                 return
-            if pid == 0:
+        if len(self.workers) >= MAX_WORKERS:
+            idle = [w for w in self.workers.values() if w.idle_since is not None]
+            if not idle:
+                self.waiting.append((conn, user))
                 return
-            self.children.discard(pid)
+            self._forget(min(idle, key=lambda w: w.idle_since or 0.0))
+        self._fork(conn, user)
 
-    def _spawn(self) -> None:
-        from rota.wire.lifetime import die_with
-
-        parent = os.getpid()
+    def _fork(self, conn: socket.socket, user: tuple[int, int]) -> None:
+        ours, theirs = socket.socketpair()
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
-                os.close(self.taken_r)
-                die_with(parent)()                 # a spare goes with the server
-                conn, _ = self.sock.accept()
-                die_with(parent, 0)()              # a command under way does not
-                os.write(self.taken_w, b".")
-                os.close(self.taken_w)
+                ours.close()
                 self.sock.close()
-                code = _serve(conn)
+                for w in self.workers.values():
+                    w.ctl.close()
+                for c, _ in self.waiting:
+                    c.close()
+                code = _worker(theirs, conn, *user)
             finally:
                 os._exit(code)
-        self.children.add(pid)
-        self.idle += 1
+        theirs.close()
+        conn.close()
+        self.workers[ours.fileno()] = Worker(pid, ours, user)
+
+    def _news(self, w: Worker) -> None:
+        try:
+            news = w.ctl.recv(16)
+        except OSError:
+            news = b""
+        if not news:
+            self._forget(w)
+        else:
+            w.idle_since = time.monotonic()
+        for i, (conn, user) in enumerate(self.waiting):
+            if user == w.user or len(self.workers) < MAX_WORKERS:
+                del self.waiting[i]
+                self._dispatch(conn, user)
+                break
+
+    def _forget(self, w: Worker) -> None:
+        """No more callers for ``w``: it leaves once it sees its control socket closed."""
+        self.workers.pop(w.ctl.fileno(), None)
+        w.ctl.close()
+
+    def _retire_idle(self, now: float) -> None:
+        for w in [w for w in self.workers.values() if w.idle_since is not None and now - w.idle_since > IDLE_EXIT]:
+            self._forget(w)
 
 
-def _serve(conn: socket.socket) -> int:
-    _pid, uid, gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-    if os.geteuid() != 0 and uid != os.geteuid():
-        _send(conn, b"F")                          # a user's own rota serves only that user
-        return 0
-    return _child(conn, uid, gid)
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _peer(conn: socket.socket) -> tuple[int, int, int]:
+    pid, uid, gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid, uid, gid
 
 
 def _send(conn: socket.socket, data: bytes) -> None:
@@ -134,33 +207,8 @@ def _send(conn: socket.socket, data: bytes) -> None:
         pass
 
 
-def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
-    """The request and the three descriptors that came with it."""
-    conn.settimeout(RECEIVE_WAIT)
-    fds = array.array("i")
-    data, ancdata, _flags, _addr = conn.recvmsg(65536, socket.CMSG_SPACE(3 * fds.itemsize))
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
-    if len(data) < 4:
-        raise ValueError("a request shorter than its length")
-    size = struct.unpack("!I", data[:4])[0]
-    if size > MAX_REQUEST:
-        raise ValueError("a request larger than 4 MiB")
-    body = bytearray(data[4:])
-    while len(body) < size:
-        chunk = conn.recv(min(1 << 20, size - len(body)))
-        if not chunk:
-            raise ValueError("the request was cut short")
-        body += chunk
-    req = json.loads(bytes(body))
-    if not isinstance(req, dict) or len(fds) != 3:
-        raise ValueError("a request without its three descriptors")
-    return req, list(fds)
-
-
 def _become(uid: int, gid: int) -> None:
-    """Take on the caller's identity for good: groups, gid, uid (nothing of root is left to regain)."""
+    """Take on the user's identity for good: groups, gid, uid (nothing of root is left to regain)."""
     if os.geteuid() != 0:
         return
     try:
@@ -172,8 +220,85 @@ def _become(uid: int, gid: int) -> None:
     os.setresuid(uid, uid, uid)
 
 
-def _child(conn: socket.socket, uid: int, gid: int) -> int:
-    _become(uid, gid)                    # before reading a byte of what the caller sent
+def _worker(ctl: socket.socket, conn: socket.socket, uid: int, gid: int) -> int:
+    """A worker's life: become the user, then run the callers' commands that come, one at a time, until the
+    server closes ``ctl`` or a command leaves something behind."""
+    _become(uid, gid)                    # before reading a byte of what any caller sent
+    interrupted: list[int] = []
+
+    def interrupt(signum: int, _frame: object) -> None:
+        interrupted.append(signum)
+        raise KeyboardInterrupt
+
+    handlers = {sig: signal.getsignal(sig) for sig in FORWARDED}
+    handlers[signal.SIGINT] = interrupt
+    null = os.open(os.devnull, os.O_RDWR)
+    for uses in range(MAX_USES):
+        if _peer(conn)[1:] != (uid, gid):     # the server gives a worker only its own user's callers
+            conn.close()
+            return 1
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        clean = _serve(conn)
+        conn.close()
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)            # the caller's terminal or pipes are the caller's again
+        os.chdir("/")
+        if not clean or interrupted or uses == MAX_USES - 1 or _left_behind(handlers):
+            return 0
+        for sig in FORWARDED:
+            signal.signal(sig, signal.SIG_IGN)   # a late signal for the command that ended
+        try:
+            ctl.sendall(b"D")
+            _, fds, _, _ = socket.recv_fds(ctl, 16, 1)
+        except OSError:
+            return 0
+        if not fds:
+            return 0                     # the server is done with this worker
+        conn = socket.socket(fileno=fds[0])
+    return 0
+
+
+def _left_behind(handlers: dict) -> bool:
+    """Whether the command that ran left something that would reach the next one: threads, signal handlers."""
+    threading = sys.modules.get("threading")
+    if threading is not None and threading.active_count() > 1:
+        return True
+    return any(signal.getsignal(sig) is not h for sig, h in handlers.items())
+
+
+def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
+    """The request and the three descriptors that came with it."""
+    conn.settimeout(RECEIVE_WAIT)
+    fds = array.array("i")
+    data, ancdata, _flags, _addr = conn.recvmsg(65536, socket.CMSG_SPACE(3 * fds.itemsize))
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    try:
+        if len(data) < 4:
+            raise ValueError("a request shorter than its length")
+        size = struct.unpack("!I", data[:4])[0]
+        if size > MAX_REQUEST:
+            raise ValueError("a request larger than 4 MiB")
+        body = bytearray(data[4:])
+        while len(body) < size:
+            chunk = conn.recv(min(1 << 20, size - len(body)))
+            if not chunk:
+                raise ValueError("the request was cut short")
+            body += chunk
+        req = json.loads(bytes(body))
+        if not isinstance(req, dict) or len(fds) != 3:
+            raise ValueError("a request without its three descriptors")
+    except (OSError, ValueError):
+        for fd in fds:
+            os.close(fd)
+        raise
+    return req, list(fds)
+
+
+def _serve(conn: socket.socket) -> bool:
+    """Run one caller's command; whether this process can take another (nothing of this one is left)."""
     try:
         req, fds = _receive(conn)
         name = str(req["cmd"])
@@ -183,17 +308,20 @@ def _child(conn: socket.socket, uid: int, gid: int) -> int:
         cwd, umask = str(req["cwd"]), int(req["umask"]) & 0o777
     except (OSError, ValueError, KeyError, TypeError):
         _send(conn, b"F")
-        return 0
+        return True
     _send(conn, b"A" + struct.pack("!I", os.getpid()))
     try:
         go = conn.recv(1)                   # the caller still waits (it runs the command itself otherwise)
     except OSError:
         go = b""
     if go != b"G":
-        return 0
+        for fd in fds:
+            os.close(fd)
+        return True
     conn.settimeout(None)
     for i, fd in enumerate(fds):
         os.dup2(fd, i)
+    for fd in fds:
         if fd > 2:
             os.close(fd)
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="surrogateescape")
@@ -208,7 +336,8 @@ def _child(conn: socket.socket, uid: int, gid: int) -> int:
     sent: list[int] = []
 
     def report(code: int) -> None:
-        """Flush the command's output and tell the caller its exit status (once)."""
+        """Flush the command's output, let go of the caller's descriptors and tell the caller its exit
+        status (once)."""
         if sent:
             return
         sent.append(code)
@@ -222,31 +351,44 @@ def _child(conn: socket.socket, uid: int, gid: int) -> int:
     from rota.cli import exits
 
     exits.before_exit = report          # a command that leaves with os._exit (srun) reports first
-    report(_run(module, name, cwd))
-    return 0
+    code, clean = _run(module, name, cwd)
+    exits.before_exit = None
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)                   # before the status: a shell reading the output sees its end now
+    os.close(null)
+    report(code)
+    return clean and name in REUSABLE
 
 
-def _run(module: str, name: str, cwd: str) -> int:
+def _run(module: str, name: str, cwd: str) -> tuple[int, bool]:
     """The command's entry point (its ``main_exit``), as its own process would run it, in the caller's
-    working directory; returns its exit status."""
+    working directory: its exit status, and whether it ended by itself (not interrupted)."""
     try:
         os.chdir(cwd)
     except OSError as exc:
         print(f"{name}: error: cannot use the working directory {cwd}: {exc.strerror}", file=sys.stderr)
-        return 1
+        return 1, True
     try:
         importlib.import_module(module).main_exit()
-        return 0
+        return 0, True
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
-            return int(exc.code or 0)
+            return int(exc.code or 0), True
         print(exc.code, file=sys.stderr)
-        return 1
+        return 1, True
+    except KeyboardInterrupt:
+        return 130, False
     except Exception:  # noqa: BLE001 - as the command's own process would: the traceback, status 1
         import traceback
 
         traceback.print_exc()
-        return 1
+        return 1, False
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import wait_for
 
 COMMANDS = ("sbatch", "squeue", "sacct", "sinfo", "scancel", "scontrol", "srun")
 
@@ -164,3 +165,73 @@ def test_an_answer_larger_than_nats_carries_plain_comes_whole(up, native):
         assert rc == 0, err
         rows = out.splitlines()
         assert len(rows) == 4700 and len(out) > 8 * PACK_OVER and rows[0].endswith(f"wrap|{ids[0]}"), (len(rows), err)
+
+
+def _worker_of(env, *command: str, become=None) -> tuple[int, int]:
+    """(the pid of the process that ran ``command``, its exit status), through the command server by its
+    protocol; ``become``: called first, in a child of this process that then speaks for its new self."""
+    import array
+    import json
+    import socket
+    import struct
+
+    path = os.path.join(env["ROTA_STATE_DIR"], "run", "commands.sock")
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            if become is not None:
+                become()
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(path)
+            null = os.open(os.devnull, os.O_RDWR)
+            req = json.dumps({"cmd": command[0], "argv": list(command[1:]), "cwd": "/", "env": env,
+                              "umask": 0o22}).encode()
+            sock.sendmsg([struct.pack("!I", len(req)) + req],
+                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [null] * 3))])
+            answer = sock.recv(5)
+            sock.sendall(b"G")
+            end = sock.recv(5)
+            os.write(w, answer[1:] + end[1:])
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as fh:
+        data = fh.read()
+    os.waitpid(child, 0)
+    assert len(data) == 8, data
+    return struct.unpack("!I", data[:4])[0], struct.unpack("!i", data[4:])[0]
+
+
+def test_a_worker_takes_its_users_next_commands_and_nothing_of_one_reaches_the_next(up, native_only, tmp_path):
+    nobody = pwd.getpwnam("nobody")
+
+    def as_nobody():
+        os.setgroups([])
+        os.setresgid(nobody.pw_gid, nobody.pw_gid, nobody.pw_gid)
+        os.setresuid(nobody.pw_uid, nobody.pw_uid, nobody.pw_uid)
+
+    mine = [_worker_of(up, "sinfo", "--version") for _ in range(3)]
+    assert len({pid for pid, _ in mine}) == 1 and {code for _, code in mine} == {0}, mine
+    theirs = _worker_of(up, "sinfo", "--version", become=as_nobody)
+    assert theirs[0] != mine[0][0] and _worker_of(up, "sinfo", "--version", become=as_nobody) == theirs
+    with open(f"/proc/{theirs[0]}/status") as fh:
+        uids = next(line for line in fh if line.startswith("Uid:")).split()[1:]
+    assert uids == [str(nobody.pw_uid)] * 4, uids
+    # srun may leave signal handlers and threads: its worker runs nothing after it
+    srun = _worker_of(up, "srun", "--version")
+    assert srun[0] == mine[0][0] and _worker_of(up, "sinfo", "--version")[0] != srun[0]
+
+    # the same worker runs both submits: each job has its own caller's environment and directory
+    outs = []
+    for i, extra in enumerate(({"ROTA_MARK": "first"}, {})):
+        work = tmp_path / f"w{i}"
+        work.mkdir()
+        out = tmp_path / f"out{i}"
+        r = subprocess.run([str(native_only / "sbatch"), "--parsable", "-o", str(out), "--wrap",
+                            'echo "${ROTA_MARK:-unset} $PWD"'], env={**up, **extra}, cwd=work,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r
+        outs.append((out, f"{extra.get('ROTA_MARK', 'unset')} {work}"))
+    for out, expected in outs:
+        assert wait_for(lambda: out.exists() and out.read_text().strip(), 30, f"{out}") == expected

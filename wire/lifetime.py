@@ -1,7 +1,16 @@
 """A child process's lifetime tied to its parent's (Linux: PR_SET_PDEATHSIG)."""
 from __future__ import annotations
 
+import functools
 import os
+
+
+@functools.cache
+def libc():  # type: ignore[no-untyped-def]
+    """The C library, loaded once (a process that forks many children loads it before forking)."""
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def die_with(parent: int, signum: int = 15):
@@ -9,10 +18,7 @@ def die_with(parent: int, signum: int = 15):
     it dies, even by kill -9 (an embedded nats-server must not outlive ``rota up`` holding its port and
     store; a command server must not outlive its signer). 0: no longer."""
     def arm() -> None:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signum, 0, 0, 0)           # PR_SET_PDEATHSIG
+        libc().prctl(1, signum, 0, 0, 0)         # PR_SET_PDEATHSIG
         if signum and os.getppid() != parent:    # the parent died before prctl took effect
             os._exit(1)
     return arm
