@@ -234,4 +234,4 @@ def test_a_worker_takes_its_users_next_commands_and_nothing_of_one_reaches_the_n
         assert r.returncode == 0, r
         outs.append((out, f"{extra.get('ROTA_MARK', 'unset')} {work}"))
     for out, expected in outs:
-        assert wait_for(lambda: out.exists() and out.read_text().strip(), 30, f"{out}") == expected
+        assert wait_for(lambda o=out: o.exists() and o.read_text().strip(), 30, f"{out}") == expected
