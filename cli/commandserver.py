@@ -101,11 +101,12 @@ class CommandServer:
 
     def serve_once(self, timeout: float) -> None:
         """Accept callers, take the workers' news, reap and retire workers, for at most ``timeout`` s."""
-        ready, _, _ = select.select([self.sock, *self.workers], [], [], timeout)
+        listening = self.sock.fileno()
+        ready, _, _ = select.select([listening, *self.workers], [], [], timeout)
         for fd in ready:
-            if fd is self.sock:
+            if fd == listening:
                 self._accept()
-            else:
+            elif fd in self.workers:
                 self._news(self.workers[fd])
         self._retire_idle(time.monotonic())
         _reap()
@@ -158,11 +159,14 @@ class CommandServer:
                 os._exit(code)
         theirs.close()
         conn.close()
+        ours.setblocking(False)
         self.workers[ours.fileno()] = Worker(pid, ours, user)
 
     def _news(self, w: Worker) -> None:
         try:
             news = w.ctl.recv(16)
+        except BlockingIOError:
+            return
         except OSError:
             news = b""
         if not news:

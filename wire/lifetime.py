@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Any
 
 
 @functools.cache
-def libc():  # type: ignore[no-untyped-def]
+def libc() -> Any:
     """The C library, loaded once (a process that forks many children loads it before forking)."""
     import ctypes
 
