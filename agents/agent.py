@@ -101,6 +101,7 @@ class Agent:
         scope = f"{node}-{credentials.derived_key(self.key, 'cgroup scope')[:4].hex()}"   # this cluster's node
         self.cgroups, self.cgroup_note = cg.detect(scope) if use_cgroups else (None, "cgroups disabled")
         self.runs: dict[int, Run] = {}
+        self.launching: dict[int, list[int]] = {}   # job id -> its CPUs, while its run is being started
         self.steps = Steps(node, self.spool, self.cgroups, self.report, kill_wait)
         self.next_runs: dict[int, Launch] = {}
         self.seen: set[tuple[int, int]] = set()   # (job id, restarts) launched here
@@ -241,7 +242,7 @@ class Agent:
                     await msg.ack()
                     continue
                 try:
-                    self.act(order)
+                    await self.act(order)
                 except launch.LaunchError as exc:
                     log.error("job %s cannot start here: %s", order.job_id, exc)
                     await self._launch_failed(order, str(exc))
@@ -255,7 +256,7 @@ class Agent:
             await self.report(ev.JobExited(job_id=order.job_id, state="FAILED", exit_code=1, node=self.node,
                                            reason=why[:1000]))
 
-    def act(self, order: Order) -> None:
+    async def act(self, order: Order) -> None:
         """Carry out one order: launch a job, or kill, update or signal one of its runs."""
         if isinstance(order, Launch):
             key = (order.job_id, order.restarts)
@@ -266,7 +267,7 @@ class Agent:
             if running is not None:
                 self.next_runs[order.job_id] = order   # a requeued job's new run: once its old run has ended
                 return
-            self._launch(order)
+            await self._launch(order)
             return
         if isinstance(order, StepLaunch):
             self.steps.launch(order)
@@ -295,20 +296,18 @@ class Agent:
             self._signal(run, order.signal or signal.SIGTERM)
             run.term_sent = time.time()
 
-    def _launch(self, order: Launch) -> None:
+    async def _launch(self, order: Launch) -> None:
         if not order.nodes or order.nodes[0] != self.node:
             raise launch.LaunchError(f"the order is for {list(order.nodes)!r}, not for {self.node}")
         launch.identity(order)         # a launch for a user this node does not know stops here
-        cgroup = None
-        if self.cgroups is not None:
-            cgroup = self.cgroups.create(order.job_id, order.mem, self._pick_cpus(order.cpus), order.restarts)
-        try:
-            proc, status = launch.start(order, self.node, self.spool, cgroup)
-        except Exception:
-            if cgroup is not None:
-                cgroup.remove()
-            raise
-        run = Run(order, proc.pid, time.time(), proc, cgroup, status_file=str(status), ticks=_start_ticks(proc.pid))
+        cpus = self._pick_cpus(order.cpus) if self.cgroups is not None else None
+        self.launching[order.job_id] = cpus or []
+        try:   # the cgroup's making, the fork and the child's cgroup attach take milliseconds each: off the loop
+            proc, status, cgroup = await asyncio.to_thread(self._start, order, cpus)
+        finally:
+            del self.launching[order.job_id]
+        run = Run(order, proc.pid, time.time(), proc, cgroup, status_file=str(status), ticks=_start_ticks(proc.pid),
+                  cpus=cpus or [])
         self.runs[run.job_id] = run
         record = json.dumps({"order": order.model_dump(mode="json"), "status_file": run.status_file, "pid": proc.pid,
                              "started": run.started, "ticks": run.ticks})
@@ -319,12 +318,25 @@ class Agent:
             fh.write(record)
         os.replace(part, path)
 
+    def _start(self, order: Launch, cpus: list[int] | None) -> tuple[Any, Path, Any]:
+        """The run's cgroup and its started shepherd (in a worker thread: touches nothing of the agent's)."""
+        cgroup = None
+        if self.cgroups is not None:
+            cgroup = self.cgroups.create(order.job_id, order.mem, cpus, order.restarts)
+        try:
+            proc, status = launch.start(order, self.node, self.spool, cgroup)
+        except Exception:
+            if cgroup is not None:
+                cgroup.remove()
+            raise
+        return proc, status, cgroup
+
     def _pick_cpus(self, n: int) -> list[int] | None:
         """Specific CPUs for a job's cpuset, when this host really has the CPUs the node claims."""
         host = sorted(os.sched_getaffinity(0))
         if len(host) < self.cpus:
             return None      # several fake nodes share this host: no binding
-        used = {c for r in self.runs.values() for c in r.cpus}
+        used = {c for r in self.runs.values() for c in r.cpus} | {c for cs in self.launching.values() for c in cs}
         free = [c for c in host if c not in used]
         return free[:n] if len(free) >= n else None
 
@@ -409,7 +421,7 @@ class Agent:
         waiting = self.next_runs.pop(run.job_id, None)
         if waiting is not None:
             try:
-                self._launch(waiting)
+                await self._launch(waiting)
             except launch.LaunchError as exc:
                 await self._launch_failed(waiting, str(exc))
 

@@ -116,9 +116,10 @@ def side_by_side(name: str, measure: dict, repeats: int, cmd: str, higher_is_bet
 
 
 def start_agents(base: Path, env: dict) -> list[subprocess.Popen]:
-    """The other three emulated nodes' agents (``rota up`` runs gpu01's), as slurmd x 4 on one host."""
+    """The four emulated nodes' agents, each a process of its own as slurmd x 4 on one host (``rota up``
+    runs the controller, as slurmctld)."""
     procs = []
-    for node in ("gpu02", "gpu03", "gpu04"):
+    for node in ("gpu01", "gpu02", "gpu03", "gpu04"):
         procs.append(subprocess.Popen(
             [str(BIN / "rota"), "agent", "--node", node, "--fake-gpus", "a100:8", "--cpus", "64", "--memory", "257000",
              "--socket",
@@ -141,7 +142,7 @@ def run(runs: int, loop: int, slurm: bool, e2e: int = 200, array: int = 500) -> 
     (base / "slurm.conf").write_text(CONF)
     env = dict(os.environ, ROTA_STATE_DIR=str(base / "state"))
     up = subprocess.Popen([str(BIN / "rota"), "up", "--config", str(base / "slurm.conf"), "--fake-gpus", "a100:8",
-                           "--agent-node", "gpu01"],
+                           "--no-agent"],
                           env=env, stdout=open(base / "up.log", "w"), stderr=subprocess.STDOUT)
     agents: list[subprocess.Popen] = []
     figures = []
