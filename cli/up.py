@@ -233,6 +233,8 @@ class _Up:
         sock = socket_in(str(self.state_dir))
         self.signer = await run_signer(sock, self.signer_host, self.keyring, self.nats_url, self.tls_ca,
                                        lambda _l: None)
+        if self.controller is not None:    # requests of this host skip the trip through NATS while it leads
+            self.signer.local = self.controller.local_request
         _write_public(self.info, json.dumps({"nats": self.nats_url, "pid": os.getpid(), "tls_ca": self.tls_ca,
                                              "socket": sock}))
 

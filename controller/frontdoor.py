@@ -96,31 +96,9 @@ class FrontDoor:
         """Answer one ``rota.api.<verb>`` message: one reply, always, carrying its request id."""
         if not msg.reply:
             return      # a publish, not a request: nobody to answer
-        headers = msg.headers or {}
-        rid = headers.get(RID_HEADER, "")
-        verb_name = msg.subject.rsplit(".", 1)[-1]
-        try:
-            if not rid or len(rid) > 64 or not _RID_CHARS.issuperset(rid):
-                rid = ""
-                raise commands.Rejected("bad request: no request id (letters, digits, '_' and '-')",
-                                        code="bad_request")
-            caller = self.authenticate(msg.subject, rid, headers.get(CRED_HEADER), msg.data or b"")
-            result = await self.dispatch(verb_name, msg.data or b"{}", caller, rid)
-        except creds.CredentialError as exc:
-            self.refused += 1
-            log.warning("refused %s (request %s): %s%s", msg.subject, rid[:64], exc.words,
-                        f"; {exc.detail}" if exc.detail else "")
-            result = {"ok": False, "error": [f"Protocol authentication error: {exc.words}"
-                                              + (f" ({exc.detail})" if exc.words == creds.REWOUND else "")],
-                      "code": "auth"}
-        except commands.Rejected as r:
-            result = {"ok": False, "error": list(r.lines), "code": r.code}
-        except Exception as exc:  # one reply per request, whatever happened
-            log.exception("request %s on %s failed", rid[:64], msg.subject)
-            result = {"ok": False, "error": [f"internal error: {type(exc).__name__}"], "code": "internal"}
+        rid, data = await self.answer(msg.subject, msg.headers or {}, msg.data or b"")
         from nats.errors import MaxPayloadError
 
-        data = pack_reply(rid, encode_reply(result, rid))
         try:
             try:
                 await self.c.nc_reply(msg.reply, data)
@@ -128,6 +106,31 @@ class FrontDoor:
                 await self.c.nc_reply(msg.reply, too_large(rid, len(data)))
         except Exception as exc:  # noqa: BLE001 - the caller is gone or the connection closed
             log.warning("could not answer request %s: %s", rid[:64], exc)
+
+    async def answer(self, subject: str, headers: dict, payload: bytes) -> tuple[str, bytes]:
+        """The request id and the reply to one signed request (from NATS, or from this process's signer)."""
+        rid = headers.get(RID_HEADER, "")
+        verb_name = subject.rsplit(".", 1)[-1]
+        try:
+            if not rid or len(rid) > 64 or not _RID_CHARS.issuperset(rid):
+                rid = ""
+                raise commands.Rejected("bad request: no request id (letters, digits, '_' and '-')",
+                                        code="bad_request")
+            caller = self.authenticate(subject, rid, headers.get(CRED_HEADER), payload)
+            result = await self.dispatch(verb_name, payload or b"{}", caller, rid)
+        except creds.CredentialError as exc:
+            self.refused += 1
+            log.warning("refused %s (request %s): %s%s", subject, rid[:64], exc.words,
+                        f"; {exc.detail}" if exc.detail else "")
+            result = {"ok": False, "error": [f"Protocol authentication error: {exc.words}"
+                                              + (f" ({exc.detail})" if exc.words == creds.REWOUND else "")],
+                      "code": "auth"}
+        except commands.Rejected as r:
+            result = {"ok": False, "error": list(r.lines), "code": r.code}
+        except Exception as exc:  # one reply per request, whatever happened
+            log.exception("request %s on %s failed", rid[:64], subject)
+            result = {"ok": False, "error": [f"internal error: {type(exc).__name__}"], "code": "internal"}
+        return rid, pack_reply(rid, encode_reply(result, rid))
 
     # ------------------------------------------------------------ dispatch
 

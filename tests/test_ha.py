@@ -212,3 +212,42 @@ async def test_order_and_report_queues_give_back_a_lost_delivery_within_ten_seco
     assert again.metadata.sequence.stream == first.metadata.sequence.stream
     assert ACK_WAIT - 1 <= time.monotonic() - began <= ACK_WAIT + 8      # not the old 30 s or 60 s
     await again.ack()
+
+
+async def test_a_signer_beside_the_leading_controller_is_answered_in_process_and_checked_as_over_nats(
+        jetstream, tmp_path):
+    """``rota up``'s signer hands its requests to the controller of its own process while that leads: the
+    same credential check, the same answer; a controller that does not lead leaves them to NATS."""
+    import json
+
+    from rota.agents.signer import Signer
+    from rota.wire.keys import Keyring
+    from rota.wire.subjects import unpack_reply
+
+    keyring = Keyring(cluster_key=b"k" * 64)
+    lg = await jetstream(keyring=keyring)
+    c = Controller(lg, config=CFG, debounce=0.01, cycle_interval=0.5, name="ctl", keyring=keyring)
+    await c.load()
+    await c.lead("ctl", "host-ctl")
+    import nats
+
+    own = await nats.connect(jetstream.url)              # the signer's connection, apart from the log's
+    signer = Signer(str(tmp_path / "run" / "rota.sock"), "gpu01", keyring, own)
+    signer.local = c.local_request
+    assert await c.local_request("rota.api.ping", {}, b"{}") is None     # not serving yet: NATS carries it
+    await c.serve(lg.nc)
+    try:
+        body = json.dumps({"spec": spec(name="local")}).encode()
+        got = json.loads(unpack_reply("r1", await signer.forward("submit", "r1", body, 0, 0)))
+        assert got["ok"] and c.state.jobs[got["job_id"]].spec.name == "local"
+        await own.close()                # nothing goes through NATS now: the answer comes in process
+        again = json.loads(unpack_reply("r2", await signer.forward("submit", "r2", body, 0, 0)))
+        assert again["ok"] and again["job_id"] == got["job_id"] + 1
+        # the credential is checked as over NATS: another cluster's signature is refused
+        forger = Signer("/nonexistent", "gpu01", Keyring(cluster_key=b"x" * 64), None)
+        forger.local = c.local_request
+        refused = json.loads(unpack_reply("r3", await forger._ask_local("rota.api.submit", "r3", body, 0, 0, 3.0)))
+        assert not refused["ok"] and refused["code"] == "auth", refused
+        assert len(c.state.jobs) == 2
+    finally:
+        await c.stop()
