@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Protocol
 
@@ -32,6 +33,13 @@ SUBJECT_PREFIX = sj.EVENT_PREFIX
 class Appended:
     seq: int
     duplicate: bool
+
+
+ATOMIC_BATCH = 1000   # records in one atomic batch (nats-server's limit on a batch's size)
+
+
+class AtomicRefused(Exception):
+    """The server refused an atomic batch (nothing of it landed)."""
 
 
 def subject_for(event: Any) -> str:
@@ -191,6 +199,7 @@ class JetStreamLog:
     def __init__(self, nc: Any, js: Any, stream: str = STREAM, mac_key: bytes | None = None) -> None:
         self.nc, self.js, self.stream = nc, js, stream
         self._plain_reads = True   # deliveries on a connection of our own (see RawPullReader)
+        self.atomic = False        # the stream takes atomic batches (one commit, one sync, for many records)
         self.mac_key = mac_key
         self.check = RecordCheck(mac_key) if mac_key is not None else None
         # a trusted snapshot signed by the controller: the log is signed from its sequence on
@@ -228,7 +237,9 @@ class JetStreamLog:
                 if attempt == 59:
                     raise
             await asyncio.sleep(0.25)
-        return cls(nc, js, stream, keyring.purpose_key("log") if keyring is not None else None)
+        opened = cls(nc, js, stream, keyring.purpose_key("log") if keyring is not None else None)
+        opened.atomic = await _allow_atomic(nc, stream)
+        return opened
 
     async def last_seq(self, attempts: int = 20) -> int:
         """The stream's last sequence (retried while a cluster elects a new stream leader)."""
@@ -262,6 +273,49 @@ class JetStreamLog:
         except Exception as exc:  # noqa: BLE001 - timeouts, no responders, reconnects: the outcome is unknown
             raise LogUnavailable(f"{type(exc).__name__}: {exc}") from None
         return Appended(ack.seq, bool(ack.duplicate))
+
+    async def append_batch(self, records: list[tuple[Any, str, str, int]], expected_last: int) -> list[Appended]:
+        """Append ``records`` (event, actor, idem, ts) at ``expected_last + 1`` on, as atomic batches of at
+        most ``ATOMIC_BATCH``: each lands whole or not at all, fenced by its first record's expected last
+        sequence, and costs the server one write and sync instead of one per record. Raises FencedError
+        (another writer appended), LogUnavailable (the outcome is unknown), or AtomicRefused (nothing
+        landed: append the records one by one)."""
+        out: list[Appended] = []
+        for start in range(0, len(records), ATOMIC_BATCH):
+            chunk = records[start:start + ATOMIC_BATCH]
+            base = expected_last + start
+            batch_id = os.urandom(12).hex()
+            last = len(chunk)
+            try:
+                for i, (event, actor, idem, ts) in enumerate(chunk, 1):
+                    body = encode_body(event)
+                    headers = record_headers(self.mac_key, base + i, ts, actor, idem, body)
+                    headers.update({"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(i)})
+                    if i == 1:
+                        headers["Nats-Expected-Last-Sequence"] = str(base)
+                    if i < last:
+                        await self.nc.publish(subject_for(event), body, headers=headers)
+                        continue
+                    headers["Nats-Batch-Commit"] = "1"
+                    msg = await self.nc.request(subject_for(event), body, timeout=10, headers=headers)
+            except Exception as exc:  # noqa: BLE001 - timeouts, reconnects: the outcome is unknown
+                raise LogUnavailable(f"{type(exc).__name__}: {exc}") from None
+            try:
+                ack = json.loads(msg.data)
+            except ValueError:
+                raise LogUnavailable("the log's answer to a batch is not JSON") from None
+            error = ack.get("error") if isinstance(ack, dict) else None
+            if error is not None:
+                if error.get("err_code") == 10071:   # wrong last sequence
+                    raise FencedError(base)
+                raise AtomicRefused(str(error.get("description", error)))
+            if ack.get("count") != last or not isinstance(ack.get("seq"), int):
+                raise LogUnavailable(f"the log's answer to a batch of {last} is {msg.data[:200]!r}")
+            first = ack["seq"] - last + 1
+            out += [Appended(first + i, False) for i in range(last)]
+            if self.mac_key is not None and self.check is not None and first == base + 1:
+                self.check.signed_at(first)
+        return out
 
     async def read(self, from_seq: int = 1, to_seq: int | None = None,
                    batch: int = 2000) -> AsyncIterator[ev.Envelope]:
@@ -335,3 +389,22 @@ class JetStreamLog:
         except Exception:  # noqa: BLE001 - closing anyway
             pass
         await self.nc.close()
+
+
+async def _allow_atomic(nc: Any, stream: str) -> bool:
+    """Let ``stream`` take atomic batches (nats-server 2.12 and later); False where the server cannot, or
+    this connection may not change the stream (records are then appended one by one)."""
+    try:
+        info = json.loads((await nc.request(f"$JS.API.STREAM.INFO.{stream}", b"", timeout=5)).data)
+        config = info.get("config")
+        if not isinstance(config, dict):
+            return False
+        if config.get("allow_atomic"):
+            return True
+        config["allow_atomic"] = True
+        reply = json.loads((await nc.request(f"$JS.API.STREAM.UPDATE.{stream}", json.dumps(config).encode(),
+                                             timeout=10)).data)
+        return bool((reply.get("config") or {}).get("allow_atomic"))
+    except Exception as exc:  # noqa: BLE001 - an older server, a role without the right: one by one
+        log.info("the log takes no atomic batches: %s", exc)
+        return False

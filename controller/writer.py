@@ -21,7 +21,7 @@ from rota.core.apply import apply, fold
 from rota.core.changes import Changes, InvalidOnly
 from rota.core.state import State
 
-from .eventlog import EventLog, FencedError, LogUnavailable
+from .eventlog import AtomicRefused, EventLog, FencedError, LogUnavailable
 from .outbox import Outbox
 from .recent import Recent
 
@@ -172,9 +172,7 @@ class Writer:
         staged = self._stage(batch, changes)
         if not staged:
             return
-        acks = await asyncio.gather(*(self.log.append(env.event, actor=env.actor, idem=env.idem, ts=env.ts,
-                                                      expected_last=env.seq - 1) for env, _, _ in staged),
-                                    return_exceptions=True)
+        acks = await self._append(base, staged)
         clean = all(not isinstance(a, BaseException) and not a.duplicate and a.seq == env.seq
                     for a, (env, _, _) in zip(acks, staged))
         if not clean:
@@ -188,6 +186,23 @@ class Writer:
         self._report(self.state, changes.invalid)
         if self.outbox is not None:
             self.outbox.put(effects.orders(self.state, changes))
+
+    async def _append(self, base: int, staged: list) -> list:
+        """Each staged event's acknowledgement or exception: as atomic batches where the log takes them (one
+        sync for the lot), else one by one, all in flight together."""
+        append_batch = getattr(self.log, "append_batch", None)
+        if len(staged) > 1 and append_batch is not None and getattr(self.log, "atomic", False):
+            try:
+                acks = await append_batch([(env.event, env.actor, env.idem, env.ts) for env, _, _ in staged],
+                                                   base)
+                return list(acks)
+            except AtomicRefused as exc:
+                log.warning("the log refused a batch (%s): appending one by one", exc)
+            except (FencedError, LogUnavailable) as exc:
+                return [exc] * len(staged)
+        return list(await asyncio.gather(*(self.log.append(env.event, actor=env.actor, idem=env.idem, ts=env.ts,
+                                                           expected_last=env.seq - 1) for env, _, _ in staged),
+                                         return_exceptions=True))
 
     def _stage(self, batch: list, changes: Changes) -> list[tuple[ev.Envelope, asyncio.Future, tuple]]:
         """Prepare and apply each request's event in turn; answer retries and refusals at once."""

@@ -166,3 +166,35 @@ async def test_a_controller_restarts_from_the_snapshot_of_either_backend(log):
     await again.load()
     entries = [env async for env in log.read(1)]
     assert again.writer.snapshot_seq == len(entries) - 1 and again.state == fold(entries)
+
+
+async def test_atomic_batches_land_whole_in_order_signed_or_not_at_all(tmp_path):
+    """Many records as atomic batches (one write and sync each): every record at its sequence with its MAC,
+    across the batch-size boundary; a batch fenced by another writer leaves nothing of itself; a batch
+    with a record the log already holds is refused whole (the writer then appends one by one)."""
+    from rota.controller.eventlog import ATOMIC_BATCH, AtomicRefused
+    from rota.wire.keys import Keyring
+
+    srv = natsserver.start(tmp_path / "nats")
+    keyring = Keyring(cluster_key=b"a" * 64)
+    lg = await JetStreamLog.connect(srv.url, keyring=keyring)
+    try:
+        assert lg.atomic
+        n = ATOMIC_BATCH + 7
+        records = [(ev.JobSubmitted(job_id=i, spec=ev.JobSpec(user="alice", name=f"j{i}")), "alice", f"r{i}", 10 + i)
+                   for i in range(1, n + 1)]
+        acks = await lg.append_batch(records, 0)
+        assert [a.seq for a in acks] == list(range(1, n + 1))
+        reader = await JetStreamLog.connect(srv.url, keyring=keyring)
+        got = [env async for env in reader.read(1)]
+        assert [(g.seq, g.event.job_id, g.idem, g.ts) for g in got] == [(i, i, f"r{i}", 10 + i) for i in range(1, n + 1)]
+        assert reader.set_aside == []                        # every record carries the controller's MAC
+        await reader.close()
+        with pytest.raises(FencedError):                     # another writer's record came first
+            await lg.append_batch([(e, a, f"new-{idem}", ts) for e, a, idem, ts in records[:3]], n - 1)
+        with pytest.raises(AtomicRefused):                   # r1 is on the log already
+            await lg.append_batch([(EVENTS[0], "a", "fresh", 1), (EVENTS[1], "a", "r1", 1)], n)
+        assert await lg.last_seq() == n
+    finally:
+        await lg.close()
+        srv.stop()
