@@ -323,20 +323,7 @@ def _serve(conn: socket.socket) -> bool:
             os.close(fd)
         return True
     conn.settimeout(None)
-    for i, fd in enumerate(fds):
-        os.dup2(fd, i)
-    for fd in fds:
-        if fd > 2:
-            os.close(fd)
-    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="surrogateescape")
-    for fd, attr in ((1, "stdout"), (2, "stderr")):
-        stream = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
-                                  line_buffering=os.isatty(fd) or fd == 2, write_through=fd == 2)
-        setattr(sys, attr, stream)
-    os.environ.clear()
-    os.environ.update(env)
-    os.umask(umask)
-    sys.argv = [name, *argv]
+    _take_on(fds, env, umask, [name, *argv])
     sent: list[int] = []
 
     def report(code: int) -> None:
@@ -357,6 +344,31 @@ def _serve(conn: socket.socket) -> bool:
     exits.before_exit = report          # a command that leaves with os._exit (srun) reports first
     code, clean = _run(module, name, cwd)
     exits.before_exit = None
+    _let_go()                               # before the status: a shell reading the output sees its end now
+    report(code)
+    return clean and name in REUSABLE
+
+
+def _take_on(fds: list[int], env: dict[str, str], umask: int, argv: list[str]) -> None:
+    """The caller's stdin, stdout and stderr, environment, umask and argv become this process's."""
+    for i, fd in enumerate(fds):
+        os.dup2(fd, i)
+    for fd in fds:
+        if fd > 2:
+            os.close(fd)
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="surrogateescape")
+    for fd, attr in ((1, "stdout"), (2, "stderr")):
+        stream = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+                                  line_buffering=os.isatty(fd) or fd == 2, write_through=fd == 2)
+        setattr(sys, attr, stream)
+    os.environ.clear()
+    os.environ.update(env)
+    os.umask(umask)
+    sys.argv = argv
+
+
+def _let_go() -> None:
+    """Flush the command's output and give back the caller's descriptors (/dev/null in their place)."""
     try:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -364,10 +376,8 @@ def _serve(conn: socket.socket) -> bool:
         pass
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
-        os.dup2(null, fd)                   # before the status: a shell reading the output sees its end now
+        os.dup2(null, fd)
     os.close(null)
-    report(code)
-    return clean and name in REUSABLE
 
 
 def _run(module: str, name: str, cwd: str) -> tuple[int, bool]:

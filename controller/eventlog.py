@@ -18,6 +18,7 @@ from rota.core import events as ev
 from rota.wire import natsconn
 from rota.wire import subjects as sj
 
+from .logbatch import ATOMIC_BATCH, AtomicRefused, allow_atomic
 from .logerrors import FencedError, LogUnavailable
 from .snapshots import MemorySnapshots, ObjectStoreSnapshots, SnapshotStore
 from .streamreader import PullReader, RawPullReader, RawUnsupported
@@ -33,13 +34,6 @@ SUBJECT_PREFIX = sj.EVENT_PREFIX
 class Appended:
     seq: int
     duplicate: bool
-
-
-ATOMIC_BATCH = 1000   # records in one atomic batch (nats-server's limit on a batch's size)
-
-
-class AtomicRefused(Exception):
-    """The server refused an atomic batch (nothing of it landed)."""
 
 
 def subject_for(event: Any) -> str:
@@ -238,7 +232,7 @@ class JetStreamLog:
                     raise
             await asyncio.sleep(0.25)
         opened = cls(nc, js, stream, keyring.purpose_key("log") if keyring is not None else None)
-        opened.atomic = await _allow_atomic(nc, stream)
+        opened.atomic = await allow_atomic(nc, stream)
         return opened
 
     async def last_seq(self, attempts: int = 20) -> int:
@@ -390,21 +384,3 @@ class JetStreamLog:
             pass
         await self.nc.close()
 
-
-async def _allow_atomic(nc: Any, stream: str) -> bool:
-    """Let ``stream`` take atomic batches (nats-server 2.12 and later); False where the server cannot, or
-    this connection may not change the stream (records are then appended one by one)."""
-    try:
-        info = json.loads((await nc.request(f"$JS.API.STREAM.INFO.{stream}", b"", timeout=5)).data)
-        config = info.get("config")
-        if not isinstance(config, dict):
-            return False
-        if config.get("allow_atomic"):
-            return True
-        config["allow_atomic"] = True
-        reply = json.loads((await nc.request(f"$JS.API.STREAM.UPDATE.{stream}", json.dumps(config).encode(),
-                                             timeout=10)).data)
-        return bool((reply.get("config") or {}).get("allow_atomic"))
-    except Exception as exc:  # noqa: BLE001 - an older server, a role without the right: one by one
-        log.info("the log takes no atomic batches: %s", exc)
-        return False

@@ -98,7 +98,6 @@ class FrontDoor:
             return      # a publish, not a request: nobody to answer
         rid, data = await self.answer(msg.subject, msg.headers or {}, msg.data or b"")
         from nats.errors import MaxPayloadError
-
         try:
             try:
                 await self.c.nc_reply(msg.reply, data)
