@@ -8,6 +8,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from rota.wire.lifetime import run_bounded
+
 
 def _keyring(key: str | None, state: Path, host: str, echo) -> Any:
     from rota.wire.keys import KeyFileError, load_keyring
@@ -65,6 +67,16 @@ def _setup(prog: str, host: str, nats: str | None, key: str | None, state_dir: s
     return None if keyring is None else (url, state, keyring)
 
 
+STOP_WAIT = 10.0    # seconds a stopping agent or signer gets to close its connections
+
+
+async def _stop_both(signer: Any, agent: Any) -> None:
+    if signer is not None:
+        await signer.stop()
+    if agent is not None:
+        await agent.stop()
+
+
 def _stop_event() -> asyncio.Event:
     """Set on Ctrl-C or SIGTERM."""
     stop = asyncio.Event()
@@ -103,12 +115,13 @@ def main(*, node: str, nats: str | None, state_dir: str | None, key: str | None 
             signer = await run_signer(path, node, keyring, url, tls_ca, echo)
         echo(f"rota agent {node}: registered with {url}; running jobs keep running if the agent stops")
         await stop.wait()
-        if signer is not None:
-            await signer.stop()
-        await agent.stop()
+        try:   # a NATS connection that keeps reconnecting must not keep the process from ending
+            await asyncio.wait_for(_stop_both(signer, agent), STOP_WAIT)
+        except asyncio.TimeoutError:
+            echo(f"rota agent {node}: stopping took more than {STOP_WAIT:.0f} s; leaving anyway")
 
     try:
-        asyncio.run(run())
+        run_bounded(run())
     except OSError as exc:
         echo(f"rota agent: cannot reach NATS at {url}: {exc}")
         return 1
@@ -134,10 +147,13 @@ def authd(*, host: str | None, nats: str | None, key: str | None, tls_ca: str | 
         stop = _stop_event()
         signer = await run_signer(path, name, keyring, url, tls_ca, echo)
         await stop.wait()
-        await signer.stop()
+        try:
+            await asyncio.wait_for(_stop_both(signer, None), STOP_WAIT)
+        except asyncio.TimeoutError:
+            echo(f"rota authd {name}: stopping took more than {STOP_WAIT:.0f} s; leaving anyway")
 
     try:
-        asyncio.run(run())
+        run_bounded(run())
     except (OSError, ValueError) as exc:
         echo(f"rota authd: {exc}")
         return 1

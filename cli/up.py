@@ -15,6 +15,7 @@ from rota.agents.agent import Agent
 from rota.core import events as ev
 from rota.core.slurmconf import ConfigError, auto_config, parse_config
 from rota.projections.projector import Projector
+from rota.wire.lifetime import run_bounded
 from rota.wire.paths import default_state_dir
 
 from rota.controller import natsserver
@@ -364,7 +365,7 @@ def main(state_dir: str | None, config: str | None, nats: str | None, nats_port:
         echo(f"rota up: {exc}")
         return 1
     try:
-        _run_bounded(run(Path(state_dir) if state_dir else default_state_dir(), cfg, nats, nats_port, echo,
+        run_bounded(run(Path(state_dir) if state_dir else default_state_dir(), cfg, nats, nats_port, echo,
                          agent_node=node, fake_gpus=fake_gpus, node_timeout=node_timeout,
                          agent_options=agent_options, tls=tls, listen=listen, config_path=config,
                          standby=standby))
@@ -377,21 +378,6 @@ def main(state_dir: str | None, config: str | None, nats: str | None, nats_port:
             echo(f"rota up: fix it with: {exc.fix}")
         return 1
     return 0
-
-
-def _run_bounded(main: Any) -> None:
-    """``asyncio.run`` without its unbounded end: tasks left over get 5 s to finish once cancelled, and
-    threads still blocked (a write to a full disk, say) are not waited for: stopping always ends."""
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(main)
-    finally:
-        left = [t for t in asyncio.all_tasks(loop) if not t.done()]
-        for t in left:
-            t.cancel()
-        if left:
-            loop.run_until_complete(asyncio.wait(left, timeout=5))
-        loop.close()          # shuts its thread pool down without waiting for it
 
 
 def shell_settings(config: str | None) -> dict:

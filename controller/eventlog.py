@@ -13,12 +13,12 @@ import os
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Protocol
 
-from rota.core import credentials
 from rota.core import events as ev
 from rota.wire import natsconn
 from rota.wire import subjects as sj
 
 from .logbatch import ATOMIC_BATCH, AtomicRefused, allow_atomic
+from .records import ACTOR_HEADER, MAC_HEADER, TS_HEADER, OwnTail, RecordCheck, record_headers
 from .logerrors import FencedError, LogUnavailable
 from .snapshots import MemorySnapshots, ObjectStoreSnapshots, SnapshotStore
 from .streamreader import PullReader, RawPullReader, RawUnsupported
@@ -45,11 +45,6 @@ def subject_for(event: Any) -> str:
     return f"{SUBJECT_PREFIX}.{etype}"
 
 
-TS_HEADER = "Rota-Ts"
-ACTOR_HEADER = "Rota-Actor"
-MAC_HEADER = "Rota-Mac"
-
-
 def encode_body(event: Any) -> bytes:
     """The stored message body is the event's JSON; append time and actor travel in headers."""
     return ev.EVENT_ADAPTER.dump_json(event)
@@ -61,39 +56,6 @@ def decode_event_bytes(body: bytes) -> Any:
         return ev.EVENT_ADAPTER.validate_json(body)
     except ValueError:
         return ev.decode_event(json.loads(body))   # an older version: upcast, then validate
-
-
-def record_headers(mac_key: bytes | None, seq: int, ts: int, actor: str, idem: str, body: bytes) -> dict[str, str]:
-    """The headers an event is stored with (its MAC when the writer holds the log key)."""
-    headers = {TS_HEADER: str(ts), ACTOR_HEADER: actor}
-    if idem:
-        headers["Nats-Msg-Id"] = idem
-    if mac_key is not None:
-        headers[MAC_HEADER] = credentials.log_mac(mac_key, seq, ts, actor, idem, body)
-    return headers
-
-
-class RecordCheck:
-    """What a reader holding the log key accepts: records the controller signed. Unsigned records
-    before the first signed one (a log begun by an older rota) are accepted; after it, never."""
-
-    def __init__(self, mac_key: bytes) -> None:
-        self.mac_key = mac_key
-        self.first_signed: int | None = None   # the lowest sequence known to carry the controller's MAC
-
-    def signed_at(self, seq: int) -> None:
-        if self.first_signed is None or seq < self.first_signed:
-            self.first_signed = seq
-
-    def problem(self, seq: int, ts: int, actor: str, idem: str, body: bytes, mac: str | None) -> str | None:
-        if mac is None:
-            if self.first_signed is not None and seq > self.first_signed:
-                return "it carries no MAC: it was not written by this cluster's controller"
-            return None
-        if not credentials.check_log_mac(self.mac_key, mac, seq, ts, actor, idem, body):
-            return "its MAC does not match: it was forged, altered or moved"
-        self.signed_at(seq)
-        return None
 
 
 def _first_problem(exc: Exception) -> str:
@@ -177,6 +139,10 @@ class MemoryLog:
             for env in chunk:
                 yield env
 
+    async def read_tail(self, from_seq: int) -> AsyncIterator[list[ev.Envelope]]:
+        async for chunk in self.read_batches(from_seq):
+            yield chunk
+
     async def read_batches(self, from_seq: int = 1, to_seq: int | None = None,
                            batch: int = 2000) -> AsyncIterator[list[ev.Envelope]]:
         end = len(self.entries) if to_seq is None else min(to_seq, len(self.entries))
@@ -194,6 +160,7 @@ class JetStreamLog:
         self.nc, self.js, self.stream = nc, js, stream
         self._plain_reads = True   # deliveries on a connection of our own (see RawPullReader)
         self.atomic = False        # the stream takes atomic batches (one commit, one sync, for many records)
+        self.own = OwnTail()       # what this process appended (a follower here reads it without the server)
         self.mac_key = mac_key
         self.check = RecordCheck(mac_key) if mac_key is not None else None
         # a trusted snapshot signed by the controller: the log is signed from its sequence on
@@ -258,8 +225,10 @@ class JetStreamLog:
             headers["Nats-Expected-Last-Sequence"] = str(expected_last)
         try:
             ack = await self.js.publish(subject_for(event), body, stream=self.stream, headers=headers)
-            if key is not None and self.check is not None and not ack.duplicate and ack.seq == (expected_last or 0) + 1:
-                self.check.signed_at(ack.seq)
+            if expected_last is not None and not ack.duplicate and ack.seq == expected_last + 1:
+                self.own.remember(ack.seq, ts, actor, idem, event)
+                if key is not None and self.check is not None:
+                    self.check.signed_at(ack.seq)
         except APIError as exc:
             if getattr(exc, "err_code", None) == 10071:   # wrong last sequence
                 raise FencedError(expected_last or 0) from None
@@ -307,9 +276,23 @@ class JetStreamLog:
                 raise LogUnavailable(f"the log's answer to a batch of {last} is {msg.data[:200]!r}")
             first = ack["seq"] - last + 1
             out += [Appended(first + i, False) for i in range(last)]
-            if self.mac_key is not None and self.check is not None and first == base + 1:
-                self.check.signed_at(first)
+            if first == base + 1:
+                for i, (event, actor, idem, ts) in enumerate(chunk):
+                    self.own.remember(first + i, ts, actor, idem, event)
+                if self.mac_key is not None and self.check is not None:
+                    self.check.signed_at(first)
         return out
+
+    async def read_tail(self, from_seq: int) -> AsyncIterator[list[ev.Envelope]]:
+        """For a reader that follows the log in this process (the projection): the records this process
+        appended itself when they continue from ``from_seq`` (no trip to the server), else the log's
+        records to its end. A record someone else appended after those comes with the next call."""
+        mine = self.own.run_from(from_seq)
+        if mine:
+            yield mine
+            return
+        async for chunk in self.read_batches(from_seq):
+            yield chunk
 
     async def read(self, from_seq: int = 1, to_seq: int | None = None,
                    batch: int = 2000) -> AsyncIterator[ev.Envelope]:

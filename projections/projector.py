@@ -122,7 +122,8 @@ class Projector:
         was_enabled = gc.isenabled()
         gc.disable()
         try:
-            async for chunk in self.log.read_batches(self.state.seq + 1, to_seq):
+            async for chunk in (self.log.read_batches(self.state.seq + 1, to_seq) if to_seq is not None
+                              else self.log.read_tail(self.state.seq + 1)):
                 chunk = [env for env in chunk if env.seq > self.state.seq]   # re-delivered: already projected
                 if chunk:
                     batch = self._fold(chunk)

@@ -58,7 +58,8 @@ class ReasonLane:
     async def catch_up(self, to_seq: int | None = None) -> int:
         """Fold everything the log holds past the lane's checkpoint; returns the number of events."""
         n = 0
-        async for chunk in self.log.read_batches(self.state.seq + 1, to_seq):
+        async for chunk in (self.log.read_batches(self.state.seq + 1, to_seq) if to_seq is not None
+                          else self.log.read_tail(self.state.seq + 1)):
             chunk = [env for env in chunk if env.seq > self.state.seq]
             for i in range(0, len(chunk), BATCH):
                 part = chunk[i:i + BATCH]

@@ -198,3 +198,26 @@ async def test_atomic_batches_land_whole_in_order_signed_or_not_at_all(tmp_path)
     finally:
         await lg.close()
         srv.stop()
+
+
+async def test_a_follower_in_the_writers_process_reads_its_records_without_the_server(tmp_path):
+    """``read_tail`` gives the records this process appended (fenced, acknowledged at the sequence it
+    expected) without asking the server; what another writer appended after them comes from the log."""
+    srv = natsserver.start(tmp_path / "nats")
+    lg = await JetStreamLog.connect(srv.url)
+    other = await JetStreamLog.connect(srv.url)
+    try:
+        for i in (1, 2):
+            await lg.append(EVENTS[i - 1], actor="ctl", idem=f"own-{i}", ts=100 + i, expected_last=i - 1)
+        await other.append(EVENTS[2], actor="ctl-b", idem="theirs", ts=103, expected_last=2)
+        await lg.append(EVENTS[3], actor="ctl", idem="unfenced", ts=104)        # not fenced: not remembered
+        assert [[e.seq for e in c] async for c in lg.read_tail(3)] == [[3, 4]]   # none of it ours: the server's
+        assert [[e.seq for e in c] async for c in other.read_tail(1)] == [[1, 2, 3, 4]]
+        await other.close()
+        srv.stop()                                                             # no server from here on
+        got = [c async for c in lg.read_tail(1)]
+        assert [[(e.seq, e.idem, e.ts, e.event) for e in c] for c in got] == \
+            [[(1, "own-1", 101, EVENTS[0]), (2, "own-2", 102, EVENTS[1])]]
+    finally:
+        await lg.nc.close()
+        srv.stop()

@@ -1,6 +1,8 @@
-"""A child process's lifetime tied to its parent's (Linux: PR_SET_PDEATHSIG)."""
+"""A child process's lifetime tied to its parent's (Linux: PR_SET_PDEATHSIG), and a daemon's end that always
+comes (its event loop run with a bounded stop)."""
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 from typing import Any
@@ -23,3 +25,18 @@ def die_with(parent: int, signum: int = 15):
         if signum and os.getppid() != parent:    # the parent died before prctl took effect
             os._exit(1)
     return arm
+
+
+def run_bounded(main: Any) -> None:
+    """``asyncio.run`` without its unbounded end: tasks left over get 5 s to finish once cancelled, and
+    threads still blocked (a write to a full disk, say) are not waited for: stopping always ends."""
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(main)
+    finally:
+        left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for t in left:
+            t.cancel()
+        if left:
+            loop.run_until_complete(asyncio.wait(left, timeout=5))
+        loop.close()          # shuts its thread pool down without waiting for it
