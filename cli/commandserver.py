@@ -361,8 +361,12 @@ def _take_on(fds: list[int], env: dict[str, str], umask: int, argv: list[str]) -
         stream = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
                                   line_buffering=os.isatty(fd) or fd == 2, write_through=fd == 2)
         setattr(sys, attr, stream)
-    os.environ.clear()
-    os.environ.update(env)
+    environ = os.environ               # made equal to the caller's: only what differs is changed
+    for key in [k for k in environ if k not in env]:
+        del environ[key]
+    for key, value in env.items():
+        if environ.get(key) != value:
+            environ[key] = value
     os.umask(umask)
     sys.argv = argv
 
