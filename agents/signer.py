@@ -130,7 +130,7 @@ class Signer:
                 return answer
         attempt = 0
         while attempt < len(timeouts):
-            headers = {CRED_HEADER: self.sign(subject, rid, payload, uid, gid), RID_HEADER: rid}
+            headers = self._headers(subject, rid, payload, uid, gid)
             try:
                 msg = await self.nc.request(subject, payload, timeout=timeouts[attempt], headers=headers)
             except NoRespondersError:
@@ -154,14 +154,16 @@ class Signer:
             return msg.data
         raise localsock.SignerError(f"the rota controller did not answer within {sum(timeouts):.0f} s")
 
+    def _headers(self, subject: str, rid: str, payload: bytes, uid: int, gid: int) -> dict[str, str]:
+        """A request's headers: a fresh credential for it, and its request id."""
+        return {CRED_HEADER: self.sign(subject, rid, payload, uid, gid), RID_HEADER: rid}
 
     async def _ask_local(self, subject: str, rid: str, payload: bytes, uid: int, gid: int,
                          timeout: float) -> bytes | None:
         """The answer of the controller in this process, signed and checked as through NATS; None when it
         does not lead or does not answer in time (then NATS carries the request, with the same id)."""
         assert self.local is not None
-        headers = {CRED_HEADER: self.sign(subject, rid, payload, uid, gid), RID_HEADER: rid}
-        asking = asyncio.ensure_future(self.local(subject, headers, payload))
+        asking = asyncio.ensure_future(self.local(subject, self._headers(subject, rid, payload, uid, gid), payload))
         try:
             answer = await asyncio.wait_for(asyncio.shield(asking), timeout)
         except asyncio.TimeoutError:

@@ -73,8 +73,8 @@ class Worker:
     """The server's side of one worker: its control socket (a caller's connection goes over it; the worker
     says ``D`` when it is ready for the next, and closes it when it leaves) and whose commands it runs."""
 
-    def __init__(self, pid: int, ctl: socket.socket, user: tuple[int, int]) -> None:
-        self.pid, self.ctl, self.user = pid, ctl, user
+    def __init__(self, ctl: socket.socket, user: tuple[int, int]) -> None:
+        self.ctl, self.user = ctl, user
         self.idle_since: float | None = None
 
 
@@ -160,7 +160,7 @@ class CommandServer:
         theirs.close()
         conn.close()
         ours.setblocking(False)
-        self.workers[ours.fileno()] = Worker(pid, ours, user)
+        self.workers[ours.fileno()] = Worker(ours, user)
 
     def _news(self, w: Worker) -> None:
         try:

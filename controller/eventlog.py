@@ -366,4 +366,3 @@ class JetStreamLog:
         except Exception:  # noqa: BLE001 - closing anyway
             pass
         await self.nc.close()
-

@@ -193,9 +193,8 @@ class Writer:
         append_batch = getattr(self.log, "append_batch", None)
         if len(staged) > 1 and append_batch is not None and getattr(self.log, "atomic", False):
             try:
-                acks = await append_batch([(env.event, env.actor, env.idem, env.ts) for env, _, _ in staged],
-                                                   base)
-                return list(acks)
+                return list(await append_batch([(env.event, env.actor, env.idem, env.ts) for env, _, _ in staged],
+                                               base))
             except AtomicRefused as exc:
                 log.warning("the log refused a batch (%s): appending one by one", exc)
             except (FencedError, LogUnavailable) as exc:
