@@ -583,6 +583,7 @@ _ENVELOPE_FIELDS = frozenset(("seq", "ts", "actor", "idem", "event"))
 
 EVENT_ADAPTER: TypeAdapter[Any] = TypeAdapter(Event)
 ENVELOPE_ADAPTER: TypeAdapter[Envelope] = TypeAdapter(Envelope)
+EVENT_LIST_ADAPTER: TypeAdapter[list[Any]] = TypeAdapter(list[Event])
 
 # ---------------------------------------------------------------- upcasting
 

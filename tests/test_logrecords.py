@@ -2,6 +2,7 @@
 MAC, malformed ones and ones the reducer cannot apply are named by sequence and set aside, on load
 and live, in the controller and the projector."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -130,3 +131,55 @@ def test_record_headers_carry_a_mac_only_with_the_key():
     assert h == {TS_HEADER: "2", ACTOR_HEADER: "a", "Nats-Msg-Id": "i"}
     assert "Rota-Mac" in record_headers(b"k" * 32, 1, 2, "a", "i", b"{}")
     assert json.loads(encode_body(ev.JobReleased(job_id=1)))["type"] == "job.released"
+
+
+def _defaults() -> dict[str, dict]:
+    from pydantic_core import PydanticUndefined, to_jsonable_python
+    out: dict[str, dict] = {}
+    for name, cls in sorted(vars(ev).items()):
+        if isinstance(cls, type) and issubclass(cls, ev.Model) and cls is not ev.Model:
+            fields = {}
+            for field, info in cls.model_fields.items():
+                if field in ("type", "v"):
+                    continue      # always stored
+                if info.default_factory is not None:
+                    fields[field] = to_jsonable_python(info.default_factory())
+                elif info.default is not PydanticUndefined:
+                    fields[field] = to_jsonable_python(info.default)
+            out[name] = fields
+    return out
+
+
+def test_no_field_of_a_stored_event_changes_its_default():
+    """A stored event leaves out the fields at their defaults, so a default is part of what every stored
+    record means: changing one would change the meaning of records already in the log."""
+    pinned = json.loads((Path(__file__).parent / "fixtures" / "event_defaults.json").read_text())
+    for model, fields in _defaults().items():
+        for field, default in fields.items():
+            assert model in pinned and field in pinned[model], (
+                f"{model}.{field} is new: add its default ({default!r}) to tests/fixtures/event_defaults.json")
+            assert pinned[model][field] == default, (
+                f"{model}.{field}'s default changed from {pinned[model][field]!r} to {default!r}: stored records "
+                "rely on it; keep it, and give the new meaning a new field or a new version with an upcaster")
+
+
+@pytest.mark.parametrize("event", [
+    ev.ControllerStarted(version="1", policy="easy"),
+    ev.JobReleased(job_id=1),
+    ev.JobSubmitted(job_id=3, spec=ev.JobSpec(user="alice", nodes=2, env={"A": "1"}, argv=("x", "y"),
+                                              partitions=("gpu", "cpu"), time_limit=None)),
+    ev.JobsStarted(cycle=4, now=5, policy="easy", shadow=(3, 9), starts=(
+        ev.Start(job_id=3, partition="gpu", time_limit=60, alloc=(ev.NodeAlloc(node="n1", cpus=2, mem=10, gpus=(0, 1)),)),)),
+    ev.AccountingChanged(deleted_associations=(("bob", "physics"),), default_accounts={"bob": "physics"}),
+    CFG_EVENT := ev.ClusterConfigured(config=CFG),
+])
+def test_a_stored_event_holds_only_what_differs_from_its_defaults_and_reads_back_equal(event):
+    from rota.controller.eventlog import decode_bodies, decode_event_bytes
+    stored = encode_body(event)
+    raw = json.loads(stored)
+    assert raw["type"] == event.type and raw["v"] == event.v
+    defaults = _defaults()[type(event).__name__]
+    assert all(raw[f] != defaults[f] for f in raw if f in defaults), raw
+    assert decode_event_bytes(stored) == event
+    assert decode_bodies([stored, encode_body(CFG_EVENT), stored]) == [event, CFG_EVENT, event]
+    assert decode_bodies([stored, b'{"type":"job.released"}']) is None      # one bad: each on its own
