@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from rota.controller.outbox import Outbox
 from rota.controller.service import Controller
 
 log = logging.getLogger("rota.up")
+SWITCH_INTERVAL = 0.0005   # seconds a thread holds the interpreter before another may take it
 
 
 def machine_config(fake_gpus: str | None) -> ev.ClusterConfig:
@@ -92,6 +94,9 @@ async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, n
     """Run the whole cluster in this process until SIGINT or SIGTERM: NATS (unless ``nats_url`` names
     servers), the controller, the agents' link, the projection, this node's agent and the signer."""
     os.umask(0o077)   # every file rota writes is private unless made public on purpose
+    # the projection's folds run in threads beside the event loop that answers requests: a request waits
+    # for the interpreter's lock at most this long (Python's default is 5 ms, paid again at every step)
+    sys.setswitchinterval(SWITCH_INTERVAL)
     up = _Up(state_dir, config, echo, agent_node, fake_gpus, node_timeout, agent_options, tls)
     up.config_path = config_path
     stop = asyncio.Event()

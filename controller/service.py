@@ -62,7 +62,7 @@ class Controller:
         self.views = Views(self)
         self.last_decision: tuple[int, Decision] | None = None   # (state sequence, Decision) for queue views
         self.cycle_times: deque[float] = deque(maxlen=100)       # seconds of the latest cycles (sdiag's figures)
-        self._last_snapshot_seq = self._last_history_seq = 0
+        self._last_snapshot_seq = self._last_history_seq = self._last_snapshot_jobs = 0
         self._tasks: list[asyncio.Task] = []
         self._subs: list[Any] = []
         self._nc: Any = None
@@ -229,14 +229,18 @@ class Controller:
     # ------------------------------------------------------------ snapshots
 
     async def maybe_snapshot(self, force: bool = False) -> bool:
-        """Write a snapshot (with its sequence inside) every ``snapshot_every`` events, and one for time
-        travel every ``history_every``."""
-        if not force and self.state.seq - self._last_snapshot_seq < self.snapshot_every:
+        """Write a snapshot (with its sequence inside) every ``snapshot_every`` events, or every as many
+        events as the last snapshot held jobs when that is more (a snapshot costs a pass over every job, done
+        while no request is served: its cost per event stays the same however long the queue), and one for
+        time travel every ``history_every``."""
+        every = max(self.snapshot_every, self._last_snapshot_jobs)
+        if not force and self.state.seq - self._last_snapshot_seq < every:
             return False
         async with self.writer.lock:   # never a state holding events still being committed
             if self.writer.stale:
                 return False
             data, seq = dump_snapshot(self.state), self.state.seq
+            self._last_snapshot_jobs = len(self.state.jobs)
         history = seq - self._last_history_seq >= self.history_every
         await self.log.snapshots.put(data, seq, history)
         if history:

@@ -7,6 +7,7 @@ request, not 10,000 dict decodes and format calls in a freshly started interpret
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from rota.core.arrays import format_indices
 from rota.core.states import STATE_CODES
@@ -278,3 +279,36 @@ def answer(jobs: list[dict], request: dict, now: int) -> dict:
         return {"ok": False, "error": [f"squeue: error: {exc}"], "code": "invalid"}
     return {"ok": True, "text": "".join(row + "\n" for row in rows),
             "now_dependent": any(j["state"] == "RUNNING" for j in jobs) and bool(NOW_DEPENDENT & set(fmt))}
+
+
+def select_jobs(state: Any, request: dict) -> list[Any] | None:
+    """The live jobs that may pass a request's job id, user, partition and state filters, found from the
+    jobs themselves (so only their rows are made): never fewer than :func:`answer` keeps. None when the
+    request names none of those filters (every job is a candidate) or a job id it will refuse."""
+    ids_text, users_text, parts_text = request.get("jobs"), request.get("users"), request.get("partitions")
+    states_text = request.get("states")
+    states = None if not states_text or states_text.lower() == "all" else \
+        {STATE_NAMES.get(s.upper(), s.upper()) for s in states_text.split(",")}
+    if not (ids_text or users_text or parts_text or states):
+        return None
+    jobs = state.jobs
+    if ids_text:
+        ids = requested_ids(ids_text)
+        if isinstance(ids, str):
+            return None
+        wanted = set(ids)
+        for i in ids:
+            wanted.update(state.array_tasks.get(i, ()))
+        # the other filters apply after the ids (an id that is live but filtered out is not an error)
+        return [jobs[jid] for jid in wanted if jid in state.pending or jid in state.running]
+    chosen = [jobs[jid] for jid in (*(state.pending if states is None or "PENDING" in states else ()),
+                                    *(state.running if states is None or "RUNNING" in states else ()))]
+    if users_text:
+        users = set(users_text.split(","))
+        chosen = [j for j in chosen if j.spec.user in users or str(j.spec.uid) in users]
+    if parts_text:
+        parts = set(parts_text.split(","))
+        chosen = [j for j in chosen if j.partition in parts]
+    if states is not None:
+        chosen = [j for j in chosen if j.state in states]
+    return chosen

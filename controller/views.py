@@ -64,6 +64,7 @@ class Views:
         self._view_cache: tuple[tuple, list[dict]] | None = None
         self._queue_cache: tuple[list[dict], bytes] | None = None
         self._squeue_cache: tuple[list[dict] | None, dict[bytes, tuple[int | None, bytes]]] = (None, {})
+        self._chosen_cache: tuple[tuple | None, dict[bytes, tuple[int | None, bytes]]] = (None, {})
         self._plan_cache: tuple[int, dict[int, int]] | None = None
         self._timetravel = asyncio.Semaphore(2)
         self._timetravel_users: set[int] = set()
@@ -89,12 +90,23 @@ class Views:
         more often than the queue changes) and, for output with running jobs' times, the same second."""
         import orjson
 
-        from .squeue_view import answer, requested_ids, wants_ended
+        from .squeue_view import answer, requested_ids, select_jobs, wants_ended
 
         clean = {k: v for k, v in sorted(request.items()) if v not in (None, False)}
-        full = view = self.queue_view()
         if clean.pop("me", False):
             clean["users"] = str(caller.uid)
+        chosen = select_jobs(self.c.state, clean)    # a few jobs of a long queue: only their rows are made
+        if chosen is None:
+            full = view = self.queue_view()
+            if self._squeue_cache[0] is not full:
+                self._squeue_cache = (full, {})
+            cache = self._squeue_cache[1]
+        else:
+            key = self._view_key()
+            if self._chosen_cache[0] != key:
+                self._chosen_cache = (key, {})
+            cache = self._chosen_cache[1]
+            full = view = self._rows(chosen)
         if private_jobs(self.c.state, caller):
             view = [j for j in full if j["uid"] == caller.uid]
             clean["_uid"] = caller.uid
@@ -116,34 +128,35 @@ class Views:
             view = [j if j["expected_start"] or j["state"] != "PENDING" else
                     {**j, "expected_start": estimates.get(j["array_job_id"] or j["job_id"])} for j in view]
             clean["_seq"] = self.c.state.seq      # the plan may change where the queue's rows do not
-        if self._squeue_cache[0] is not full:
-            self._squeue_cache = (full, {})
-        key = orjson.dumps(clean)
-        hit = self._squeue_cache[1].get(key)
+        line = orjson.dumps(clean)
+        hit = cache.get(line)
         if hit is not None and (hit[0] is None or hit[0] == now):
             return hit[1]
         result = answer(view, clean, now)
         dependent = result.pop("now_dependent", False)
         data = orjson.dumps(result)
-        if len(self._squeue_cache[1]) >= 64:
-            self._squeue_cache[1].clear()
-        self._squeue_cache[1][key] = (now if dependent else None, data)
+        if len(cache) >= 64:
+            cache.clear()
+        cache[line] = (now if dependent else None, data)
         return data
 
     def queue_view(self) -> list[dict]:
         """Pending and running jobs with their current reasons (as squeue needs them); the same list
         object while nothing in it changed, so views derived from it can be reused."""
-        c = self.c
-        key = (c.state.seq, id(c.last_decision[1]) if c.last_decision else None)
         cached = self._view_cache
-        if cached is not None and cached[0] == key:
+        if cached is not None and cached[0] == self._view_key():
             return cached[1]
-        view = self._build_queue_view()
+        state = self.c.state
+        view = self._rows([state.jobs[jid] for ids in (state.pending, state.running) for jid in ids])
         if cached is not None and cached[1] == view:
             view = cached[1]
-        key = (c.state.seq, id(c.last_decision[1]) if c.last_decision else None)
-        self._view_cache = (key, view)
+        self._view_cache = (self._view_key(), view)    # the rows may have made a decision
         return view
+
+    def _view_key(self) -> tuple[int, int | None]:
+        """What the queue's rows are made from: the state (by sequence) and the decision giving reasons."""
+        c = self.c
+        return (c.state.seq, id(c.last_decision[1]) if c.last_decision else None)
 
     def start_estimates(self) -> dict[int, int]:
         """Each pending job's estimated start from the current plan (:func:`rota.core.schedule.plan`),
@@ -180,14 +193,10 @@ class Views:
             rows.append(self._row(job, None, None))
         return rows
 
-    def _build_queue_view(self) -> list[dict]:
-        state = self.c.state
-        d = self._decision() if state.pending else None
-        out = []
-        for jid in list(state.pending) + list(state.running):
-            job = state.jobs[jid]
-            out.append(self._row(job, d, d.pending.get(jid) if d is not None else None))
-        return out
+    def _rows(self, jobs: list) -> list[dict]:
+        """The squeue rows of these live jobs, with the reasons of the current decision."""
+        d = self._decision() if self.c.state.pending else None
+        return [self._row(job, d, d.pending.get(job.job_id) if d is not None else None) for job in jobs]
 
     @staticmethod
     def _row(job: Any, d: Any, p: Any) -> dict:

@@ -97,6 +97,7 @@ PART_KEYS = {"partitionname", "nodes", "maxtime", "defaulttime", "prioritytier",
              "allocnodes", "alternate", "cpubind", "defcpupergpu", "disablerootjobs", "lln", "maxcpuspersocket",
              "maxmempercpu", "overtimelimit", "powerdownonidle", "preemptmode", "reqresv", "resumetimeout",
              "selecttypeparameters", "suspendtime", "suspendtimeout", "tresbillingweights"}
+SLURM_BF_MAX_JOB_TEST = 500   # SchedulerParameters=bf_max_job_test when slurm.conf does not set it, as Slurm's
 NODE_STATES = {"UNKNOWN", "IDLE", "DOWN", "DRAIN", "FAIL", "FUTURE", "CLOUD"}
 PART_STATES = {"UP", "DOWN", "DRAIN", "INACTIVE"}
 
@@ -517,6 +518,7 @@ def _parse_globals(ctx: _Ctx, vals: dict[str, tuple[int, str]]):
             if n is not None:
                 sched[name] = n
     cluster = vals.get("clustername", (0, "rota"))[1]
+    sched.setdefault("bf_max_job_test", SLURM_BF_MAX_JOB_TEST)
     return ev.SchedulerParams(**sched), ev.PriorityWeights(**prio), cluster
 
 

@@ -22,6 +22,7 @@ log = logging.getLogger("rota.projections")
 
 _UPSERT_SPAN = "INSERT OR REPLACE INTO reasons VALUES (?, ?, ?, ?, ?)"
 BATCH = 500          # events folded per step: a few hundred scheduler runs at most
+YIELD_AFTER = 0.05   # seconds of folding after which, while following the log, the lane pauses
 
 
 def span_rows(spans: list[Span]) -> list[tuple]:
@@ -58,14 +59,21 @@ class ReasonLane:
     async def catch_up(self, to_seq: int | None = None) -> int:
         """Fold everything the log holds past the lane's checkpoint; returns the number of events."""
         n = 0
-        async for chunk in (self.log.read_batches(self.state.seq + 1, to_seq) if to_seq is not None
-                          else self.log.read_tail(self.state.seq + 1)):
+        following = to_seq is None
+        async for chunk in (self.log.read_tail(self.state.seq + 1) if following
+                            else self.log.read_batches(self.state.seq + 1, to_seq)):
             chunk = [env for env in chunk if env.seq > self.state.seq]
             for i in range(0, len(chunk), BATCH):
                 part = chunk[i:i + BATCH]
+                t0 = time.perf_counter()
                 spans, snapshot = await asyncio.to_thread(self._fold, part)
+                took = time.perf_counter() - t0
                 await self._write(spans, snapshot)
                 n += len(part)
+                if following and took > YIELD_AFTER:
+                    # its folds hold the interpreter (one lock for every thread): a step that took d
+                    # seconds is followed by 2d of leaving it to the controller beside it, as a cycle is
+                    await asyncio.sleep(2 * took)
         return n
 
     def _fold(self, part: list[ev.Envelope]) -> tuple[list[tuple], bytes | None]:

@@ -195,10 +195,12 @@ async def test_time_travel_snapshots_are_kept_and_found_by_sequence(js):
     c = Controller(lg, config=CFG, clock=Clock(), snapshot_every=5, history_every=10)
     await c.start()
     kept = []
-    for i in range(40):
+    for i in range(120):
         await c.handle("submit", {"rid": f"s{i}", "spec": spec(hold=True)})
         if await c.maybe_snapshot():
             kept.append(c.state.seq)
+    # every 5 events while the state holds fewer jobs, then every as many events as the last one held jobs
+    assert [b - a for a, b in zip(kept, kept[1:])] == [max(5, n - 2) for n in kept[:-1]]
     store = await snapshots.open_store(lg.js)
     history = sorted(int(o.name[3:]) for o in await store.list() if o.name.startswith("at-"))
     assert len(history) >= 3 and set(history) <= set(kept)       # every 10 events, not every snapshot
@@ -319,3 +321,36 @@ async def test_a_request_whose_caller_gave_up_does_not_fail_the_others_in_its_ba
     await asyncio.sleep(0)
     gone.cancel()                    # (a controller that stops leading cancels its cycle mid-write)
     assert (await kept)["ok"]
+
+
+async def test_a_filtered_squeue_makes_only_its_jobs_rows_and_says_what_the_full_listing_filtered_says():
+    """``squeue -u/-j/-p/-t`` over a long queue makes rows for the jobs those filters select; its text is
+    the full listing's, filtered: every filter, combined, with arrays, ids that ended or never were."""
+    import orjson
+
+    from rota.controller.squeue_view import answer, select_jobs
+    from rota.core.auth import ROOT, Caller
+
+    cfg = make_cluster(nodes=2, gpus=4, extra_partitions=(ev.PartitionConfig(name="big", nodes=("gpu02",),
+                                                                              max_time=3600),))
+    c = Controller(MemoryLog(), config=cfg, clock=Clock())
+    await c.start()
+    alice, bob = Caller(1001, 1001, "alice"), Caller(1002, 1002, "bob")
+    for i, (who, part) in enumerate([(alice, "short"), (bob, "big"), (alice, "big"), (bob, "short")] * 3):
+        assert (await c.handle("submit", {"spec": spec(gpus_per_node=4, partitions=[part], name=f"j{i}")}, who))["ok"]
+    assert (await c.handle("submit", {"spec": spec(gpus_per_node=1, array="0-5%2", name="arr")}, bob))["ok"]
+    assert (await c.cycle()) is not None
+    assert c.state.running and c.state.pending
+    full = c.views.queue_view()
+    requests = [{"users": "alice"}, {"users": "1002"}, {"users": "bob", "states": "R"}, {"states": "PD"},
+                {"states": "r,pd"}, {"partitions": "big"}, {"partitions": "short", "states": "PENDING"},
+                {"jobs": "13"}, {"jobs": "13_4"}, {"jobs": "1,2,99"}, {"jobs": "1", "users": "bob"},
+                {"states": "all"}, {"jobs": "x1"}, {"users": "alice", "array": True, "format": "%i %u %P %T %r"}]
+    for request in requests:
+        chosen = select_jobs(c.state, request)
+        reply = orjson.loads(c.views.squeue_reply(dict(request), ROOT))
+        expected = answer(full, dict(request), 1_800_000_000)
+        expected.pop("now_dependent", None)
+        assert reply == expected, request
+        if chosen is not None:
+            assert len(chosen) < len(full) or request.get("states") == "r,pd"   # no rows made for the others
