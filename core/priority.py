@@ -44,9 +44,8 @@ def fairshare_factor(job: Job, ctx: PriorityContext) -> int:
     return ctx.fairshare.get((job.spec.user, job.spec.account), 0)
 
 
-def priority_factors(job: Job, now: int, part: PartitionConfig, job_cpus: int, ctx: PriorityContext) -> Factors:
-    """The job's priority (site weights times factors, minus nice; 0 while held, an administrator's
-    value when set) and its parts."""
+def _weighted(job: Job, now: int, part: PartitionConfig, job_cpus: int, ctx: PriorityContext) -> tuple[int, ...]:
+    """The job's weighted factors: (age, fair-share, job size, partition, QOS)."""
     w = ctx.w
     age = size = partition = qos = fairshare = 0
     if w.age:
@@ -65,19 +64,28 @@ def priority_factors(job: Job, now: int, part: PartitionConfig, job_cpus: int, c
         qos = w.qos * ctx.qos_prio.get(job.spec.qos, 0) // ctx.max_qos
     if w.fairshare:
         fairshare = w.fairshare * fairshare_factor(job, ctx) // 1_000_000
-    if job.hold is not None:
-        prio = 0
-    elif job.priority_override is not None:
-        prio = job.priority_override
-    else:
-        prio = max(age + fairshare + size + partition + qos - job.nice, 1)   # 0 means held, as in Slurm
-    return Factors(prio, age, fairshare, size, partition, qos, job.nice)
+    return age, fairshare, size, partition, qos
+
+
+def priority_factors(job: Job, now: int, part: PartitionConfig, job_cpus: int, ctx: PriorityContext) -> Factors:
+    """The job's priority (site weights times factors, minus nice; 0 while held, an administrator's
+    value when set) and its parts."""
+    weighted = _weighted(job, now, part, job_cpus, ctx)
+    return Factors(_priority(job, weighted), *weighted, job.nice)
 
 
 def job_priority(job: Job, now: int, part: PartitionConfig, job_cpus: int, ctx: PriorityContext) -> int:
     """The job's priority: site weights times factors, minus nice; 0 while held."""
+    if job.hold is not None or job.priority_override is not None:
+        return _priority(job, ())
+    return _priority(job, _weighted(job, now, part, job_cpus, ctx))
+
+
+def _priority(job: Job, weighted: tuple[int, ...]) -> int:
+    """0 while held, an administrator's value when set, else the weighted factors less nice (at least 1:
+    0 means held, as in Slurm)."""
     if job.hold is not None:
         return 0
     if job.priority_override is not None:
         return job.priority_override
-    return priority_factors(job, now, part, job_cpus, ctx).priority
+    return max(sum(weighted) - job.nice, 1)

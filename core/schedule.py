@@ -255,12 +255,12 @@ def _walk(cy: Cycle, decision: Decision, ready: list, policy: Policy) -> None:
     tested = 0
     state = cy.state
     for rank, (_key, job, parts) in enumerate(ready, start=1):
+        if max_test and tested >= max_test:
+            _not_tested(decision, ready, rank)
+            break
         jid = job.job_id
         decision.order.append(jid)
         prio = decision.priorities[jid]
-        if max_test and tested >= max_test:
-            decision.pending[jid] = Pending(_NOT_TESTED, rank=rank, priority=prio, evaluated=False)
-            continue
         tested += 1
         if not policy.considers(parts):
             decision.pending[jid] = Pending(_BEHIND, rank=rank, priority=prio)
@@ -305,6 +305,15 @@ def _walk(cy: Cycle, decision: Decision, ready: list, policy: Policy) -> None:
                 _explain_pending(cy, job, parts, pend, decision.reservations.get(jid))
             decision.pending[jid] = pend
             break
+
+
+def _not_tested(decision: Decision, ready: list, first: int) -> None:
+    """The jobs ranked ``first`` and after, beyond ``bf_max_job_test``: ranked, not tested."""
+    priorities, pending, order = decision.priorities, decision.pending, decision.order
+    for rank, (_key, job, _parts) in enumerate(ready[first - 1:], start=first):
+        jid = job.job_id
+        order.append(jid)
+        pending[jid] = Pending(_NOT_TESTED, rank, priorities[jid], None, False)
 
 
 def _preempt(cy: Cycle, decision: Decision, job: Job, parts: list[str]) -> None:

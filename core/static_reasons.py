@@ -42,10 +42,12 @@ def partition_reason(cy: Cycle, job: Job, pname: str) -> Reason | None:
         return Reason("PartitionTimeLimit", about=pname, asked=limit, limit=p.max_time)
     spec = job.spec
     req = cy.request(job, pname)
-    key = SearchKey(pname, spec.constraint, spec.nodelist, spec.exclude, req)
-    if key not in cy.verdicts:
-        cy.verdicts[key] = capacity_verdict(cy, spec, pname, p, req)
-    return cy.verdicts[key]
+    key = (pname, spec.constraint, spec.nodelist, spec.exclude, req)     # equal to its SearchKey, made faster
+    verdicts = cy.verdicts
+    if key in verdicts:
+        return verdicts[key]   # type: ignore[index]
+    why = verdicts[SearchKey(*key)] = capacity_verdict(cy, spec, pname, p, req)
+    return why
 
 
 def capacity_verdict(cy: Cycle, spec: ev.JobSpec, pname: str, p: ev.PartitionConfig,
