@@ -44,7 +44,8 @@ def fairshare_factor(job: Job, ctx: PriorityContext) -> int:
     return ctx.fairshare.get((job.spec.user, job.spec.account), 0)
 
 
-def _weighted(job: Job, now: int, part: PartitionConfig, job_cpus: int, ctx: PriorityContext) -> tuple[int, ...]:
+def _weighted(job: Job, now: int, part: PartitionConfig, job_cpus: int,
+              ctx: PriorityContext) -> tuple[int, int, int, int, int]:
     """The job's weighted factors: (age, fair-share, job size, partition, QOS)."""
     w = ctx.w
     age = size = partition = qos = fairshare = 0
@@ -71,7 +72,8 @@ def priority_factors(job: Job, now: int, part: PartitionConfig, job_cpus: int, c
     """The job's priority (site weights times factors, minus nice; 0 while held, an administrator's
     value when set) and its parts."""
     weighted = _weighted(job, now, part, job_cpus, ctx)
-    return Factors(_priority(job, weighted), *weighted, job.nice)
+    age, fairshare, size, partition, qos = weighted
+    return Factors(_priority(job, weighted), age, fairshare, size, partition, qos, job.nice)
 
 
 def job_priority(job: Job, now: int, part: PartitionConfig, job_cpus: int, ctx: PriorityContext) -> int:

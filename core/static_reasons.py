@@ -45,7 +45,7 @@ def partition_reason(cy: Cycle, job: Job, pname: str) -> Reason | None:
     key = (pname, spec.constraint, spec.nodelist, spec.exclude, req)     # equal to its SearchKey, made faster
     verdicts = cy.verdicts
     if key in verdicts:
-        return verdicts[key]   # type: ignore[index]
+        return verdicts[key]
     why = verdicts[SearchKey(*key)] = capacity_verdict(cy, spec, pname, p, req)
     return why
 
