@@ -20,7 +20,7 @@ from rota.core.auth import ROOT, Caller
 from rota.core.orders import Order
 from rota.core.schedule import Decision, schedule
 from rota.core.state import State, dump_snapshot
-from rota.wire import diskspace, subjects as sj
+from rota.wire import collector, diskspace, subjects as sj
 
 from .eventlog import EventLog, FencedError, LogUnavailable
 from . import bulk  # noqa: F401 - registers the bulk verbs
@@ -30,6 +30,7 @@ from .views import Views, encode_reply
 from .writer import Prepare, Writer
 
 log = logging.getLogger("rota.controller")
+FREEZE_JOBS = 10_000    # jobs held from which a snapshot also moves what is alive out of the collector's reach
 
 
 class _NothingToDo(Exception):
@@ -178,7 +179,8 @@ class Controller:
         decided: list[ev.JobsStarted] = []
 
         def decide(state: State) -> ev.JobsStarted:
-            decision = schedule(state, max(self.now(), state.now))
+            with collector.paused():   # its many short-lived objects would be moved to the oldest generation
+                decision = schedule(state, max(self.now(), state.now))
             event = decision.event()
             self.last_decision = (state.seq, decision)
             if event is None:
@@ -241,6 +243,7 @@ class Controller:
                 return False
             data, seq = dump_snapshot(self.state), self.state.seq
             self._last_snapshot_jobs = len(self.state.jobs)
+        collector.keep_out(len(self.state.jobs), FREEZE_JOBS)
         history = seq - self._last_history_seq >= self.history_every
         await self.log.snapshots.put(data, seq, history)
         if history:

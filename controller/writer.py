@@ -21,6 +21,8 @@ from rota.core.apply import apply, fold
 from rota.core.changes import Changes, InvalidOnly
 from rota.core.state import State
 
+from rota.wire import collector
+
 from .eventlog import AtomicRefused, EventLog, FencedError, LogUnavailable
 from .outbox import Outbox
 from .recent import Recent
@@ -78,11 +80,7 @@ class Writer:
         self.snapshot_seq = state.seq
         landed: dict[str, int] = {}
         seen = InvalidOnly()
-        # A replay allocates millions of objects that mostly live on in the state: with the collector
-        # on, its full collections rescan that growing heap again and again.
-        was_enabled = gc.isenabled()
-        gc.disable()
-        try:
+        with collector.paused():      # a replay allocates millions of objects that mostly live on
             remember = self.remember
             async for chunk in self.log.read_batches(state.seq + 1):
                 fold(chunk, state, seen)
@@ -91,9 +89,6 @@ class Writer:
                         remember(env.idem, env.seq)
                         if since is not None and env.seq > since:
                             landed[env.idem] = env.seq
-        finally:
-            if was_enabled:
-                gc.enable()
         self._reported = 0
         self._report(state, seen.invalid)
         return state, landed

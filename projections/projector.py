@@ -9,7 +9,6 @@ same database, so a restart resumes from the checkpoint without replaying the lo
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from rota.core.apply import fold
 from rota.core.changes import Changes
 from rota.core.static_reasons import reasons_now
 from rota.core.state import TERMINAL_STATES, Job, State, Step, dump_snapshot, load_snapshot
+from rota.wire import collector
 from rota.wire.diskspace import projection_may_grow
 
 from .reasons import ReasonLane
@@ -119,25 +119,22 @@ class Projector:
         """
         n = 0
         writing: asyncio.Future | None = None
-        was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            async for chunk in (self.log.read_batches(self.state.seq + 1, to_seq) if to_seq is not None
-                              else self.log.read_tail(self.state.seq + 1)):
-                chunk = [env for env in chunk if env.seq > self.state.seq]   # re-delivered: already projected
-                if chunk:
-                    batch = self._fold(chunk)
-                    if writing is not None:
-                        await writing
-                    writing = asyncio.ensure_future(self._write(*batch))
-                    n += len(chunk)
-            if writing is not None:
-                await writing
-        finally:
-            if writing is not None and not writing.done():
-                writing.cancel()
-            if was_enabled:
-                gc.enable()
+        with collector.paused():
+            try:
+                async for chunk in (self.log.read_batches(self.state.seq + 1, to_seq) if to_seq is not None
+                                    else self.log.read_tail(self.state.seq + 1)):
+                    chunk = [env for env in chunk if env.seq > self.state.seq]   # re-delivered: already projected
+                    if chunk:
+                        batch = self._fold(chunk)
+                        if writing is not None:
+                            await writing
+                        writing = asyncio.ensure_future(self._write(*batch))
+                        n += len(chunk)
+                if writing is not None:
+                    await writing
+            finally:
+                if writing is not None and not writing.done():
+                    writing.cancel()
         return n
 
     async def follow(self, stop: asyncio.Event, wakeup: asyncio.Event | None = None, poll: float = 1.0,
