@@ -1,12 +1,17 @@
-"""What the log's records carry (append time, actor and the controller's MAC in headers), the check a
-reader holding the log key makes, and the records this process appended itself (the tail a follower in
-the same process reads without asking the server)."""
+"""What the log's records carry (append time, actor and the controller's MAC in headers; the event's
+JSON as the body), how they are encoded and decoded, the check a reader holding the log key makes, and
+the records this process appended itself (the tail a follower in the same process reads without asking
+the server)."""
 from __future__ import annotations
 
+import json
+import logging
 from typing import Any
 
 from rota.core import credentials
 from rota.core import events as ev
+
+log = logging.getLogger("rota.eventlog")
 
 TS_HEADER = "Rota-Ts"
 ACTOR_HEADER = "Rota-Actor"
@@ -66,3 +71,97 @@ class OwnTail:
             out.append(self.records[seq])
             seq += 1
         return out
+
+
+def encode_body(event: Any) -> bytes:
+    """The stored message body: the event's type and version, then only the fields whose values differ
+    from their defaults (decoding puts the defaults back: a field's default never changes within one
+    version, see :mod:`rota.core.events`). Append time and actor travel in headers."""
+    rest = ev.EVENT_ADAPTER.dump_json(event, exclude_defaults=True, exclude=_TYPE_AND_VERSION)
+    head = b'{"type":"%b","v":%d' % (event.type.encode(), event.v)
+    return head + b"}" if rest == b"{}" else head + b"," + rest[1:]
+
+
+_TYPE_AND_VERSION = {"type", "v"}
+
+
+def decode_event_bytes(body: bytes) -> Any:
+    """Validate a stored event: the fast path for current versions, upcasting for older ones."""
+    try:
+        return ev.EVENT_ADAPTER.validate_json(body)
+    except ValueError:
+        return ev.decode_event(json.loads(body))   # an older version: upcast, then validate
+
+
+def decode_bodies(bodies: list[bytes]) -> list[Any] | None:
+    """Many stored events validated in one call (the replay's hot path); None when any of them is not
+    a current event (the caller then decodes each on its own, upcasting or setting aside)."""
+    try:
+        return ev.EVENT_LIST_ADAPTER.validate_json(b"[" + b",".join(bodies) + b"]")
+    except ValueError:
+        return None
+
+
+def _first_problem(exc: Exception) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or "the record"
+        return f"{where}: {first.get('msg', 'invalid')}"
+    return (str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+
+
+def _head(seq: int, headers: dict | None, body: bytes, check: RecordCheck | None) -> tuple[int, str, str, str | None]:
+    """A stored record's append time, actor and idempotency id from its headers, and why it is not the
+    controller's (None: it is, or no key is set)."""
+    h = headers or {}
+    raw_ts = h.get(TS_HEADER, "0")
+    ts = int(raw_ts) if raw_ts.isdecimal() and len(raw_ts) < 16 else 0
+    actor, idem = h.get(ACTOR_HEADER, "system"), h.get("Nats-Msg-Id", "")
+    why = check.problem(seq, ts, actor, idem, body, h.get(MAC_HEADER)) if check is not None else None
+    return ts, actor, idem, why
+
+
+def _event_or_why(body: bytes) -> tuple[Any, str | None]:
+    try:
+        return decode_event_bytes(body), None
+    except Exception as exc:  # noqa: BLE001 - any malformed record: set aside, never stop a replay
+        return None, f"not an event this rota knows ({_first_problem(exc)})"
+
+
+def _set_aside(seq: int, why: str, set_aside: list | None) -> None:
+    log.error("log record %d set aside: %s", seq, why)
+    if set_aside is not None:
+        set_aside.append((seq, why))
+
+
+def decode_message(seq: int, headers: dict | None, body: bytes, check: RecordCheck | None = None,
+                   set_aside: list | None = None) -> ev.Envelope:
+    """One stored record as an envelope; a record that is malformed, unknown or not the controller's
+    becomes an envelope without an event (``event`` None): it keeps its place and changes nothing."""
+    ts, actor, idem, why = _head(seq, headers, body, check)
+    event = None
+    if why is None:
+        event, why = _event_or_why(body)
+    if why is not None:
+        _set_aside(seq, why, set_aside)
+    return ev.Envelope.trusted(seq, ts, actor, idem, event)
+
+
+def decode_messages(chunk: list[tuple[int, dict | None, bytes]], check: RecordCheck | None = None,
+                    set_aside: list | None = None) -> list[ev.Envelope]:
+    """Stored records as envelopes, as :func:`decode_message` makes each, the events of all those whose
+    headers pass validated in one call (each on its own only when that fails)."""
+    heads = [_head(seq, headers, body, check) for seq, headers, body in chunk]
+    passed = [body for (_seq, _h, body), head in zip(chunk, heads) if head[3] is None]
+    together = decode_bodies(passed)
+    decoded = iter([(e, None) for e in together] if together is not None else [_event_or_why(b) for b in passed])
+    out = []
+    for (seq, _h, _body), (ts, actor, idem, why) in zip(chunk, heads):
+        event = None
+        if why is None:
+            event, why = next(decoded)
+        if why is not None:
+            _set_aside(seq, why, set_aside)
+        out.append(ev.Envelope.trusted(seq, ts, actor, idem, event))
+    return out

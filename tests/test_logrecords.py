@@ -174,7 +174,7 @@ def test_no_field_of_a_stored_event_changes_its_default():
     CFG_EVENT := ev.ClusterConfigured(config=CFG),
 ])
 def test_a_stored_event_holds_only_what_differs_from_its_defaults_and_reads_back_equal(event):
-    from rota.controller.eventlog import decode_bodies, decode_event_bytes
+    from rota.controller.records import decode_bodies, decode_event_bytes
     stored = encode_body(event)
     raw = json.loads(stored)
     assert raw["type"] == event.type and raw["v"] == event.v
