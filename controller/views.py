@@ -102,11 +102,11 @@ class Views:
                 self._squeue_cache = (full, {})
             cache = self._squeue_cache[1]
         else:
-            key = self._view_key()
+            full = view = self._rows(chosen)
+            key = self._view_key()        # after the rows: making them may have made a decision
             if self._chosen_cache[0] != key:
                 self._chosen_cache = (key, {})
             cache = self._chosen_cache[1]
-            full = view = self._rows(chosen)
         if private_jobs(self.c.state, caller):
             view = [j for j in full if j["uid"] == caller.uid]
             clean["_uid"] = caller.uid

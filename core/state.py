@@ -270,7 +270,7 @@ _NODE_SCALARS = ("name", "index", "cpus", "memory", "gpu_types", "weight", "allo
 _META = ("config_seq", "seq", "now", "next_job_id", "cycle", "controller_version")
 
 
-dump_spec = JobSpec.__pydantic_serializer__.to_json     # a spec's JSON, with no dict made on the way
+_dump_spec = JobSpec.__pydantic_serializer__.to_json     # a spec's JSON, with no dict made on the way
 
 
 def dump_snapshot(state: State) -> bytes:
@@ -285,7 +285,7 @@ def dump_snapshot(state: State) -> bytes:
         si = spec_index.get(key)
         if si is None:
             si = spec_index[key] = len(specs)
-            specs.append(orjson.Fragment(dump_spec(job.spec, exclude_defaults=True)))
+            specs.append(orjson.Fragment(_dump_spec(job.spec, exclude_defaults=True)))
         jobs.append([si, [getattr(job, f) for f in _JOB_SCALARS],
                      [[a.node, a.cpus, a.mem, a.gpus] for a in job.alloc],
                      list(job.req) if job.req is not None else None,

@@ -354,3 +354,26 @@ async def test_a_filtered_squeue_makes_only_its_jobs_rows_and_says_what_the_full
         assert reply == expected, request
         if chosen is not None:
             assert len(chosen) < len(full) or request.get("states") == "r,pd"   # no rows made for the others
+
+
+async def test_a_snapshot_of_a_large_state_moves_what_is_alive_out_of_the_collectors_passes(monkeypatch):
+    """From FREEZE_JOBS jobs on, a snapshot collects and freezes: the collector's full passes no longer
+    rescan every job (below it, nothing is frozen)."""
+    import gc
+
+    from rota.controller import service
+
+    monkeypatch.setattr(service, "FREEZE_JOBS", 3)
+    c = Controller(MemoryLog(), config=CFG, clock=Clock(), snapshot_every=1)
+    await c.start()
+    gc.unfreeze()
+    try:
+        for i in range(2):
+            await c.handle("submit", {"rid": f"f{i}", "spec": spec(hold=True)})
+        assert await c.maybe_snapshot() and gc.get_freeze_count() == 0
+        for i in range(2, 4):     # the next snapshot comes as many events after as that one held jobs
+            await c.handle("submit", {"rid": f"f{i}", "spec": spec(hold=True)})
+        assert await c.maybe_snapshot() and gc.get_freeze_count() > 0
+        assert not any(o is c.state for o in gc.get_objects())    # the passes no longer see it
+    finally:
+        gc.unfreeze()

@@ -96,3 +96,10 @@ def test_slurmctldhost_lines_name_the_controllers_in_order():
     cfg = parse_config("SlurmctldHost=ctl1(10.0.0.1)\nSlurmctldHost=ctl2\nControlMachine=ctl1\n"
                        "NodeName=n1 CPUs=4 RealMemory=1000\nPartitionName=p Nodes=n1 Default=YES\n")
     assert cfg.controllers == ("ctl1", "ctl2")
+
+
+def test_a_cycle_tests_as_many_jobs_as_slurms_would():
+    """bf_max_job_test is 500 unless SchedulerParameters says otherwise (0: every pending job)."""
+    assert parse_config(GOOD).scheduler.bf_max_job_test == 500
+    assert parse_config(GOOD + "SchedulerParameters=bf_max_job_test=40\n").scheduler.bf_max_job_test == 40
+    assert parse_config(GOOD + "SchedulerParameters=bf_window=60,bf_max_job_test=0\n").scheduler.bf_max_job_test == 0
