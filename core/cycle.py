@@ -77,7 +77,7 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         self.seeds: dict[SearchKey, list[tuple]] = {}
         self.requests: dict[str, dict[int, NodeRequest]] = {}
         self.fit_counts: dict[SearchKey, tuple[int, int]] = {}
-        self.verdicts: dict[SearchKey, Reason | None] = {}
+        self.verdicts: dict[tuple, Reason | None] = {}          # by SearchKey, or a plain tuple equal to one
         self.gpu_owner: dict[str, list[int]] = {}
         self.next_id = state.next_job_id
         # per-user QOS limits (AccountingStorageEnforce=limits): what each user holds under each QOS

@@ -42,12 +42,11 @@ def partition_reason(cy: Cycle, job: Job, pname: str) -> Reason | None:
         return Reason("PartitionTimeLimit", about=pname, asked=limit, limit=p.max_time)
     spec = job.spec
     req = cy.request(job, pname)
-    key = (pname, spec.constraint, spec.nodelist, spec.exclude, req)     # equal to its SearchKey, made faster
+    key = (pname, spec.constraint, spec.nodelist, spec.exclude, req)   # equal to its SearchKey, cheaper to make
     verdicts = cy.verdicts
-    if key in verdicts:
-        return verdicts[key]
-    why = verdicts[SearchKey(*key)] = capacity_verdict(cy, spec, pname, p, req)
-    return why
+    if key not in verdicts:
+        verdicts[SearchKey(*key)] = capacity_verdict(cy, spec, pname, p, req)
+    return verdicts[key]
 
 
 def capacity_verdict(cy: Cycle, spec: ev.JobSpec, pname: str, p: ev.PartitionConfig,

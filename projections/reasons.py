@@ -22,7 +22,7 @@ log = logging.getLogger("rota.projections")
 
 _UPSERT_SPAN = "INSERT OR REPLACE INTO reasons VALUES (?, ?, ?, ?, ?)"
 BATCH = 500          # events folded per step: a few hundred scheduler runs at most
-YIELD_AFTER = 0.05   # seconds of folding after which, while following the log, the lane pauses
+YIELD_AFTER = 0.05   # seconds of folding after which the lane, beside the controller, pauses
 
 
 def span_rows(spans: list[Span]) -> list[tuple]:
@@ -56,12 +56,13 @@ class ReasonLane:
     def seq(self) -> int:
         return self.state.seq
 
-    async def catch_up(self, to_seq: int | None = None) -> int:
-        """Fold everything the log holds past the lane's checkpoint; returns the number of events."""
+    async def catch_up(self, to_seq: int | None = None, *, beside: bool = False) -> int:
+        """Fold everything the log holds past the lane's checkpoint; returns the number of events.
+        ``beside``: following a live log beside other work (the controller's, in rota up) that must not wait
+        for the lane's folds: after a step of d seconds (more than YIELD_AFTER) the lane pauses for 2d."""
         n = 0
-        following = to_seq is None
-        async for chunk in (self.log.read_tail(self.state.seq + 1) if following
-                            else self.log.read_batches(self.state.seq + 1, to_seq)):
+        async for chunk in (self.log.read_batches(self.state.seq + 1, to_seq) if to_seq is not None
+                            else self.log.read_tail(self.state.seq + 1)):
             chunk = [env for env in chunk if env.seq > self.state.seq]
             for i in range(0, len(chunk), BATCH):
                 part = chunk[i:i + BATCH]
@@ -70,7 +71,7 @@ class ReasonLane:
                 took = time.perf_counter() - t0
                 await self._write(spans, snapshot)
                 n += len(part)
-                if following and took > YIELD_AFTER:
+                if beside and took > YIELD_AFTER:
                     # its folds hold the interpreter (one lock for every thread): a step that took d
                     # seconds is followed by 2d of leaving it to the controller beside it, as a cycle is
                     await asyncio.sleep(2 * took)
@@ -121,7 +122,7 @@ class ReasonLane:
             try:
                 if not self.may_write():
                     raise OSError("the disk is nearly full (it goes on when there is room again)")
-                await self.catch_up()
+                await self.catch_up(beside=True)
                 await self.settle(int(time.time()) - 1)
                 said = ""
             except Exception as exc:  # noqa: BLE001 - the log is briefly unavailable: retry

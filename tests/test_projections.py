@@ -389,3 +389,34 @@ async def test_sacct_shows_the_last_pending_reason_and_rota_history_lists_them(t
     r = subprocess.run([sys.executable, "-m", "rota.cli.main", "history", str(b), "--log", str(log_file), "--json"],
                        capture_output=True, text=True)
     assert r.returncode == 0 and '"reason": "Resources"' in r.stdout, r.stdout + r.stderr
+
+
+async def test_the_reason_lane_beside_the_controller_pauses_after_a_long_fold_and_a_rebuild_does_not(
+        tmp_path, monkeypatch):
+    """Its folds hold the interpreter every thread shares: beside the controller a step of d seconds is
+    followed by 2d of leaving it to the controller; a rebuild (nothing beside it) never waits."""
+    import asyncio
+
+    from rota.projections import reasons
+
+    from test_reason_history import history
+
+    log = history(random_ops(1)).log
+    monkeypatch.setattr(reasons, "YIELD_AFTER", 0.0)     # every step counts as long here
+    monkeypatch.setattr(reasons, "BATCH", 10)
+    real_sleep, pauses = asyncio.sleep, []
+
+    async def sleep(d, *a, **kw):
+        pauses.append(d)
+        await real_sleep(0)
+    monkeypatch.setattr(reasons.asyncio, "sleep", sleep)
+    for beside, name in ((False, "rebuild"), (True, "live")):
+        pauses.clear()
+        lg = MemoryLog()
+        lg.entries = list(log)
+        p = Projector(tmp_path / f"{name}.sqlite", lg)
+        await p.open()
+        assert p.reasons is not None
+        assert await p.reasons.catch_up(beside=beside) == len(log)
+        await p.close()
+        assert (len(pauses) == -(-len(log) // 10) and all(d > 0 for d in pauses)) if beside else pauses == [], name
