@@ -70,11 +70,18 @@ def _setup(prog: str, host: str, nats: str | None, key: str | None, state_dir: s
 STOP_WAIT = 10.0    # seconds a stopping agent or signer gets to close its connections
 
 
-async def _stop_both(signer: Any, agent: Any) -> None:
-    if signer is not None:
-        await signer.stop()
-    if agent is not None:
-        await agent.stop()
+async def _stop_within(what: str, echo, signer: Any, agent: Any = None) -> None:
+    """Stop the signer and the agent, giving them STOP_WAIT seconds: a NATS connection that keeps
+    reconnecting must not keep the process from ending."""
+    async def both() -> None:
+        if signer is not None:
+            await signer.stop()
+        if agent is not None:
+            await agent.stop()
+    try:
+        await asyncio.wait_for(both(), STOP_WAIT)
+    except asyncio.TimeoutError:
+        echo(f"{what}: stopping took more than {STOP_WAIT:.0f} s; leaving anyway")
 
 
 def _stop_event() -> asyncio.Event:
@@ -115,10 +122,7 @@ def main(*, node: str, nats: str | None, state_dir: str | None, key: str | None 
             signer = await run_signer(path, node, keyring, url, tls_ca, echo)
         echo(f"rota agent {node}: registered with {url}; running jobs keep running if the agent stops")
         await stop.wait()
-        try:   # a NATS connection that keeps reconnecting must not keep the process from ending
-            await asyncio.wait_for(_stop_both(signer, agent), STOP_WAIT)
-        except asyncio.TimeoutError:
-            echo(f"rota agent {node}: stopping took more than {STOP_WAIT:.0f} s; leaving anyway")
+        await _stop_within(f"rota agent {node}", echo, signer, agent)
 
     try:
         run_bounded(run())
@@ -147,10 +151,7 @@ def authd(*, host: str | None, nats: str | None, key: str | None, tls_ca: str | 
         stop = _stop_event()
         signer = await run_signer(path, name, keyring, url, tls_ca, echo)
         await stop.wait()
-        try:
-            await asyncio.wait_for(_stop_both(signer, None), STOP_WAIT)
-        except asyncio.TimeoutError:
-            echo(f"rota authd {name}: stopping took more than {STOP_WAIT:.0f} s; leaving anyway")
+        await _stop_within(f"rota authd {name}", echo, signer)
 
     try:
         run_bounded(run())

@@ -184,9 +184,7 @@ class JetStreamLog:
         try:
             ack = await self.js.publish(subject_for(event), body, stream=self.stream, headers=headers)
             if expected_last is not None and not ack.duplicate and ack.seq == expected_last + 1:
-                self.own.remember(ack.seq, ts, actor, idem, event)
-                if key is not None and self.check is not None:
-                    self.check.signed_at(ack.seq)
+                self._landed(ack.seq, [(event, actor, idem, ts)])
         except APIError as exc:
             if getattr(exc, "err_code", None) == 10071:   # wrong last sequence
                 raise FencedError(expected_last or 0) from None
@@ -235,11 +233,16 @@ class JetStreamLog:
             first = ack["seq"] - last + 1
             out += [Appended(first + i, False) for i in range(last)]
             if first == base + 1:
-                for i, (event, actor, idem, ts) in enumerate(chunk):
-                    self.own.remember(first + i, ts, actor, idem, event)
-                if self.mac_key is not None and self.check is not None:
-                    self.check.signed_at(first)
+                self._landed(first, chunk)
         return out
+
+    def _landed(self, first: int, records: list[tuple[Any, str, str, int]]) -> None:
+        """``records`` (event, actor, idem, ts) were acknowledged from ``first`` on, where their fence
+        expected them: a follower in this process may read them from here, and the log is signed from there."""
+        for i, (event, actor, idem, ts) in enumerate(records):
+            self.own.remember(first + i, ts, actor, idem, event)
+        if self.check is not None:
+            self.check.signed_at(first)
 
     async def read_tail(self, from_seq: int) -> AsyncIterator[list[ev.Envelope]]:
         """For a reader that follows the log in this process (the projection): the records this process

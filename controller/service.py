@@ -243,7 +243,8 @@ class Controller:
                 return False
             data, seq = dump_snapshot(self.state), self.state.seq
             self._last_snapshot_jobs = len(self.state.jobs)
-        collector.keep_out(len(self.state.jobs), FREEZE_JOBS)
+        if len(self.state.jobs) >= FREEZE_JOBS:
+            collector.keep_out()
         history = seq - self._last_history_seq >= self.history_every
         await self.log.snapshots.put(data, seq, history)
         if history:

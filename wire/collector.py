@@ -25,10 +25,9 @@ def paused() -> Iterator[None]:
             gc.enable()
 
 
-def keep_out(live_jobs: int, threshold: int) -> None:
-    """Once the state holds ``threshold`` jobs or more: collect, then move what is alive out of the
-    collector's reach for good (it mostly lives as long as the process; what of it is dropped later is
-    still freed by reference counting), so its full passes stop rescanning every job."""
-    if live_jobs >= threshold:
-        gc.collect()
-        gc.freeze()
+def keep_out() -> None:
+    """Collect, then move what is alive out of the collector's reach for good (a large state mostly lives
+    as long as the process; what of it is dropped later is still freed by reference counting), so its full
+    passes stop rescanning it."""
+    gc.collect()
+    gc.freeze()
