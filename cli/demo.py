@@ -24,7 +24,7 @@ def _queue_table(h: Harness, d) -> list[str]:
             where = ",".join(a.node for a in job.alloc)
             rows.append(f"{jid:>6} {job.spec.name:<14} {job.spec.user:<7} R  {where}")
         elif job.state == "PENDING":
-            p = d.pending.get(jid)
+            p = d.pending_of(jid)
             start = f" start in {format_duration(p.start - h.now)}" if p and p.start else ""
             rows.append(f"{jid:>6} {job.spec.name:<14} {job.spec.user:<7} PD ({p.display if p else 'None'}){start}")
     return rows
@@ -80,7 +80,7 @@ def run_demo(echo=print) -> Harness:
     echo(f"\n{_clock(h)}  gpu04 drained by admin (fan failure); the queue now:")
     for line in _queue_table(h, d):
         echo("   " + line)
-    p = d.pending.get(big)
+    p = d.pending_of(big)
     if p is not None:
         echo(f"\n   why is job {big} waiting? {p.display}: {p.detail}")
     _run_until(h, T0 + 5 * 3600)

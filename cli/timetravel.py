@@ -414,8 +414,8 @@ def replay_views(envelopes: Iterable[ev.Envelope], at_seq: int | None, at_time: 
     for jid in list(st.running) + list(st.pending):
         job = st.jobs[jid]
         running = job.state == "RUNNING"
-        reason = ",".join(a.node for a in job.alloc) if running else \
-            f"({d.pending[jid].display if d and jid in d.pending else 'None'})"
+        p = d.pending_of(jid) if d is not None and not running else None
+        reason = ",".join(a.node for a in job.alloc) if running else f"({p.display if p is not None else 'None'})"
         t = format_duration(now - job.start_time) if running else "0:00"
         out.append(f"{jid:>8} {job.partition:>9.9} {job.spec.name:>10.10} {job.spec.user:>8.8} "
                    f"{'R' if running else 'PD':>2} {t:>10} {len(job.alloc) or 1:>6} {reason}")

@@ -196,7 +196,7 @@ class Views:
     def _rows(self, jobs: list) -> list[dict]:
         """The squeue rows of these live jobs, with the reasons of the current decision."""
         d = self._decision() if self.c.state.pending else None
-        return [self._row(job, d, d.pending.get(job.job_id) if d is not None else None) for job in jobs]
+        return [self._row(job, d, d.pending_of(job.job_id) if d is not None else None) for job in jobs]
 
     @staticmethod
     def _row(job: Any, d: Any, p: Any) -> dict:
@@ -246,7 +246,7 @@ class Views:
         job = state.jobs.get(job_id)
         if job is None or (private_jobs(state, caller) and job.spec.uid != caller.uid):
             raise commands.Rejected("Invalid job id specified", code="no_job")
-        p = self._decision().pending.get(job_id) if job.state == "PENDING" else None
+        p = self._decision().pending_of(job_id) if job.state == "PENDING" else None
         req = job.req
         return {
             "job_id": job.job_id, "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,

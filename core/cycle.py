@@ -2,7 +2,7 @@
 requests, searches and their caches, and the GPUs picked so far."""
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple
+from typing import Iterable, NamedTuple, Sequence
 
 from . import events as ev
 from .fairshare import factors
@@ -88,12 +88,16 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         shares = factors(state, now) if cfg.priority.fairshare and state.associations else None
         self.prio_ctx = PriorityContext(cfg, sum(n.cpus for n in state.nodes.values()), state.qos, shares)
         default = cfg.default_partition()
-        self.default_parts = [default.name] if default is not None else []
+        self.default_parts: tuple[str, ...] = (default.name,) if default is not None else ()
 
-    def job_parts(self, job: Job) -> list[str]:
-        """The partitions a job may run in, in its order (the default partition when it named none); a
-        fresh list, which :func:`rota.core.static_reasons.static_reason` narrows to the usable ones."""
-        return list(job.spec.partitions) if job.spec.partitions else list(self.default_parts)
+    def job_parts(self, job: Job) -> Sequence[str]:
+        """The partitions a job may run in, in its order (the default partition when it named none): a
+        fresh list when there are several, which :func:`rota.core.static_reasons.static_reason` narrows to
+        the usable ones."""
+        named = job.spec.partitions
+        if not named:
+            return self.default_parts
+        return named if len(named) == 1 else list(named)
 
     def _build_timelines(self, bases: NodeBases | None) -> None:
         now, explain = self.now, self.explain

@@ -18,7 +18,7 @@ A policy object lives for one cycle and keeps what it has learnt in it.
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Sequence
 
 from .profile import INF
 
@@ -30,7 +30,7 @@ class Policy(Protocol):
     book: bool        # a reservation holds its nodes on the timelines (later jobs are placed around it)
     head: tuple[int, int] | None     # the blocked head job and the shadow kept for it (easy_strict)
 
-    def considers(self, parts: list[str]) -> bool:
+    def considers(self, parts: Sequence[str]) -> bool:
         """Whether a job using ``parts`` is tested at all (False: it waits for Priority)."""
 
     def horizon(self) -> int:
@@ -39,7 +39,7 @@ class Policy(Protocol):
     def may_try(self, partition: str, duration: int) -> bool:
         """Whether a job of ``duration`` seconds may be placed in ``partition``."""
 
-    def blocked(self, parts: list[str], start: int | None, job_id: int) -> bool:
+    def blocked(self, parts: Sequence[str], start: int | None, job_id: int) -> bool:
         """Job ``job_id`` could not start now (its earliest start is ``start``, None: none in the
         horizon): True when it gets a reservation."""
 
@@ -58,7 +58,7 @@ class Fifo:
         self.blocked_parts: set[str] = set()
         self.reserved = False
 
-    def considers(self, parts: list[str]) -> bool:
+    def considers(self, parts: Sequence[str]) -> bool:
         return not all(p in self.blocked_parts for p in parts)
 
     def horizon(self) -> int:
@@ -67,7 +67,7 @@ class Fifo:
     def may_try(self, partition: str, duration: int) -> bool:
         return partition not in self.blocked_parts
 
-    def blocked(self, parts: list[str], start: int | None, job_id: int) -> bool:
+    def blocked(self, parts: Sequence[str], start: int | None, job_id: int) -> bool:
         self.blocked_parts.update(parts)
         return False
 
@@ -82,7 +82,7 @@ class Easy:
         self.reserved = False
         self.shadow = INF              # the reserved job's start
 
-    def considers(self, parts: list[str]) -> bool:
+    def considers(self, parts: Sequence[str]) -> bool:
         return True
 
     def horizon(self) -> int:
@@ -91,7 +91,7 @@ class Easy:
     def may_try(self, partition: str, duration: int) -> bool:
         return True
 
-    def blocked(self, parts: list[str], start: int | None, job_id: int) -> bool:
+    def blocked(self, parts: Sequence[str], start: int | None, job_id: int) -> bool:
         if start is None:
             return False
         if not self.reserved:
@@ -107,7 +107,7 @@ class EasyStrict(Easy):
         super().__init__(now)
         self.kept = kept                      # (head job, shadow) from an earlier cycle
 
-    def blocked(self, parts: list[str], start: int | None, job_id: int) -> bool:
+    def blocked(self, parts: Sequence[str], start: int | None, job_id: int) -> bool:
         if start is None:
             return False
         if not self.reserved:
@@ -129,7 +129,7 @@ class Conservative:
         self.window_end = now + window
         self.reserved = False
 
-    def considers(self, parts: list[str]) -> bool:
+    def considers(self, parts: Sequence[str]) -> bool:
         return True
 
     def horizon(self) -> int:
@@ -138,7 +138,7 @@ class Conservative:
     def may_try(self, partition: str, duration: int) -> bool:
         return True
 
-    def blocked(self, parts: list[str], start: int | None, job_id: int) -> bool:
+    def blocked(self, parts: Sequence[str], start: int | None, job_id: int) -> bool:
         if start is None:
             return False
         self.reserved = True

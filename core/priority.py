@@ -11,7 +11,7 @@ class PriorityContext:
     """Per-cycle constants the priority formula needs: weights, the cluster's size, QOS priorities and
     each association's fair-share factor (parts per million)."""
 
-    __slots__ = ("w", "cluster_cpus", "max_pjf", "qos_prio", "max_qos", "fairshare")
+    __slots__ = ("w", "cluster_cpus", "max_pjf", "qos_prio", "max_qos", "fairshare", "fixed")
 
     def __init__(self, cfg: ClusterConfig, cluster_cpus: int, qos: dict[str, QosRecord] | None = None,
                  fairshare: dict[tuple[str, str], int] | None = None) -> None:
@@ -22,6 +22,7 @@ class PriorityContext:
         self.qos_prio = {q.name: q.priority for q in cfg.qos} | {q.name: q.priority for q in (qos or {}).values()}
         self.max_qos = max(self.qos_prio.values(), default=0) or 1
         self.fairshare = fairshare
+        self.fixed: dict[tuple[str, int, str], int] = {}   # (partition, CPUs, QOS) -> their factors' sum
 
 
 class Factors(NamedTuple):
@@ -47,12 +48,24 @@ def fairshare_factor(job: Job, ctx: PriorityContext) -> int:
 def _weighted(job: Job, now: int, part: PartitionConfig, job_cpus: int,
               ctx: PriorityContext) -> tuple[int, int, int, int, int]:
     """The job's weighted factors: (age, fair-share, job size, partition, QOS)."""
+    return (_age(job, now, ctx), _fairshare(job, ctx), *_fixed(part, job_cpus, job.spec.qos, ctx))
+
+
+def _age(job: Job, now: int, ctx: PriorityContext) -> int:
     w = ctx.w
-    age = size = partition = qos = fairshare = 0
-    if w.age:
-        waited = now - job.eligible_time
-        if waited > 0:
-            age = w.age * min(waited, w.max_age) // max(1, w.max_age)
+    waited = now - job.eligible_time
+    return w.age * min(waited, w.max_age) // max(1, w.max_age) if w.age and waited > 0 else 0
+
+
+def _fairshare(job: Job, ctx: PriorityContext) -> int:
+    w = ctx.w.fairshare
+    return w * fairshare_factor(job, ctx) // 1_000_000 if w else 0
+
+
+def _fixed(part: PartitionConfig, job_cpus: int, qos_name: str, ctx: PriorityContext) -> tuple[int, int, int]:
+    """The weighted factors every job of this size, partition and QOS shares: (job size, partition, QOS)."""
+    w = ctx.w
+    size = partition = qos = 0
     if w.job_size:
         cpus = min(job_cpus, ctx.cluster_cpus)
         if w.favor_small:
@@ -62,10 +75,8 @@ def _weighted(job: Job, now: int, part: PartitionConfig, job_cpus: int,
     if w.partition:
         partition = w.partition * part.priority_job_factor // ctx.max_pjf
     if w.qos:
-        qos = w.qos * ctx.qos_prio.get(job.spec.qos, 0) // ctx.max_qos
-    if w.fairshare:
-        fairshare = w.fairshare * fairshare_factor(job, ctx) // 1_000_000
-    return age, fairshare, size, partition, qos
+        qos = w.qos * ctx.qos_prio.get(qos_name, 0) // ctx.max_qos
+    return size, partition, qos
 
 
 def priority_factors(job: Job, now: int, part: PartitionConfig, job_cpus: int, ctx: PriorityContext) -> Factors:
@@ -77,10 +88,16 @@ def priority_factors(job: Job, now: int, part: PartitionConfig, job_cpus: int, c
 
 
 def job_priority(job: Job, now: int, part: PartitionConfig, job_cpus: int, ctx: PriorityContext) -> int:
-    """The job's priority: site weights times factors, minus nice; 0 while held."""
+    """The job's priority: site weights times factors, minus nice; 0 while held (what
+    :func:`priority_factors` sums, with the factors jobs share summed once a cycle)."""
     if job.hold is not None or job.priority_override is not None:
         return _priority(job, ())
-    return _priority(job, _weighted(job, now, part, job_cpus, ctx))
+    qos = job.spec.qos
+    key = (part.name, job_cpus, qos)
+    fixed = ctx.fixed.get(key)
+    if fixed is None:
+        fixed = ctx.fixed[key] = sum(_fixed(part, job_cpus, qos, ctx))
+    return _priority(job, (_age(job, now, ctx), _fairshare(job, ctx), fixed))
 
 
 def _priority(job: Job, weighted: tuple[int, ...]) -> int:

@@ -10,13 +10,12 @@ construction (and tested against it).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from heapq import heappush
 from typing import Any, Iterable, Iterator
 
 from . import events as ev
 from .changes import NOTHING, Changes
-from .schedule import Decision, ranking, schedule
+from .schedule import Decision, schedule
 from .state import PENDING, State
 from .timetravel import Moments
 
@@ -94,23 +93,19 @@ class ReasonHistory:
     def _moment(self, st: State, seq: int, now: int) -> None:
         """Evaluate at a moment between recorded cycles, for the jobs it concerns (after submits only:
         the new jobs and those they outrank; at a begin time: the jobs it is theirs)."""
+        d = schedule(st, now)
         moments = self.moments
-        if moments.begun is not None:
-            counting: Any = moments.begun.__contains__
-        elif moments.only_submitted is not None:
-            order = ranking(st, now)
-            if not any(moments.counts_for(jid, order) for jid in st.pending):
-                return
-            counting = partial(moments.counts_for, order=order)
-        else:
-            counting = None
-        self._record(st, schedule(st, now), now, seq, counting)
+        counts = None if moments.begun is None and moments.only_submitted is None else \
+            moments.counting({jid: i for i, jid in enumerate(d.order)})
+        self._record(st, d, now, seq, counts)
 
     def _record(self, st: State, d: Decision, now: int, seq: int, counts: Any) -> None:
         for jid in st.pending:
-            p = d.pending.get(jid)
-            if p is None or (counts is not None and not counts(jid)):
-                continue          # it would start now, or this moment cannot change what is said of it
+            if counts is not None and not counts(jid):
+                continue          # this moment cannot change what is said of it
+            p = d.pending_of(jid)
+            if p is None:
+                continue          # it would start now
             span = self.open.get(jid)
             if span is not None and span.code == p.reason:
                 continue

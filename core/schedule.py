@@ -8,7 +8,8 @@ then walk them, starting what fits now and, depending on the policy
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from itertools import count
+from typing import Any, Iterable, Sequence
 
 from . import events as ev
 from .cycle import Cycle, NodeBases
@@ -74,12 +75,23 @@ class Decision:
     cycle: int
     starts: list[ev.Start] = field(default_factory=list)
     reservations: dict[int, Reservation] = field(default_factory=dict)
-    pending: dict[int, Pending] = field(default_factory=dict)
+    pending: dict[int, Pending] = field(default_factory=dict)   # tested or held back before ranking
+    untested: dict[int, int] = field(default_factory=dict)      # ranked beyond bf_max_job_test: job -> rank
     order: list[int] = field(default_factory=list)          # ranked job ids, best first
     priorities: dict[int, int] = field(default_factory=dict)
     checked: dict[int, tuple[int, ...]] = field(default_factory=dict)  # backfilled start -> resvs
     preemptions: list[ev.Preemption] = field(default_factory=list)
     shadow: tuple[int, int] | None = None      # easy_strict: the blocked head job and its shadow
+
+    def pending_of(self, job_id: int) -> Pending | None:
+        """Why ``job_id`` is still pending after this cycle (None: it starts now, or the cycle did not see it);
+        a job ranked beyond ``bf_max_job_test`` gets its :class:`Pending` only when asked."""
+        p = self.pending.get(job_id)
+        if p is None:
+            rank = self.untested.get(job_id)
+            if rank is not None:
+                return Pending(_NOT_TESTED, rank, self.priorities[job_id], None, False)
+        return p
 
     def event(self) -> ev.JobsStarted | None:
         """The log event for this cycle, or None when it started and preempted nothing."""
@@ -111,7 +123,7 @@ def schedule(state: State, now: int, policy: str | None = None, explain: bool = 
         return decision
     cy = Cycle(state, now, pol, explain, bases=bases)
     jobs = state.jobs
-    ready: list[tuple[tuple[int, int, int, int], Job, list[str]]] = []
+    ready: list[tuple[tuple[int, int, int, int], Job, Sequence[str]]] = []
     pending_out, priorities = decision.pending, decision.priorities
     cut_key = _focus_key(cy, decision, focus) if focus is not None else None
     if cut_key is None and focus is not None:
@@ -168,7 +180,7 @@ def plan(state: State, now: int, focus: int | None = None) -> dict[int, int]:
     return out
 
 
-def _rank_key(cy: Cycle, job: Job, parts: list[str]) -> tuple[int, int, int, int]:
+def _rank_key(cy: Cycle, job: Job, parts: Sequence[str]) -> tuple[int, int, int, int]:
     """The job's place in priority order (smaller first): PriorityTier, priority, submit order, id."""
     part0 = cy.parts[parts[0]]
     tier = part0.priority_tier if len(parts) == 1 else max(cy.parts[p].priority_tier for p in parts)
@@ -187,16 +199,6 @@ def _rank_keys(state: State, now: int, job_ids: Iterable[int]) -> dict[int, tupl
         parts = cy.job_parts(job)
         keys[jid] = None if static_reason(cy, job, parts) is not None else _rank_key(cy, job, parts)
     return keys
-
-
-def ranking(state: State, now: int) -> dict[int, int]:
-    """Each pending job's position in priority order at ``now`` as a cycle would walk them (jobs held
-    back before ranking, by a hold, dependency, partition or begin time, are absent)."""
-    if state.config is None:
-        return {}
-    keys = _rank_keys(state, now, state.pending)
-    ranked = sorted((key, jid) for jid, key in keys.items() if key is not None)
-    return {jid: i for i, (_key, jid) in enumerate(ranked)}
 
 
 def outranks(mine: Any, theirs: Iterable[Any]) -> bool:
@@ -308,15 +310,14 @@ def _walk(cy: Cycle, decision: Decision, ready: list, policy: Policy) -> None:
 
 
 def _not_tested(decision: Decision, ready: list, first: int) -> None:
-    """The jobs ranked ``first`` and after, beyond ``bf_max_job_test``: ranked, not tested."""
-    priorities, pending, order = decision.priorities, decision.pending, decision.order
-    for rank, (_key, job, _parts) in enumerate(ready[first - 1:], start=first):
-        jid = job.job_id
-        order.append(jid)
-        pending[jid] = Pending(_NOT_TESTED, rank, priorities[jid], None, False)
+    """The jobs ranked ``first`` and after, beyond ``bf_max_job_test``: ranked, not tested (their
+    :class:`Pending` is made when asked: :meth:`Decision.pending_of`)."""
+    ids = [r[1].job_id for r in ready[first - 1:]]
+    decision.order.extend(ids)
+    decision.untested = dict(zip(ids, count(first)))
 
 
-def _preempt(cy: Cycle, decision: Decision, job: Job, parts: list[str]) -> None:
+def _preempt(cy: Cycle, decision: Decision, job: Job, parts: Sequence[str]) -> None:
     """Preempt what lets ``job`` start soonest in the first of its partitions where it can (rota.core.preempt);
     it starts in a later cycle, once its victims have stopped."""
     assert cy.preempter is not None
@@ -345,7 +346,7 @@ class _Place:
         return self.limit if self.limit else UNLIMITED_DURATION
 
 
-def _earliest(cy: Cycle, job: Job, parts: list[str], policy: Policy) -> _Place | None:
+def _earliest(cy: Cycle, job: Job, parts: Sequence[str], policy: Policy) -> _Place | None:
     """The earliest start within the policy's horizon over the partitions it may try (None: none)."""
     horizon = policy.horizon()
     best: _Place | None = None
@@ -402,7 +403,7 @@ def _start(cy: Cycle, decision: Decision, job: Job, task: int | None, tasks: lis
                                          if names.intersection(r.nodes))
 
 
-def _explain_pending(cy: Cycle, job: Job, parts: list[str], pend: Pending,
+def _explain_pending(cy: Cycle, job: Job, parts: Sequence[str], pend: Pending,
                      resv: Reservation | None) -> None:
     """Fill in the numbers: what is free now versus what the job needs, and who holds it."""
     pname = parts[0]

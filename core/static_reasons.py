@@ -4,6 +4,8 @@ array limits. Each partition is judged on its own; when none is usable, the most
 (:func:`~rota.core.reasons.most_severe`) is the job's."""
 from __future__ import annotations
 
+from typing import Sequence, cast
+
 from . import events as ev
 from .cycle import Cycle, SearchKey
 from .deps import NEVER, OK, DependencySpecError, dependency_status, parse_dependency
@@ -15,6 +17,7 @@ from .state import RUNNING, Job, State
 
 
 _HELD_BY_ADMIN, _HELD_BY_USER = Reason("JobHeldAdmin"), Reason("JobHeldUser")
+_UNKNOWN = object()            # a verdict not made yet this cycle
 
 
 def reasons_now(state: State, jobs: list[Job], now: int) -> dict[int, Reason | None]:
@@ -44,9 +47,10 @@ def partition_reason(cy: Cycle, job: Job, pname: str) -> Reason | None:
     req = cy.request(job, pname)
     key = (pname, spec.constraint, spec.nodelist, spec.exclude, req)   # equal to its SearchKey, cheaper to make
     verdicts = cy.verdicts
-    if key not in verdicts:
-        verdicts[SearchKey(*key)] = capacity_verdict(cy, spec, pname, p, req)
-    return verdicts[key]
+    why = verdicts.get(key, _UNKNOWN)
+    if why is _UNKNOWN:
+        why = verdicts[SearchKey(*key)] = capacity_verdict(cy, spec, pname, p, req)
+    return cast("Reason | None", why)
 
 
 def capacity_verdict(cy: Cycle, spec: ev.JobSpec, pname: str, p: ev.PartitionConfig,
@@ -74,7 +78,7 @@ def capacity_verdict(cy: Cycle, spec: ev.JobSpec, pname: str, p: ev.PartitionCon
     return None
 
 
-def static_reason(cy: Cycle, job: Job, parts: list[str]) -> Reason | None:
+def static_reason(cy: Cycle, job: Job, parts: Sequence[str]) -> Reason | None:
     """The reason a job cannot be considered this cycle, before capacity; None if it can.
 
     Narrows ``parts`` to the partitions the job can use. The checks run in rank order (the first
@@ -98,6 +102,7 @@ def static_reason(cy: Cycle, job: Job, parts: list[str]) -> Reason | None:
                 refused.append(why)
         if not usable_parts:
             return most_severe(refused)
+        assert isinstance(parts, list)    # several partitions come as a list of the job's own
         parts[:] = usable_parts
     if cy.limit_use is not None:
         why = wall_reason(cy.state, job, effective_time_limit(job.time_limit, cy.parts[parts[0]]))

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from heapq import heappop, heappush
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from . import events as ev
 from .apply import apply
 from .changes import Changes
 from .cycle import NodeBases
-from .schedule import factors_of, outranked, outranks, plan, schedule
+from .schedule import factors_of, outranked, plan, schedule
 from .state import PENDING, RUNNING, TERMINAL_STATES, State
 
 
@@ -175,10 +175,10 @@ def _sample_all(st: State, env: ev.Envelope, now: int | None, moments: "Moments"
             story.sample(_sample(d, st, e.now, story.job_id, e, planned))
         return
     d = schedule(st, now, explain=True)
-    order = {jid: i for i, jid in enumerate(d.order)}
+    counts = moments.counting({jid: i for i, jid in enumerate(d.order)})
     planned = _Plan(st, now)
     for story in waiting:
-        if moments.counts_for(story.job_id, order):
+        if counts(story.job_id):
             story.sample(_sample(d, st, now, story.job_id, None, planned))
 
 
@@ -299,7 +299,7 @@ def _sample(d: Any, st: State, now: int, job_id: int, e: ev.JobsStarted | None,
     """What decision ``d`` (from ``st`` at ``now``; recorded as ``e``, or None between cycles) says of
     ``job_id``; None when it starts the job. A job waiting for resources or priority without a
     reservation gets an estimated start from the plan (``planned``, else made for it)."""
-    p = d.pending.get(job_id)
+    p = d.pending_of(job_id)
     if p is None:
         return None
     start, estimated = p.start, False
@@ -341,6 +341,10 @@ def _rank_factors(iv: Interval, st: State, now: int, job_id: int) -> None:
     if job_id in got and ahead in got:
         iv.factors = tuple(got[job_id][1])
         iv.ahead_factors = (ahead, tuple(got[ahead][1]))
+
+
+def _always(_job_id: int) -> bool:
+    return True
 
 
 class Moments:
@@ -441,15 +445,24 @@ class Moments:
                 self.only_submitted, self.begun = None, tuple(sorted(set(due)))
                 yield prev, t
 
-    def counts_for(self, job_id: int, order: dict[int, int]) -> bool:
-        """Whether the moment just yielded (every job's) is one at which :func:`why` evaluates
-        ``job_id``, given the ranking then (job -> position; jobs held back before ranking absent)."""
+    def counting(self, order: dict[int, int]) -> Callable[[int], bool]:
+        """Whether the moment just yielded (every job's) is one at which :func:`why` evaluates a job,
+        given the ranking then (job -> position; jobs held back before ranking absent): after submits
+        only, the new jobs and those they outrank; at a begin time, the jobs it is theirs."""
         if self.begun is not None:
-            return job_id in self.begun
+            return self.begun.__contains__
         subs = self.only_submitted
-        if subs is None or job_id in subs:
-            return True
-        return outranks(order.get(job_id), (order.get(j) for j in subs))
+        if subs is None:
+            return _always
+        new = set(subs)
+        first = min((order[j] for j in new if j in order), default=None)
+
+        def counts(job_id: int) -> bool:
+            if job_id in new:
+                return True
+            mine = order.get(job_id)
+            return mine is None or (first is not None and first < mine)   # as schedule.outranks says
+        return counts
 
     def apply(self, st: State, env: ev.Envelope, ch: Changes | None = None) -> None:
         """Apply ``env`` to ``st`` (noting into ``ch``, which may span many events), noting whether it

@@ -162,3 +162,31 @@ def test_why_names_the_priority_factors_that_ranked_a_job_behind_another():
     text = "\n".join(why_text(why(h.log, mine), {}))
     assert f"Ranked behind job {theirs} (?) by its priority factors: 5000 (fair-share 5000), against this job's " \
            "2500 (fair-share 2500)." in text, text
+
+
+def test_a_cycles_priorities_are_sprios_factors_summed():
+    """The cycle sums the factors jobs share once per (partition, size, QOS); sprio adds each job's up."""
+    from rota.core.schedule import factors_of
+
+    wide = ev.PartitionConfig(name="wide", nodes=("gpu01", "gpu02"), max_time=3600, priority_job_factor=3)
+    cfg = cluster(fair_tree=False, half_life=0, nodes=2, gpus=0, extra_partitions=(wide,))
+    cfg = cfg.model_copy(update={
+        "priority": cfg.priority.model_copy(update={"age": 700, "job_size": 900, "partition": 400, "qos": 300,
+                                                    "max_age": 1000}),
+        "qos": (ev.QosConfig(name="normal"), ev.QosConfig(name="high", priority=7))})
+    h = Harness(cfg)
+    h.put(accounting(("physics", "root", 1), users=(("alice", "physics", 1), ("bob", "physics", 2))))
+    blocker = h.submit(user="bob", account="physics", nodes=2, cpus_per_task=64, exclusive=True, time_limit=3600)
+    h.cycle()
+    ids = []
+    for i in range(12):
+        h.advance(97)
+        ids.append(h.submit(user=("alice", "bob")[i % 2], account="physics", cpus_per_task=1 + i % 5,
+                            partitions=(("short",), ("wide",))[i % 3 == 0], qos=("normal", "high")[i % 4 == 1],
+                            nice=(0, 50)[i % 5 == 2], time_limit=600))
+    h.advance(300)
+    d = h.cycle()
+    assert h.state.jobs[blocker].state == "RUNNING" and not d.starts
+    sprio = factors_of(h.state, h.now, ids)
+    assert {jid: sprio[jid][1].priority for jid in ids} == {jid: d.priorities[jid] for jid in ids}
+    assert len({d.priorities[jid] for jid in ids}) == len(ids)      # every factor told them apart

@@ -103,7 +103,7 @@ def test_every_interval_says_what_the_scheduler_decides_at_its_moment(ops):
                 st, policy = replay_to(h.log, at_seq=iv.first_seq - 1), env.event.policy
             else:
                 st, policy = replay_to(h.log, at_seq=iv.first_seq), None
-            p = schedule(st, iv.start, policy, explain=True).pending[jid]
+            p = schedule(st, iv.start, policy, explain=True).pending_of(jid)
             expected = p.start
             if expected is None and p.reason in ("Resources", "Priority"):
                 expected = plan(st, iv.start).get(jid)         # no reservation: the plan's estimate

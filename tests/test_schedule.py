@@ -167,8 +167,11 @@ def test_bf_max_job_test_marks_untested_jobs():
     h = Harness(make_cluster(nodes=1, bf_max_job_test=2))
     ids = [h.submit(gpus_per_node=8) for _ in range(4)]
     d = h.cycle()
-    assert d.pending[ids[2]].reason == "Priority"
-    assert d.pending[ids[3]].evaluated is False and ids[3] not in d.reservations
+    assert d.pending_of(ids[2]).reason == "Priority"
+    last = d.pending_of(ids[3])
+    assert last.evaluated is False and ids[3] not in d.reservations
+    assert (last.rank, last.priority) == (4, d.priorities[ids[3]]) and d.order == ids
+    assert ids[3] not in d.pending and d.pending_of(ids[1]) is d.pending[ids[1]]   # made only when asked
 
 
 def test_explain_names_the_blockers(h):
