@@ -27,10 +27,11 @@ from . import bulk  # noqa: F401 - registers the bulk verbs
 from .frontdoor import FrontDoor
 from .outbox import Outbox
 from .views import Views, encode_reply
-from .writer import Prepare, Writer
+from .writer import OffLoop, Prepare, Writer
 
 log = logging.getLogger("rota.controller")
 FREEZE_JOBS = 10_000    # jobs held from which a snapshot also moves what is alive out of the collector's reach
+OFF_LOOP_PENDING = 1_000   # pending jobs from which a cycle runs in a worker thread, reads answered meanwhile
 
 
 class _NothingToDo(Exception):
@@ -189,7 +190,7 @@ class Controller:
             return event
 
         try:
-            await self.write(decide, self.name)
+            await self.write(OffLoop(decide) if len(self.state.pending) >= OFF_LOOP_PENDING else decide, self.name)
         except _NothingToDo:
             return None
         return decided[0]
@@ -241,7 +242,7 @@ class Controller:
         async with self.writer.lock:   # never a state holding events still being committed
             if self.writer.stale:
                 return False
-            data, seq = dump_snapshot(self.state), self.state.seq
+            data, seq = await asyncio.to_thread(dump_snapshot, self.state), self.state.seq   # reads go on meanwhile
             self._last_snapshot_jobs = len(self.state.jobs)
         if len(self.state.jobs) >= FREEZE_JOBS:
             collector.keep_out()

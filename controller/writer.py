@@ -32,6 +32,19 @@ log = logging.getLogger("rota.controller")
 Prepare = Callable[[State], Any]
 """Builds an event from the state it will land on, or raises ``Rejected``."""
 
+
+class OffLoop:
+    """A prepare long enough to run in a worker thread (a cycle over a long queue): the writer's lock keeps
+    the state still meanwhile, and requests that only read it are answered in the event loop meanwhile."""
+
+    __slots__ = ("prepare",)
+
+    def __init__(self, prepare: Prepare) -> None:
+        self.prepare = prepare
+
+    def __call__(self, state: State) -> Any:
+        return self.prepare(state)
+
 _REPORTED_INVALID = 20      # invalid transitions named one by one per load; the rest are counted
 
 
@@ -144,7 +157,10 @@ class Writer:
 
     async def _drain(self) -> None:
         while self._queue:
-            batch, self._queue = self._queue[:self.max_batch], self._queue[self.max_batch:]
+            batch = self._queue[:self.max_batch]
+            # an off-loop prepare leads its batch: the state readers see meanwhile holds only what landed
+            cut = next((i for i, item in enumerate(batch) if i and isinstance(item[0], OffLoop)), len(batch))
+            batch, self._queue = batch[:cut], self._queue[cut:]
             async with self.lock:
                 try:
                     await self._commit(batch)
@@ -164,7 +180,7 @@ class Writer:
             return
         base = self.state.seq
         changes = Changes()
-        staged = self._stage(batch, changes)
+        staged = await self._stage(batch, changes)
         if not staged:
             return
         acks = await self._append(base, staged)
@@ -198,7 +214,7 @@ class Writer:
                                                            expected_last=env.seq - 1) for env, _, _ in staged),
                                          return_exceptions=True))
 
-    def _stage(self, batch: list, changes: Changes) -> list[tuple[ev.Envelope, asyncio.Future, tuple]]:
+    async def _stage(self, batch: list, changes: Changes) -> list[tuple[ev.Envelope, asyncio.Future, tuple]]:
         """Prepare and apply each request's event in turn; answer retries and refusals at once."""
         staged: list[tuple[ev.Envelope, asyncio.Future, tuple]] = []
         first_of: dict[str, asyncio.Future] = {}
@@ -211,7 +227,8 @@ class Writer:
                 first_of[idem].add_done_callback(functools.partial(_answer_like, follower=fut))
                 continue
             try:
-                event = prepare(self.state)
+                event = await asyncio.to_thread(prepare, self.state) if isinstance(prepare, OffLoop) \
+                    else prepare(self.state)
             except Exception as exc:  # noqa: BLE001 - Rejected and bad requests go back to the caller
                 _reject(fut, exc)
                 continue

@@ -377,3 +377,60 @@ async def test_a_snapshot_of_a_large_state_moves_what_is_alive_out_of_the_collec
         assert not any(o is c.state for o in gc.get_objects())    # the passes no longer see it
     finally:
         gc.unfreeze()
+
+
+async def test_a_cycle_over_a_long_queue_runs_off_the_loop_reads_answered_writes_behind_it(js, monkeypatch):
+    import asyncio
+    import threading
+
+    from rota.controller import service
+
+    monkeypatch.setattr(service, "OFF_LOOP_PENDING", 1)
+    c = Controller(await js(), config=CFG, clock=Clock())
+    await c.start()
+    first = (await c.handle("submit", {"rid": "a", "spec": spec(gpus_per_node=4)}))["job_id"]
+    entered, release = threading.Event(), threading.Event()
+    scheduler = service.schedule
+
+    def held_schedule(state, now):
+        entered.set()
+        assert release.wait(10)
+        return scheduler(state, now)
+
+    monkeypatch.setattr(service, "schedule", held_schedule)
+    cycle = asyncio.create_task(c.cycle())
+    assert await asyncio.to_thread(entered.wait, 10)
+    listed = await asyncio.wait_for(c.handle("squeue", {"format": "%i %t", "noheader": True}), 5)
+    assert listed["text"].split() == [str(first), "PD"]         # answered while the scheduler runs
+    submit = asyncio.create_task(c.handle("submit", {"rid": "b", "spec": spec(gpus_per_node=4)}))
+    await asyncio.sleep(0.2)
+    assert not submit.done() and not cycle.done()               # a write waits for the cycle's
+    release.set()
+    started = await cycle
+    second = (await submit)["job_id"]
+    assert [s.job_id for s in started.starts] == [first]
+    assert c.state.jobs[second].submit_seq > c.state.jobs[first].submit_seq and c.state.seq == 5
+
+
+async def test_an_off_loop_prepare_leads_its_batch_so_readers_meanwhile_see_only_what_landed(js):
+    import asyncio
+    import time
+
+    from rota.controller.writer import OffLoop
+
+    c = Controller(await js(), config=CFG, clock=Clock())
+    await c.start()
+    seen: list[bool] = []
+
+    def after_a(state):
+        for _ in range(200):          # what was queued before it lands (and is answered) before it runs
+            if a.done():
+                break
+            time.sleep(0.01)
+        seen.append(a.done())
+        return ev.JobSubmitted(job_id=state.next_job_id, spec=ev.JobSpec(user="bob", time_limit=60))
+
+    a = asyncio.create_task(c.handle("submit", {"rid": "a", "spec": spec()}))
+    b = asyncio.create_task(c.writer.write(OffLoop(after_a), "bob"))
+    await asyncio.gather(a, b)
+    assert seen == [True] and a.result()["job_id"] == 1 and c.state.jobs[2].spec.user == "bob"
