@@ -21,6 +21,7 @@ from rota.core.orders import Order
 from rota.core.schedule import Decision, schedule
 from rota.core.state import State, dump_snapshot
 from rota.wire import collector, diskspace, subjects as sj
+from rota.wire.cadence import SnapshotCadence
 
 from .eventlog import EventLog, FencedError, LogUnavailable
 from . import bulk  # noqa: F401 - registers the bulk verbs
@@ -53,7 +54,7 @@ class Controller:
         self.clock = clock
         self.name = name
         self.cycle_interval, self.debounce = cycle_interval, debounce
-        self.snapshot_every = snapshot_every
+        self.cadence = SnapshotCadence(snapshot_every)
         self.history_every = history_every     # also keep a snapshot for time travel this often
         self.outbox = outbox                   # orders for the agents (None: no agents run jobs)
         self.writer = Writer(eventlog, now=self.now, name=name, outbox=outbox)
@@ -64,7 +65,7 @@ class Controller:
         self.views = Views(self)
         self.last_decision: tuple[int, Decision] | None = None   # (state sequence, Decision) for queue views
         self.cycle_times: deque[float] = deque(maxlen=100)       # seconds of the latest cycles (sdiag's figures)
-        self._last_snapshot_seq = self._last_history_seq = self._last_snapshot_jobs = 0
+        self._last_history_seq = 0
         self._tasks: list[asyncio.Task] = []
         self._subs: list[Any] = []
         self._nc: Any = None
@@ -85,7 +86,7 @@ class Controller:
     async def load(self) -> None:
         """Rebuild the state from the nearest snapshot and the log after it."""
         await self.writer.load()
-        self._last_snapshot_seq = self.writer.snapshot_seq
+        self.cadence.seq = self.writer.snapshot_seq
 
     async def start(self) -> None:
         """Become the writer: configure the cluster if needed, log our version, serve."""
@@ -232,23 +233,20 @@ class Controller:
     # ------------------------------------------------------------ snapshots
 
     async def maybe_snapshot(self, force: bool = False) -> bool:
-        """Write a snapshot (with its sequence inside) every ``snapshot_every`` events, or every as many
-        events as the last snapshot held jobs when that is more (a snapshot costs a pass over every job, done
-        while no request is served: its cost per event stays the same however long the queue), and one for
-        time travel every ``history_every``."""
-        every = max(self.snapshot_every, self._last_snapshot_jobs)
-        if not force and self.state.seq - self._last_snapshot_seq < every:
+        """Write a snapshot (with its sequence inside) as :class:`SnapshotCadence` says, and one for time
+        travel every ``history_every``. It is made in a worker thread under the writer's lock: requests that
+        only read are answered meanwhile, writes wait."""
+        if not force and not self.cadence.due(self.state):
             return False
         async with self.writer.lock:   # never a state holding events still being committed
             if self.writer.stale:
                 return False
-            data, seq = await asyncio.to_thread(dump_snapshot, self.state), self.state.seq   # reads go on meanwhile
-            self._last_snapshot_jobs = len(self.state.jobs)
+            data, seq = await asyncio.to_thread(dump_snapshot, self.state), self.state.seq
+            self.cadence.taken(self.state)
         if len(self.state.jobs) >= FREEZE_JOBS:
             collector.keep_out()
         history = seq - self._last_history_seq >= self.history_every
         await self.log.snapshots.put(data, seq, history)
         if history:
             self._last_history_seq = seq
-        self._last_snapshot_seq = seq
         return True

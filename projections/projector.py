@@ -19,6 +19,7 @@ from rota.core.changes import Changes
 from rota.core.static_reasons import reasons_now
 from rota.core.state import TERMINAL_STATES, Job, State, Step, dump_snapshot, load_snapshot
 from rota.wire import collector
+from rota.wire.cadence import SnapshotCadence
 from rota.wire.diskspace import projection_may_grow
 
 from .reasons import ReasonLane
@@ -57,11 +58,10 @@ class Projector:
     def __init__(self, db_path: str | Path, eventlog: Any, *, snapshot_every: int = 20_000) -> None:
         self.path = Path(db_path)
         self.log = eventlog
-        self.snapshot_every = snapshot_every
+        self.cadence = SnapshotCadence(snapshot_every)
         self.state = State()
         self.reasons: ReasonLane | None = None
         self.db: Any = None
-        self._last_snapshot = 0
 
     async def open(self) -> None:
         import aiosqlite
@@ -81,8 +81,8 @@ class Projector:
             rows = await self._connect(aiosqlite)
         if rows.get("state"):
             self.state = load_snapshot(rows["state"])
-            self._last_snapshot = self.state.seq
-        self.reasons = ReasonLane(self.db, self.log, snapshot_every=self.snapshot_every,
+            self.cadence.taken(self.state)
+        self.reasons = ReasonLane(self.db, self.log, snapshot_every=self.cadence.every,
                                   may_write=lambda: projection_may_grow(str(self.path.parent)))
         await self.reasons.open(rows)
         await self.db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
@@ -126,9 +126,13 @@ class Projector:
                     chunk = [env for env in chunk if env.seq > self.state.seq]   # re-delivered: already projected
                     if chunk:
                         batch = self._fold(chunk)
+                        snapshot = None
+                        if self.cadence.due(self.state):   # a pass over every job: off the loop, folds wait
+                            snapshot = await asyncio.to_thread(dump_snapshot, self.state)
+                            self.cadence.taken(self.state)
                         if writing is not None:
                             await writing
-                        writing = asyncio.ensure_future(self._write(*batch))
+                        writing = asyncio.ensure_future(self._write(*batch, snapshot=snapshot))
                         n += len(chunk)
                 if writing is not None:
                     await writing
@@ -177,7 +181,8 @@ class Projector:
                     lane.cancel()
                 await asyncio.gather(lane, return_exceptions=True)
 
-    def _fold(self, chunk: list[ev.Envelope]) -> tuple:
+    def _fold(self, chunk: list[ev.Envelope]) -> tuple[list[tuple], list[tuple], list[tuple], dict, list[tuple] | None,
+                                                      list[tuple] | None, int, int]:
         """Apply a batch to the projector's state; what :meth:`_write` stores for it, taken now (the
         state moves on while the write runs). Rows are written for exactly the jobs and nodes the
         reducer reports changed."""
@@ -213,15 +218,11 @@ class Projector:
                  r.state) for r in changes.runs]
         nodes = self._node_rows() if changes.nodes or changes.config else None
         partitions = self._partition_rows() if changes.config else None
-        snapshot = None
-        if state.seq - self._last_snapshot >= self.snapshot_every:
-            snapshot = dump_snapshot(state)
-            self._last_snapshot = state.seq
-        return rows, steps, runs, usage, nodes, partitions, snapshot, state.seq, state.now
+        return rows, steps, runs, usage, nodes, partitions, state.seq, state.now
 
     async def _write(self, rows: list[tuple], steps: list[tuple], runs: list[tuple], usage: dict,
-                     nodes: list[tuple] | None, partitions: list[tuple] | None, snapshot: bytes | None, seq: int,
-                     now: int) -> None:
+                     nodes: list[tuple] | None, partitions: list[tuple] | None, seq: int, now: int,
+                     snapshot: bytes | None = None) -> None:
         """One batch's rows and its checkpoint, in one transaction."""
         db = self.db
         await db.executemany(_UPSERT_JOB, rows)
@@ -248,10 +249,10 @@ class Projector:
 
     async def save_state(self) -> None:
         """Store the projector's state with the checkpoint (on shutdown: a fast restart)."""
-        if self.db is not None and self._last_snapshot != self.state.seq:
+        if self.db is not None and self.cadence.seq != self.state.seq:
             await self.db.execute("INSERT OR REPLACE INTO meta VALUES ('state', ?)", (dump_snapshot(self.state),))
             await self.db.commit()
-            self._last_snapshot = self.state.seq
+            self.cadence.taken(self.state)
         if self.db is not None and self.reasons is not None:
             await self.reasons.save_state()
 

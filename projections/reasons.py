@@ -17,6 +17,7 @@ from typing import Any, Callable
 from rota.core import events as ev
 from rota.core.reason_history import ReasonHistory, Span
 from rota.core.state import State, dump_snapshot, load_snapshot
+from rota.wire.cadence import SnapshotCadence
 
 log = logging.getLogger("rota.projections")
 
@@ -37,18 +38,17 @@ class ReasonLane:
                  may_write: Callable[[], bool] = lambda: True) -> None:
         self.db = db
         self.log = eventlog
-        self.snapshot_every = snapshot_every
+        self.cadence = SnapshotCadence(snapshot_every)
         self.may_write = may_write            # False while the disk is nearly full: the lane waits
         self.state = State()
         self.history = ReasonHistory()
-        self._last_snapshot = 0
         self._lock = threading.Lock()      # the state is folded in a worker thread
 
     async def open(self, meta: dict) -> None:
         """Resume from the lane's stored state (``meta``: the projection's meta table)."""
         if meta.get("reasons_state"):
             self.state = load_snapshot(meta["reasons_state"])
-            self._last_snapshot = self.state.seq
+            self.cadence.taken(self.state)
             spans = await self.db.execute_fetchall("SELECT job_id, code, start, seq FROM reasons WHERE end_time IS NULL")
             self.history.resume(self.state, [Span(*r) for r in spans])
 
@@ -81,9 +81,9 @@ class ReasonLane:
         with self._lock:
             self.history.fold(self.state, part)
             snapshot = None
-            if self.state.seq - self._last_snapshot >= self.snapshot_every:
+            if self.cadence.due(self.state):
                 snapshot = dump_snapshot(self.state)
-                self._last_snapshot = self.state.seq
+                self.cadence.taken(self.state)
             return span_rows(self.history.take()), snapshot
 
     def _settle(self, now: int) -> list[tuple]:
@@ -93,10 +93,12 @@ class ReasonLane:
             self.history.settle(self.state, now)
             return span_rows(self.history.take())
 
-    def _snapshot(self) -> tuple[int, bytes | None]:
+    def _snapshot(self) -> bytes | None:
         with self._lock:
-            seq = self.state.seq
-            return seq, (dump_snapshot(self.state) if seq != self._last_snapshot else None)
+            if self.cadence.seq == self.state.seq:
+                return None
+            self.cadence.taken(self.state)
+            return dump_snapshot(self.state)
 
     async def _write(self, spans: list[tuple], snapshot: bytes | None) -> None:
         db = self.db
@@ -136,8 +138,7 @@ class ReasonLane:
 
     async def save_state(self) -> None:
         """Store the lane's state with its checkpoint (on shutdown: a fast restart)."""
-        seq, snapshot = await asyncio.to_thread(self._snapshot)
+        snapshot = await asyncio.to_thread(self._snapshot)
         if snapshot is not None:
             await self.db.execute("INSERT OR REPLACE INTO meta VALUES ('reasons_state', ?)", (snapshot,))
             await self.db.commit()
-            self._last_snapshot = seq

@@ -420,3 +420,35 @@ async def test_the_reason_lane_beside_the_controller_pauses_after_a_long_fold_an
         assert await p.reasons.catch_up(beside=beside) == len(log)
         await p.close()
         assert (len(pauses) == -(-len(log) // 10) and all(d > 0 for d in pauses)) if beside else pauses == [], name
+
+
+async def test_the_projection_stores_its_state_as_the_controller_its_snapshots_off_the_event_loop(tmp_path,
+                                                                                                  monkeypatch):
+    import threading
+
+    from rota.core.state import load_snapshot
+    from rota.projections import projector
+
+    h = Harness(make_cluster(nodes=1))
+    for _ in range(40):
+        h.submit(hold=True)
+    lg = MemoryLog()
+    lg.entries = list(h.log)
+    threads = []
+    dump = projector.dump_snapshot
+    monkeypatch.setattr(projector, "dump_snapshot", lambda state: threads.append(threading.current_thread()) or
+                        dump(state))
+    p = Projector(tmp_path / "p.sqlite", lg, snapshot_every=5)
+    await p.open()
+    kept = []
+    for seq in range(1, len(h.log) + 1):
+        await p.catch_up(to_seq=seq)
+        if p.cadence.seq == seq:
+            kept.append(seq)
+    await p.reasons.catch_up()
+    await p.db.close()
+    # every 5 events while it holds fewer jobs, then every as many events as the last one held jobs (seq - 1)
+    assert kept[:3] == [5, 10, 19] and [b - a for a, b in zip(kept, kept[1:])] == [max(5, a - 1) for a in kept[:-1]]
+    assert threads and threading.main_thread() not in threads
+    stored = sqlite3.connect(tmp_path / "p.sqlite").execute("SELECT value FROM meta WHERE key = 'state'").fetchone()
+    assert load_snapshot(stored[0]) == fold(h.log[:kept[-1]])
