@@ -16,8 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import pwd
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 from pydantic import ValidationError
 
@@ -28,32 +27,13 @@ from rota.core.auth import Caller, caller as make_caller
 from rota.wire.subjects import CRED_HEADER, RID_HEADER, pack_reply
 
 from . import accounting_views, requests as rq
+from .requests import VERBS, verb
 from .eventlog import FencedError, LogUnavailable
 from .leadership import controllers_of
 from .recent import Recent
 from .views import Raw, encode_reply, too_large
 
 log = logging.getLogger("rota.controller.api")
-
-Handler = Callable[[Any, Caller, Any, str], Awaitable[dict | Raw]]
-
-
-@dataclass(frozen=True, slots=True)
-class Verb:
-    model: type[rq.Request]
-    handler: Handler
-    writes: bool          # changes the log: a retry with the same request id gets the first answer
-
-
-VERBS: dict[str, Verb] = {}
-
-
-def verb(name: str, model: type[rq.Request], writes: bool = False) -> Callable[[Handler], Handler]:
-    def register(fn: Handler) -> Handler:
-        VERBS[name] = Verb(model, fn, writes)
-        return fn
-    return register
-
 
 class FrontDoor:
     def __init__(self, controller: Any, keyring: Any = None) -> None:
@@ -63,6 +43,7 @@ class FrontDoor:
         self._results: Recent[tuple[int, str], dict] = Recent(100_000)   # (uid, request id) -> the answer a retry gets
         self._names: dict[int, str | None] = {}
         self.refused = 0
+        self.reading = 0          # requests that only read, being answered now (a cycle off the loop gives way)
 
     # ------------------------------------------------------------ identity
 
@@ -142,6 +123,7 @@ class FrontDoor:
         if rid and spec.writes and key in self._results:
             return self._results[key]
         request = None
+        self.reading += (reads := not spec.writes)
         try:
             request = spec.model.model_validate_json(body)
             self.c.check_space(spec.writes)
@@ -159,6 +141,8 @@ class FrontDoor:
             result = {"ok": False, "error": ["controller is not the leader"], "code": "not_leader"}
         except LogUnavailable as exc:
             result = {"ok": False, "error": [f"event log unavailable ({exc}); retry"], "code": "unavailable"}
+        finally:
+            self.reading -= reads
         if rid and spec.writes and isinstance(result, dict) and result.get("ok"):
             self._results[key] = result
         return result

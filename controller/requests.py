@@ -6,13 +6,18 @@ identity: the controller adds the caller's uid, gid and name from the credential
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Awaitable, Callable, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
+from rota.core.auth import Caller
 from rota.core.events import JobSpec
 from rota.wire.subjects import MAX_BATCH
 from rota.core.limits import MAX_COUNT, MAX_LIST, MAX_NAME, MAX_NICE, MAX_PATH, MAX_TIME, control_free
+
+if TYPE_CHECKING:
+    from .views import Raw
 
 
 class Request(BaseModel):
@@ -195,3 +200,25 @@ def first_problem(exc: Any) -> str:
     where = ".".join(str(p) for p in e.get("loc", ())) or "body"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{where}: {e.get('msg', 'invalid')}{more}"
+
+
+# ---------------------------------------------------------------- the verbs: name -> request model, handler
+
+Handler = Callable[[Any, Caller, Any, str], Awaitable["dict | Raw"]]
+
+
+@dataclass(frozen=True, slots=True)
+class Verb:
+    model: type[Request]
+    handler: Handler
+    writes: bool          # changes the log: a retry with the same request id gets the first answer
+
+
+VERBS: dict[str, Verb] = {}
+
+
+def verb(name: str, model: type[Request], writes: bool = False) -> Callable[[Handler], Handler]:
+    def register(fn: Handler) -> Handler:
+        VERBS[name] = Verb(model, fn, writes)
+        return fn
+    return register

@@ -33,6 +33,7 @@ from .writer import OffLoop, Prepare, Writer
 log = logging.getLogger("rota.controller")
 FREEZE_JOBS = 10_000    # jobs held from which a snapshot also moves what is alive out of the collector's reach
 OFF_LOOP_PENDING = 1_000   # pending jobs from which a cycle runs in a worker thread, reads answered meanwhile
+GIVE_WAY_MAX = 1.0         # seconds a cycle off the loop may pause for reads, in all
 
 
 class _NothingToDo(Exception):
@@ -180,9 +181,12 @@ class Controller:
             return None
         decided: list[ev.JobsStarted] = []
 
+        off_loop = len(self.state.pending) >= OFF_LOOP_PENDING
+        give_way = GiveWay(lambda: self.frontdoor.reading > 0, GIVE_WAY_MAX) if off_loop else None
+
         def decide(state: State) -> ev.JobsStarted:
             with collector.paused():   # its many short-lived objects would be moved to the oldest generation
-                decision = schedule(state, max(self.now(), state.now))
+                decision = schedule(state, max(self.now(), state.now), give_way=give_way)
             event = decision.event()
             self.last_decision = (state.seq, decision)
             if event is None:
@@ -191,7 +195,7 @@ class Controller:
             return event
 
         try:
-            await self.write(OffLoop(decide) if len(self.state.pending) >= OFF_LOOP_PENDING else decide, self.name)
+            await self.write(OffLoop(decide) if off_loop else decide, self.name)
         except _NothingToDo:
             return None
         return decided[0]
@@ -250,3 +254,19 @@ class Controller:
         if history:
             self._last_history_seq = seq
         return True
+
+
+class GiveWay:
+    """Where a cycle running in a worker thread pauses: while requests that only read are being answered
+    it sleeps, so that they need not share the interpreter with it; ``budget`` seconds a cycle in all, so a
+    stream of reads cannot hold the cycle (and the writes queued behind it) back for long."""
+
+    __slots__ = ("busy", "budget")
+
+    def __init__(self, busy: Callable[[], bool], budget: float) -> None:
+        self.busy, self.budget = busy, budget
+
+    def __call__(self) -> None:
+        while self.budget > 0 and self.busy():
+            time.sleep(0.001)
+            self.budget -= 0.001

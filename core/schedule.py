@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from itertools import count
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from . import events as ev
 from .cycle import Cycle, NodeBases
@@ -106,14 +106,16 @@ class Decision:
 
 def schedule(state: State, now: int, policy: str | None = None, explain: bool = False,
              focus: int | None = None, window: int | None = None, bases: NodeBases | None = None,
-             kept_shadow: tuple[int, int] | None = None) -> Decision:
+             kept_shadow: tuple[int, int] | None = None, give_way: Callable[[], None] | None = None) -> Decision:
     """Decide which pending jobs start at ``now`` and when the others expect to start.
 
     ``focus`` (with ``explain``): only that job's situation is wanted (``rota why``): the walk stops
     after it (lower-priority jobs cannot change it) and only it is explained. The decision is then
     partial: use it to explain, never to act. ``window``: the backfill window instead of the configured one.
     ``bases``: node timelines' inputs kept from earlier cycles of a walk (see :class:`NodeBases`).
-    ``kept_shadow``: easy_strict's head job and shadow from the previous cycle (the simulator's)."""
+    ``kept_shadow``: easy_strict's head job and shadow from the previous cycle (the simulator's).
+    ``give_way``: called between slices of the pass over every pending job (a cycle run off the event loop
+    pauses there while requests are answered); it changes nothing decided."""
     cfg = state.config
     pol = policy or (cfg.scheduler.policy if cfg is not None else "conservative")
     policy_now = make_policy(pol, now, window if window is not None else cfg.scheduler.bf_window if cfg is not None else 0,
@@ -129,7 +131,9 @@ def schedule(state: State, now: int, policy: str | None = None, explain: bool = 
     if cut_key is None and focus is not None:
         return decision          # held back before ranking: nothing else changes that
     all_parts = cy.parts
-    for jid in state.pending:
+    for i, jid in enumerate(state.pending):
+        if give_way is not None and not i & 1023:
+            give_way()
         job = jobs[jid]
         parts = cy.job_parts(job)
         if cut_key is not None and len(parts) == 1 and parts[0] in all_parts \

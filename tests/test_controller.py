@@ -392,10 +392,10 @@ async def test_a_cycle_over_a_long_queue_runs_off_the_loop_reads_answered_writes
     entered, release = threading.Event(), threading.Event()
     scheduler = service.schedule
 
-    def held_schedule(state, now):
+    def held_schedule(state, now, **kw):
         entered.set()
         assert release.wait(10)
-        return scheduler(state, now)
+        return scheduler(state, now, **kw)
 
     monkeypatch.setattr(service, "schedule", held_schedule)
     cycle = asyncio.create_task(c.cycle())
@@ -434,3 +434,22 @@ async def test_an_off_loop_prepare_leads_its_batch_so_readers_meanwhile_see_only
     b = asyncio.create_task(c.writer.write(OffLoop(after_a), "bob"))
     await asyncio.gather(a, b)
     assert seen == [True] and a.result()["job_id"] == 1 and c.state.jobs[2].spec.user == "bob"
+
+
+def test_a_cycle_off_the_loop_gives_way_to_reads_for_a_bounded_time():
+    import time
+
+    from rota.controller.service import GiveWay
+
+    reading = [0]
+    give_way = GiveWay(lambda: reading[0] > 0, 0.05)
+    t = time.perf_counter()
+    give_way()
+    assert time.perf_counter() - t < 0.01              # nothing to give way to
+    reading[0] = 1
+    t = time.perf_counter()
+    give_way()
+    assert 0.05 <= time.perf_counter() - t < 0.5       # waits while a read is answered, up to its budget
+    t = time.perf_counter()
+    give_way()
+    assert time.perf_counter() - t < 0.01              # spent: the cycle goes on

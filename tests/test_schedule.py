@@ -1,5 +1,6 @@
 """Placement and the three policies, on small clusters whose answers are known."""
 from rota.core import events as ev
+from rota.core.schedule import schedule
 from rota.core.testing import Harness, make_cluster
 
 
@@ -182,3 +183,12 @@ def test_explain_names_the_blockers(h):
     p = d.pending[waiting]
     assert p.start == h.now + 600 and p.blockers == (ids[0],)
     assert "8 GPU(s)" in p.detail and "0 GPU(s) free" in p.detail
+
+
+def test_a_long_pass_gives_way_between_slices_and_decides_the_same():
+    h = Harness(make_cluster(nodes=1, gpus=0))
+    for _ in range(2100):
+        h.submit(cpus_per_task=64)
+    calls = []
+    given = schedule(h.state, h.now, give_way=lambda: calls.append(len(calls)))
+    assert len(calls) == 3 and given == schedule(h.state, h.now)
