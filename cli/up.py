@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import logging
 import os
 import signal
@@ -23,7 +24,7 @@ from rota.controller import natsserver
 from rota.controller.agentlink import AgentLink
 from rota.controller.eventlog import SUBJECT_PREFIX, JetStreamLog
 from rota.controller.outbox import Outbox
-from rota.controller.service import Controller
+from rota.controller.service import Controller, GiveWay
 
 log = logging.getLogger("rota.up")
 SWITCH_INTERVAL = 0.0005   # seconds a thread holds the interpreter before another may take it
@@ -207,9 +208,14 @@ class _Up:
         if not self.stopping:
             self.echo("rota up: this controller no longer leads: following the log, standing by")
 
+    def answering(self) -> bool:
+        """Whether the controller here is answering a request that only reads (background work gives way)."""
+        return self.controller is not None and self.controller.frontdoor.reading > 0
+
     async def start_projection(self, stop: asyncio.Event) -> None:
         """The SQLite projection (sacct, sinfo), woken by every new event; scheduling goes on without it."""
-        projector = Projector(self.state_dir / "projections.sqlite", self.eventlog)
+        projector = Projector(self.state_dir / "projections.sqlite", self.eventlog,
+                              give_way=GiveWay(self.answering, math.inf))
         try:
             await projector.open()
         except Exception as exc:  # noqa: BLE001 - scheduling goes on; sacct/sinfo say they have no data

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from heapq import heappush
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from . import events as ev
 from .changes import NOTHING, Changes
@@ -35,7 +35,8 @@ class Span:
 class ReasonHistory:
     """Folds envelopes into a state as :func:`rota.core.apply.fold` does, keeping each job's spans."""
 
-    def __init__(self) -> None:
+    def __init__(self, give_way: Callable[[], None] | None = None) -> None:
+        self.give_way = give_way             # passed to each scheduler run (see rota.core.schedule.schedule)
         self.moments = Moments(None)
         self.open: dict[int, Span] = {}
         self.touched: list[Span] = []        # spans opened or closed since the last :meth:`take`
@@ -78,7 +79,8 @@ class ReasonHistory:
         if isinstance(e, ev.JobsStarted):
             started = {s.array_job_id or s.job_id for s in e.starts}
             if any(jid not in started for jid in st.pending):   # some stay pending: what did it say of them?
-                self._record(st, schedule(st, e.now, e.policy, kept_shadow=e.shadow), e.now, st.seq + 1, None)
+                self._record(st, schedule(st, e.now, e.policy, kept_shadow=e.shadow,
+                                                 give_way=self.give_way), e.now, st.seq + 1, None)
         self.moments.apply(st, env, changes if changes is not NOTHING else None)
         if isinstance(e, ev.JobsStarted):
             for s in e.starts:
@@ -93,7 +95,7 @@ class ReasonHistory:
     def _moment(self, st: State, seq: int, now: int) -> None:
         """Evaluate at a moment between recorded cycles, for the jobs it concerns (after submits only:
         the new jobs and those they outrank; at a begin time: the jobs it is theirs)."""
-        d = schedule(st, now)
+        d = schedule(st, now, give_way=self.give_way)
         moments = self.moments
         counts = None if moments.begun is None and moments.only_submitted is None else \
             moments.counting({jid: i for i, jid in enumerate(d.order)})

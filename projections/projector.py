@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rota.core import events as ev
 from rota.core.apply import fold
@@ -55,10 +55,12 @@ def job_row(job: Job, seq: int, reason: str | None = None) -> tuple:
 
 
 class Projector:
-    def __init__(self, db_path: str | Path, eventlog: Any, *, snapshot_every: int = 20_000) -> None:
+    def __init__(self, db_path: str | Path, eventlog: Any, *, snapshot_every: int = 20_000,
+                 give_way: Callable[[], None] | None = None) -> None:
         self.path = Path(db_path)
         self.log = eventlog
         self.cadence = SnapshotCadence(snapshot_every)
+        self.give_way = give_way      # for the reason lane's scheduler runs (rota up: while requests are answered)
         self.state = State()
         self.reasons: ReasonLane | None = None
         self.db: Any = None
@@ -83,7 +85,8 @@ class Projector:
             self.state = load_snapshot(rows["state"])
             self.cadence.taken(self.state)
         self.reasons = ReasonLane(self.db, self.log, snapshot_every=self.cadence.every,
-                                  may_write=lambda: projection_may_grow(str(self.path.parent)))
+                                  may_write=lambda: projection_may_grow(str(self.path.parent)),
+                                  give_way=self.give_way)
         await self.reasons.open(rows)
         await self.db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
         await self.db.commit()

@@ -35,13 +35,13 @@ class ReasonLane:
     """Follows the log into the ``reasons`` table of the projection open on ``db``."""
 
     def __init__(self, db: Any, eventlog: Any, *, snapshot_every: int = 20_000,
-                 may_write: Callable[[], bool] = lambda: True) -> None:
+                 may_write: Callable[[], bool] = lambda: True, give_way: Callable[[], None] | None = None) -> None:
         self.db = db
         self.log = eventlog
         self.cadence = SnapshotCadence(snapshot_every)
         self.may_write = may_write            # False while the disk is nearly full: the lane waits
         self.state = State()
-        self.history = ReasonHistory()
+        self.history = ReasonHistory(give_way)   # the scheduler it re-runs pauses there for requests beside it
         self._lock = threading.Lock()      # the state is folded in a worker thread
 
     async def open(self, meta: dict) -> None:

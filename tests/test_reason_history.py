@@ -120,3 +120,22 @@ def test_every_interval_says_what_the_scheduler_decides_at_its_moment(ops):
                 or (upto and upto[-1] == expected)
         starts = [(s, e) for _t, s, e in rep.estimates]
         assert all(a != b for a, b in zip(starts, starts[1:]))       # listed as it moved, not repeated
+
+
+def test_the_history_gives_way_in_its_scheduler_runs_and_records_the_same():
+    from rota.core.reason_history import ReasonHistory
+    from rota.core.state import State
+
+    h = Harness(make_cluster(nodes=1, gpus=0))
+    for _ in range(1100):
+        h.submit(cpus_per_task=64)
+    h.advance(30)
+    h.submit(cpus_per_task=64)           # a moment after submits: the scheduler runs over every pending job
+    h.cycle()
+    runs = []
+    spans = []
+    for give_way in (lambda: runs.append(1), None):
+        hist = ReasonHistory(give_way)
+        hist.fold(State(), h.log)
+        spans.append(sorted((s.job_id, s.code, s.start, s.end) for s in hist.take()))
+    assert runs and spans[0] == spans[1] and len(spans[0]) >= 1100
