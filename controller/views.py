@@ -203,20 +203,22 @@ class Views:
         """One job's squeue row (``d``: the decision; ``p``: its pending entry, if it waits)."""
         jid = job.job_id
         pending = job.state == "PENDING"
+        spec, alloc, req = job.spec, job.alloc, job.req
+        if alloc:
+            nodes, num_nodes, cpus = [a.node for a in alloc], len(alloc), sum([a.cpus for a in alloc])
+        else:
+            nodes, num_nodes, cpus = [], req.nnodes if req else 1, req.total_cpus if req else 1
         return {
             "job_id": jid, "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
             "array_pending": job.array_pending, "array_throttle": job.array_throttle,
-            "partition": job.partition, "name": job.spec.name, "user": job.spec.user,
+            "partition": job.partition, "name": spec.name, "user": spec.user,
             "state": job.state, "start_time": job.start_time, "submit_time": job.submit_time,
-            "time_limit": job.time_limit, "nodes": [a.node for a in job.alloc],
-            "num_nodes": len(job.alloc) or (job.req.nnodes if job.req else 1),
+            "time_limit": job.time_limit, "nodes": nodes, "num_nodes": num_nodes,
             "reason": (p.display if p is not None else "None") if pending else "None",
             "expected_start": p.start if p is not None else None,
             "priority": (d.priorities.get(jid, 0) if d is not None else 0) if pending else 0,
             "sched_nodes": list(d.reservations[jid].nodes) if d is not None and jid in d.reservations else [],
-            "account": job.spec.account, "qos": job.spec.qos, "uid": job.spec.uid,
-            "cpus": sum(a.cpus for a in job.alloc) or (job.req.total_cpus if job.req else 1),
-            "end_time": job.end_time,
+            "account": spec.account, "qos": spec.qos, "uid": spec.uid, "cpus": cpus, "end_time": job.end_time,
         }
 
     # ------------------------------------------------------------ one job, nodes, a trial submit
