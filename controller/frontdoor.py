@@ -43,7 +43,8 @@ class FrontDoor:
         self._results: Recent[tuple[int, str], dict] = Recent(100_000)   # (uid, request id) -> the answer a retry gets
         self._names: dict[int, str | None] = {}
         self.refused = 0
-        self.reading = 0          # requests that only read, being answered now (a cycle off the loop gives way)
+        self.answering = 0        # requests being answered in the event loop now (the reason lane gives way to them)
+        self.reading = 0          # those that only read (a cycle off the loop gives way to them)
 
     # ------------------------------------------------------------ identity
 
@@ -123,7 +124,8 @@ class FrontDoor:
         if rid and spec.writes and key in self._results:
             return self._results[key]
         request = None
-        self.reading += (reads := not spec.writes)
+        self.answering += (here := not spec.elsewhere)
+        self.reading += (reads := here and not spec.writes)
         try:
             request = spec.model.model_validate_json(body)
             self.c.check_space(spec.writes)
@@ -142,6 +144,7 @@ class FrontDoor:
         except LogUnavailable as exc:
             result = {"ok": False, "error": [f"event log unavailable ({exc}); retry"], "code": "unavailable"}
         finally:
+            self.answering -= here
             self.reading -= reads
         if rid and spec.writes and isinstance(result, dict) and result.get("ok"):
             self._results[key] = result
@@ -368,12 +371,12 @@ async def _nodes(c: Any, caller: Caller, r: rq.NoArgs, rid: str) -> dict:
     return {"ok": True, "nodes": c.views.nodes()}
 
 
-@verb("accounting", rq.Accounting)
+@verb("accounting", rq.Accounting, elsewhere=True)
 async def _accounting(c: Any, caller: Caller, r: rq.Accounting, rid: str) -> dict:
     return await c.views.accounting(r.command, list(r.argv), caller)
 
 
-@verb("timetravel", rq.TimeTravel)
+@verb("timetravel", rq.TimeTravel, elsewhere=True)
 async def _timetravel(c: Any, caller: Caller, r: rq.TimeTravel, rid: str) -> dict:
     return await c.views.timetravel(r.command, list(r.argv), caller)
 

@@ -212,13 +212,15 @@ class Verb:
     model: type[Request]
     handler: Handler
     writes: bool          # changes the log: a retry with the same request id gets the first answer
+    elsewhere: bool       # answered in another thread or process: the event loop is free meanwhile
 
 
 VERBS: dict[str, Verb] = {}
 
 
-def verb(name: str, model: type[Request], writes: bool = False) -> Callable[[Handler], Handler]:
+def verb(name: str, model: type[Request], writes: bool = False, elsewhere: bool = False
+         ) -> Callable[[Handler], Handler]:
     def register(fn: Handler) -> Handler:
-        VERBS[name] = Verb(model, fn, writes)
+        VERBS[name] = Verb(model, fn, writes, elsewhere)
         return fn
     return register

@@ -207,3 +207,24 @@ async def test_private_data_shows_users_only_their_own_jobs():
     olga = Caller(1003, 1003, "olga", 1)
     assert (await c.handle("squeue", {"format": "%i", "noheader": True}, olga))["text"].split() == \
         [str(mine), str(root)]
+
+
+async def test_the_front_door_counts_what_it_answers_in_the_loop_for_background_work_to_give_way(monkeypatch):
+    from dataclasses import replace
+
+    c, *_ = await controller()
+    seen = {}
+
+    def counting(name):
+        async def handler(ctl, caller, request, rid):
+            seen[name] = (c.frontdoor.answering, c.frontdoor.reading)
+            return {"ok": True}
+        return handler
+
+    for name in ("ping", "cancel", "timetravel"):
+        monkeypatch.setitem(VERBS, name, replace(VERBS[name], handler=counting(name)))
+    await c.handle("ping", {})
+    await c.handle("cancel", {"rid": "c1", "job_id": 1})
+    await c.handle("timetravel", {"command": "why", "argv": ["1"]})
+    assert seen == {"ping": (1, 1), "cancel": (1, 0), "timetravel": (0, 0)}
+    assert (c.frontdoor.answering, c.frontdoor.reading) == (0, 0)
