@@ -257,9 +257,10 @@ class Controller:
 
 
 class GiveWay:
-    """Where a cycle running in a worker thread pauses: while requests that only read are being answered
-    it sleeps, so that they need not share the interpreter with it; ``budget`` seconds a cycle in all, so a
-    stream of reads cannot hold the cycle (and the writes queued behind it) back for long."""
+    """Where work in a worker thread beside the event loop pauses: while ``busy()`` (a request is being
+    answered) it sleeps, so that the answer need not share the interpreter with it, ``budget`` seconds in
+    all. A cycle's budget is short (the writes queued behind it wait too, and a stream of reads must not
+    hold them back for long); the reason lane's is unlimited (nothing waits for it)."""
 
     __slots__ = ("busy", "budget")
 

@@ -45,6 +45,7 @@ class OffLoop:
     def __call__(self, state: State) -> Any:
         return self.prepare(state)
 
+
 _REPORTED_INVALID = 20      # invalid transitions named one by one per load; the rest are counted
 
 
