@@ -209,8 +209,8 @@ class _Up:
             self.echo("rota up: this controller no longer leads: following the log, standing by")
 
     def answering(self) -> bool:
-        """Whether the controller here is answering a request (background work gives way)."""
-        return self.controller is not None and self.controller.frontdoor.answering > 0
+        """Whether the controller here is answering a request (background work gives way), until rota up stops."""
+        return not self.stopping and self.controller is not None and self.controller.frontdoor.answering > 0
 
     async def start_projection(self, stop: asyncio.Event) -> None:
         """The SQLite projection (sacct, sinfo), woken by every new event; scheduling goes on without it."""
