@@ -153,10 +153,12 @@ class Views:
         self._view_cache = (self._view_key(), view)    # the rows may have made a decision
         return view
 
-    def _view_key(self) -> tuple[int, int | None]:
-        """What the queue's rows are made from: the state (by sequence) and the decision giving reasons."""
+    def _view_key(self) -> tuple[int, Any]:
+        """What the queue's rows are made from: the state (by sequence) and the decision giving reasons (the
+        object itself: an equal decision gives the same rows, and a freed one's address cannot be mistaken
+        for a new one's)."""
         c = self.c
-        return (c.state.seq, id(c.last_decision[1]) if c.last_decision else None)
+        return (c.state.seq, c.last_decision[1] if c.last_decision else None)
 
     def start_estimates(self) -> dict[int, int]:
         """Each pending job's estimated start from the current plan (:func:`rota.core.schedule.plan`),
