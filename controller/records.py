@@ -135,23 +135,11 @@ def _set_aside(seq: int, why: str, set_aside: list | None) -> None:
         set_aside.append((seq, why))
 
 
-def decode_message(seq: int, headers: dict | None, body: bytes, check: RecordCheck | None = None,
-                   set_aside: list | None = None) -> ev.Envelope:
-    """One stored record as an envelope; a record that is malformed, unknown or not the controller's
-    becomes an envelope without an event (``event`` None): it keeps its place and changes nothing."""
-    ts, actor, idem, why = _head(seq, headers, body, check)
-    event = None
-    if why is None:
-        event, why = _event_or_why(body)
-    if why is not None:
-        _set_aside(seq, why, set_aside)
-    return ev.Envelope.trusted(seq, ts, actor, idem, event)
-
-
 def decode_messages(chunk: list[tuple[int, dict | None, bytes]], check: RecordCheck | None = None,
                     set_aside: list | None = None) -> list[ev.Envelope]:
-    """Stored records as envelopes, as :func:`decode_message` makes each, the events of all those whose
-    headers pass validated in one call (each on its own only when that fails)."""
+    """Stored records as envelopes, the events of all those whose headers pass validated in one call (each
+    on its own only when that fails). A record that is malformed, unknown or not the controller's becomes
+    an envelope without an event (``event`` None): it keeps its place and changes nothing."""
     heads = [_head(seq, headers, body, check) for seq, headers, body in chunk]
     passed = [body for (_seq, _h, body), head in zip(chunk, heads) if head[3] is None]
     together = decode_bodies(passed)

@@ -200,11 +200,21 @@ STATE_NAMES = {"PD": "PENDING", "R": "RUNNING", "CG": "COMPLETING", "S": "SUSPEN
 ENDED = frozenset(("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"))
 
 
+def _state_names(states_text: str) -> set[str]:
+    """The states ``-t`` names, short forms (``PD``, ``R``...) resolved."""
+    return {STATE_NAMES.get(s.upper(), s.upper()) for s in states_text.split(",")}
+
+
+def _state_filter(states_text: str | None) -> set[str] | None:
+    """The states ``-t`` keeps; None for every state (no ``-t``, or ``-t all``)."""
+    return None if not states_text or states_text.lower() == "all" else _state_names(states_text)
+
+
 def wants_ended(states_text: str | None) -> bool:
     """Whether ``-t`` asks for jobs that have ended (``all``, or an end state): they are held MinJobAge."""
     if not states_text:
         return False
-    names = {STATE_NAMES.get(s.upper(), s.upper()) for s in states_text.split(",")}
+    names = _state_names(states_text)
     return "ALL" in names or bool(names & ENDED)
 
 
@@ -252,9 +262,8 @@ def answer(jobs: list[dict], request: dict, now: int) -> dict:
     if request.get("partitions"):
         parts = set(request["partitions"].split(","))
         jobs = [j for j in jobs if j["partition"] in parts]
-    states_text = request.get("states")
-    if states_text and states_text.lower() != "all":
-        states = {STATE_NAMES.get(s.upper(), s.upper()) for s in states_text.split(",")}
+    states = _state_filter(request.get("states"))
+    if states is not None:
         jobs = [j for j in jobs if j["state"] in states]
     jobs = sorted(jobs, key=order)
     if request.get("array"):
@@ -286,9 +295,7 @@ def select_jobs(state: Any, request: dict) -> list[Any] | None:
     jobs themselves (so only their rows are made): never fewer than :func:`answer` keeps. None when the
     request names none of those filters (every job is a candidate) or a job id it will refuse."""
     ids_text, users_text, parts_text = request.get("jobs"), request.get("users"), request.get("partitions")
-    states_text = request.get("states")
-    states = None if not states_text or states_text.lower() == "all" else \
-        {STATE_NAMES.get(s.upper(), s.upper()) for s in states_text.split(",")}
+    states = _state_filter(request.get("states"))
     if not (ids_text or users_text or parts_text or states):
         return None
     jobs = state.jobs

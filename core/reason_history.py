@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from heapq import heappush
-from typing import Any, Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from . import events as ev
 from .changes import NOTHING, Changes
@@ -97,11 +97,10 @@ class ReasonHistory:
         the new jobs and those they outrank; at a begin time: the jobs it is theirs)."""
         d = schedule(st, now, give_way=self.give_way)
         moments = self.moments
-        counts = None if moments.begun is None and moments.only_submitted is None else \
-            moments.counting({jid: i for i, jid in enumerate(d.order)})
+        counts = None if moments.begun is None and moments.only_submitted is None else moments.counting(d.order)
         self._record(st, d, now, seq, counts)
 
-    def _record(self, st: State, d: Decision, now: int, seq: int, counts: Any) -> None:
+    def _record(self, st: State, d: Decision, now: int, seq: int, counts: Callable[[int], bool] | None) -> None:
         for jid in st.pending:
             if counts is not None and not counts(jid):
                 continue          # this moment cannot change what is said of it

@@ -175,7 +175,7 @@ def _sample_all(st: State, env: ev.Envelope, now: int | None, moments: "Moments"
             story.sample(_sample(d, st, e.now, story.job_id, e, planned))
         return
     d = schedule(st, now, explain=True)
-    counts = moments.counting({jid: i for i, jid in enumerate(d.order)})
+    counts = moments.counting(d.order)
     planned = _Plan(st, now)
     for story in waiting:
         if counts(story.job_id):
@@ -445,15 +445,16 @@ class Moments:
                 self.only_submitted, self.begun = None, tuple(sorted(set(due)))
                 yield prev, t
 
-    def counting(self, order: dict[int, int]) -> Callable[[int], bool]:
+    def counting(self, ranked: list[int]) -> Callable[[int], bool]:
         """Whether the moment just yielded (every job's) is one at which :func:`why` evaluates a job,
-        given the ranking then (job -> position; jobs held back before ranking absent): after submits
+        given the ranking then (``Decision.order``; jobs held back before ranking absent): after submits
         only, the new jobs and those they outrank; at a begin time, the jobs it is theirs."""
         if self.begun is not None:
             return self.begun.__contains__
         subs = self.only_submitted
         if subs is None:
             return _always
+        order = {jid: i for i, jid in enumerate(ranked)}
         new = set(subs)
         first = min((order[j] for j in new if j in order), default=None)
 
