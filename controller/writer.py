@@ -24,6 +24,7 @@ from rota.core.state import State
 from rota.wire import collector
 
 from .eventlog import AtomicRefused, EventLog, FencedError, LogUnavailable
+from .logbatch import ATOMIC_FROM
 from .outbox import Outbox
 from .recent import Recent
 
@@ -200,10 +201,11 @@ class Writer:
             self.outbox.put(effects.orders(self.state, changes))
 
     async def _append(self, base: int, staged: list) -> list:
-        """Each staged event's acknowledgement or exception: as atomic batches where the log takes them (one
-        sync for the lot), else one by one, all in flight together."""
+        """Each staged event's acknowledgement or exception: as atomic batches where the log takes them and
+        the group is large enough to pay for one (one sync for the lot), else one by one, all in flight
+        together, each fenced at its own sequence."""
         append_batch = getattr(self.log, "append_batch", None)
-        if len(staged) > 1 and append_batch is not None and getattr(self.log, "atomic", False):
+        if len(staged) >= ATOMIC_FROM and append_batch is not None and getattr(self.log, "atomic", False):
             try:
                 return list(await append_batch([(env.event, env.actor, env.idem, env.ts) for env, _, _ in staged],
                                                base))

@@ -148,6 +148,36 @@ async def test_concurrent_submits_are_group_committed_in_order(js):
     assert fold(entries) == c.state
 
 
+async def test_a_small_group_goes_as_fenced_publishes_and_a_large_one_as_atomic_batches(js):
+    """The server stages an atomic batch in a store of its own: a group smaller than ``ATOMIC_FROM`` is
+    appended as fenced publishes in flight together, a larger one as atomic batches; both land in order."""
+    import asyncio
+
+    from rota.controller.logbatch import ATOMIC_FROM
+
+    lg = await js()
+    assert lg.atomic
+    batches: list[int] = []
+    atomic = lg.append_batch
+
+    async def counted(records, expected_last):
+        batches.append(len(records))
+        return await atomic(records, expected_last)
+
+    lg.append_batch = counted
+    c = Controller(lg, config=CFG, clock=Clock())
+    await c.start()
+    small = await asyncio.gather(*(c.handle("submit", {"rid": f"s{i}", "spec": spec(hold=True)})
+                                   for i in range(ATOMIC_FROM - 1)))
+    assert batches == []
+    large = await asyncio.gather(*(c.handle("submit", {"rid": f"l{i}", "spec": spec(hold=True)})
+                                   for i in range(3 * ATOMIC_FROM)))
+    assert batches and all(n >= ATOMIC_FROM for n in batches) and sum(batches) <= 3 * ATOMIC_FROM
+    assert [r["job_id"] for r in small + large] == list(range(1, 4 * ATOMIC_FROM))
+    entries = [e async for e in lg.read(1)]
+    assert fold(entries) == c.state
+
+
 class UnsureLog(MemoryLog):
     """The in-memory log, told to store some appends but report them as unconfirmed (a timeout)."""
 
