@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: up demo test test-slow lint bench bench-vs-slurm install clean
 
-$(STAMP): pyproject.toml cli/native/rota_command.c
+$(STAMP): pyproject.toml cli/native/rota_command.c agents/native/rota_exec.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "rota needs Python 3.11 or newer")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@# the native client's links go first: pip writes its own entry points there

@@ -1,10 +1,13 @@
 """Turn a launch order into a running batch script: files, environment, user, process group."""
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import pwd
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +15,9 @@ from rota.core.hostlist import compress
 from rota.core.events import JobEndState
 from rota.core.orders import Launch
 
+log = logging.getLogger("rota.agent")
+
+EXEC_HELPER = "rota-exec"   # agents/native/rota_exec.c, built beside the commands where there is a C compiler
 _PATTERN = re.compile(r"%(%|\d*[jJxuAaNnst])")
 NO_VALUE = 4294967294     # what Slurm writes for a value a file name asks for but the job has none of
 
@@ -233,20 +239,10 @@ def start(o: Launch, node: str, spool: Path, cgroup: Any | None) -> tuple[subpro
         umask = int(env.get("SLURM_UMASK", "0022"), 8) & 0o777
     except ValueError:
         umask = 0o022
-    become = me == 0
-
-    def in_child() -> None:   # runs in the forked child before exec: plain syscalls only
-        enter(cg_procs, (uid, gid, groups) if become else None)
-        os.umask(umask)
-        try:
-            os.chdir(workdir)
-        except OSError:
-            os.chdir("/tmp")   # as slurmstepd does when the submit directory is not reachable
-
     argv = ["/bin/sh", "-c", SHEPHERD, str(status), str(out_path), str(err_path),
             spec.input or "/dev/null", mode, str(script), *spec.argv]
-    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=in_child, close_fds=True)
+    proc = spawn(argv, env=env, cg_procs=cg_procs, user=(uid, gid, groups) if me == 0 else None, umask=umask,
+                 workdir=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return proc, status
 
 
@@ -275,20 +271,113 @@ def enter(cg_procs: list[str], user: tuple[int, int, list[int]] | None) -> None:
         os.setresuid(uid, uid, uid)
 
 
+@functools.cache
+def exec_helper() -> str | None:
+    """``rota-exec`` beside this Python when this process may run it (see :func:`trusted_helper`); None:
+    launches fork this process instead (also when ``ROTA_EXEC=0``)."""
+    if os.environ.get("ROTA_EXEC") == "0":
+        return None
+    return trusted_helper(Path(sys.executable).parent / EXEC_HELPER)
+
+
+def trusted_helper(path: Path) -> str | None:
+    """``path`` when it is an executable that only root or this process's user may change (it and its
+    directory belong to one of them and no one else may write them), else None."""
+    try:
+        real = path.resolve(strict=True)
+        for p in (real, real.parent):
+            st = p.stat()
+            if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+                log.warning("not starting jobs through %s: another user may change %s", path, p)
+                return None
+    except OSError:
+        return None
+    return str(path) if os.access(real, os.X_OK) else None
+
+
+def spawn(argv: list[str], *, cg_procs: list[str], user: tuple[int, int, list[int]] | None,
+          env: dict[str, str] | None = None, umask: int | None = None, workdir: str | None = None,
+          files: dict[int, tuple[str, int]] | None = None, **popen: Any) -> subprocess.Popen:
+    """Start ``argv`` in a session of its own once it has joined the cgroups whose ``cgroup.procs`` files
+    are ``cg_procs``, become ``user`` (uid, gid, groups) for good when given, taken ``umask`` and gone to
+    ``workdir`` (else /tmp, as slurmstepd does), and opened ``files`` ({0, 1 or 2: (path, open flags)})
+    as that user. Through ``rota-exec`` where it is installed (this process is not copied: a vfork and
+    an exec), else in a forked child of this process. Raises LaunchError when any step fails."""
+    helper = exec_helper()
+    if helper is None:
+        return _forked(argv, cg_procs, user, env, umask, workdir, files or {}, popen)
+    args = [helper, ""]
+    for f in cg_procs:
+        args += ["--cgroup", f]
+    if user is not None:
+        uid, gid, groups = user
+        args += ["--user", f"{uid}:{gid}:{','.join(map(str, groups))}"]
+    if umask is not None:
+        args += ["--umask", f"{umask:o}"]
+    if workdir is not None:
+        args += ["--cwd", workdir]
+    for fd, (path, flags) in (files or {}).items():
+        args += ["--open", f"{fd}:{flags}:{path}"]
+    args += ["--", *argv]
+    report, told = os.pipe()
+    try:
+        args[1] = str(told)
+        proc = subprocess.Popen(args, env=env, start_new_session=True, close_fds=True,
+                                pass_fds=(told, *popen.pop("pass_fds", ())), **popen)
+    except BaseException as exc:
+        os.close(report)
+        if isinstance(exc, OSError):
+            raise LaunchError(f"cannot run {helper}: {exc.strerror or exc}") from None
+        raise
+    finally:
+        os.close(told)
+    with os.fdopen(report, "rb") as fh:   # closed by the exec: nothing in it when the command runs
+        why = fh.read(8192).decode(errors="replace").strip()
+    if why:
+        proc.wait()
+        raise LaunchError(why)
+    return proc
+
+
+def _forked(argv: list[str], cg_procs: list[str], user: tuple[int, int, list[int]] | None,
+            env: dict[str, str] | None, umask: int | None, workdir: str | None,
+            files: dict[int, tuple[str, int]], popen: dict[str, Any]) -> subprocess.Popen:
+    def in_child() -> None:   # runs in the forked child before exec: plain syscalls only
+        enter(cg_procs, user)
+        if umask is not None:
+            os.umask(umask)
+        if workdir is not None:
+            try:
+                os.chdir(workdir)
+            except OSError:
+                os.chdir("/tmp")
+        for fd, (path, flags) in files.items():
+            opened = os.open(path, flags, 0o644)
+            os.dup2(opened, fd)
+            os.close(opened)
+
+    try:
+        return subprocess.Popen(argv, env=env, start_new_session=True, close_fds=True, preexec_fn=in_child, **popen)
+    except OSError as exc:
+        raise LaunchError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
+    except subprocess.SubprocessError:   # what failed stays in the child: only that it did comes back
+        raise LaunchError("cannot join the job's cgroup, become its user or open its files") from None
+
+
 def append_as_user(o: Launch, path: Path, line: str) -> None:
     """Append a line to one of the job's files with the job's own rights (never root's)."""
     try:
         uid, gid, groups, _name = identity(o)
     except LaunchError:
         return
-    become = os.geteuid() == 0
-
-    def drop() -> None:
-        enter([], (uid, gid, groups) if become else None)
-
     try:
-        subprocess.run(["/bin/sh", "-c", 'printf "%s\\n" "$1" >> "$2"', "sh", line, str(path)],
-                       preexec_fn=drop, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        pass
+        proc = spawn(["/bin/sh", "-c", 'printf "%s\\n" "$1" >> "$2"', "sh", line, str(path)], cg_procs=[],
+                     user=(uid, gid, groups) if os.geteuid() == 0 else None, stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError, LaunchError):
+        return
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

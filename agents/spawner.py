@@ -99,14 +99,12 @@ class Spawner:
         """Start the spawner inside the job's cgroup (``cg_procs``), as the job's user."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 
-        from .launch import enter
+        from .launch import spawn
 
         try:
-            proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", CODE, str(theirs.fileno())],
-                                    preexec_fn=lambda: enter(cg_procs, (uid, gid, groups) if become else None),
-                                    close_fds=True,
-                                    pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, start_new_session=True, cwd="/")
+            proc = spawn([sys.executable, "-I", "-S", "-c", CODE, str(theirs.fileno())], cg_procs=cg_procs,
+                         user=(uid, gid, groups) if become else None, workdir="/", pass_fds=(theirs.fileno(),),
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         finally:
             theirs.close()
         ours.setblocking(False)

@@ -327,19 +327,9 @@ class Steps:
         uid, gid, groups, become = who
         cg_procs = [str(p) for p in run.cgroup.proc_files()] if run.cgroup is not None else []
 
-        def in_child() -> None:   # in the forked child before exec: plain syscalls only
-            launch.enter(cg_procs, (uid, gid, groups) if become else None)
-            try:
-                os.chdir(workdir)
-            except OSError:
-                os.chdir("/tmp")
-            for fd, (path, flags) in files.items():
-                opened = os.open(path, flags, 0o644)
-                os.dup2(opened, fd)
-                os.close(opened)
-
-        proc = subprocess.Popen(
-            argv, env=env, preexec_fn=in_child, start_new_session=True, close_fds=True,
+        proc = launch.spawn(
+            argv, env=env, cg_procs=cg_procs, user=(uid, gid, groups) if become else None, workdir=workdir,
+            files=files,
             stdin=subprocess.PIPE if to_srun and 0 not in files else subprocess.DEVNULL,
             stdout=subprocess.PIPE if to_srun and 1 not in files else subprocess.DEVNULL,
             stderr=subprocess.PIPE if to_srun and 2 not in files else subprocess.DEVNULL)

@@ -149,6 +149,8 @@ def install_commands(
     start in about a millisecond and hand the command to the local command server."""
     import subprocess
 
+    from rota.agents import launch
+
     from .native_build import NoCompiler, install
 
     target = Path(bin_dir) if bin_dir else Path(sys.executable).parent
@@ -159,7 +161,8 @@ def install_commands(
     except (OSError, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", None) or str(exc)
         _fail(f"rota install-commands: could not build the native client: {detail.strip()}")
-    typer.echo(f"rota install-commands: {', '.join(names)} in {target} are now the native thin client")
+    typer.echo(f"rota install-commands: {', '.join(names)} in {target} are now the native thin client; "
+               f"{launch.EXEC_HELPER} beside them starts the agents' jobs")
 
 
 @app.command()

@@ -1,5 +1,6 @@
 """Building the native thin client (``cli/native/rota_command.c``) and linking it under the hot commands'
-names, where a C compiler is present: ``rota install-commands`` (``make`` runs it)."""
+names, and the agents' launch helper (``agents/native/rota_exec.c``), where a C compiler is present:
+``rota install-commands`` (``make`` runs it)."""
 from __future__ import annotations
 
 import os
@@ -8,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rota.agents import launch
+
 from .thin import COMMANDS as THIN_COMMANDS
 
 SOURCE = Path(__file__).resolve().parent / "native" / "rota_command.c"
+EXEC_SOURCE = Path(launch.__file__).resolve().parent / "native" / "rota_exec.c"
 
 
 class NoCompiler(Exception):
@@ -19,11 +23,16 @@ class NoCompiler(Exception):
 
 def compile_client(out: Path, python: str = sys.executable) -> Path:
     """Compile the client to ``out``; when no server runs it falls back to ``python -m rota.cli.NAME``."""
+    return compile_native(SOURCE, out, f'-DROTA_PYTHON="{python}"')
+
+
+def compile_native(source: Path, out: Path, *defines: str) -> Path:
+    """Compile one C file with no dependencies to the program ``out`` (replaced in one rename)."""
     cc = shutil.which(os.environ.get("CC") or "cc")
     if cc is None:
         raise NoCompiler("no C compiler (cc) found: the commands stay the Python entry points")
     tmp = out.with_name(out.name + ".new")
-    subprocess.run([cc, "-O2", "-Wall", "-Werror", f'-DROTA_PYTHON="{python}"', "-o", str(tmp), str(SOURCE)],
+    subprocess.run([cc, "-O2", "-Wall", "-Werror", *defines, "-o", str(tmp), str(source)],
                    check=True, capture_output=True, text=True)
     tmp.chmod(0o755)
     os.replace(tmp, out)
@@ -32,8 +41,9 @@ def compile_client(out: Path, python: str = sys.executable) -> Path:
 
 def install(bin_dir: Path, names: tuple[str, ...] = THIN_COMMANDS) -> list[str]:
     """Compile the client into ``bin_dir`` and link each command name to it (replacing what is there,
-    one atomic rename each); returns the names linked."""
+    one atomic rename each), and compile the agents' launch helper beside it; returns the names linked."""
     client = compile_client(bin_dir / "rota-command")
+    compile_native(EXEC_SOURCE, bin_dir / launch.EXEC_HELPER)
     for name in names:
         link = bin_dir / f".{name}.new"
         if link.is_symlink() or link.exists():

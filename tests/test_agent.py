@@ -36,6 +36,7 @@ class Cluster:
         self.tmp, self.url, self.c, self.keyring = tmp, url, controller, keyring
         self.agents: dict[str, subprocess.Popen] = {}
         self.link: AgentLink | None = None
+        self.env: dict[str, str] | None = None   # the agents' environment (None: this process's)
 
     def host_key(self, node: str) -> Path:
         """The node's own key file (derived from the cluster key), as an admin installs it on the node."""
@@ -50,7 +51,7 @@ class Cluster:
                "--fake-gpus", gpus, "--cpus", "4", "--memory", "2000", "--heartbeat", "0.3",
                "--health-interval", "0.3", "--kill-wait", "1", *extra]
         log = open(self.tmp / f"agent-{node}.log", "a")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         log.close()
         self.agents[node] = proc
         return proc
@@ -124,6 +125,20 @@ async def cluster(tmp_path):
     srv.stop()
 
 
+@pytest.fixture(params=["rota-exec", "fork"])
+def launcher(request, cluster):
+    """The agents start jobs through the rota-exec helper (skipped where no C compiler built it) or by
+    forking themselves: the same jobs, the same confinement."""
+    from rota.agents import launch
+
+    if request.param == "rota-exec":
+        if launch.exec_helper() is None:
+            pytest.skip("rota-exec is not built here (no C compiler): the agents fork")
+    else:
+        cluster.env = dict(os.environ, ROTA_EXEC="0")
+    return request.param
+
+
 async def test_three_agents_run_concurrent_jobs_each_seeing_only_its_gpus(cluster):
     for n in ("n1", "n2", "n3"):
         cluster.start_agent(n)
@@ -142,7 +157,7 @@ async def test_three_agents_run_concurrent_jobs_each_seeing_only_its_gpus(cluste
     assert {n for n, _ in seen} == {"n1", "n2", "n3"}
 
 
-async def test_exit_code_timeout_and_environment(cluster):
+async def test_exit_code_timeout_and_environment(cluster, launcher):
     cluster.start_agent("n1")
     await cluster.registered("n1")
     failed = await cluster.submit("env | sort; exit 3", name="fails", cpus_per_task=2, cpus_per_task_given=True)
@@ -163,7 +178,7 @@ async def test_exit_code_timeout_and_environment(cluster):
 
 
 @pytest.mark.skipif(not CGROUPS, reason="needs root and a cgroup memory controller to confine jobs")
-async def test_allocating_past_mem_is_out_of_memory_with_maxrss_near_the_limit(cluster):
+async def test_allocating_past_mem_is_out_of_memory_with_maxrss_near_the_limit(cluster, launcher):
     cluster.start_agent("n1")
     await cluster.registered("n1")
     jid = await cluster.submit(f"{sys.executable} -c 'b = bytearray(400 * 1024 * 1024); b[::4096] = b\"x\" * len(b[::4096])'",
@@ -174,7 +189,7 @@ async def test_allocating_past_mem_is_out_of_memory_with_maxrss_near_the_limit(c
     assert 80 * 1024 <= job.max_rss <= 101 * 1024, job.max_rss
 
 
-async def test_cancel_kills_the_whole_process_tree(cluster):
+async def test_cancel_kills_the_whole_process_tree(cluster, launcher):
     cluster.start_agent("n1")
     await cluster.registered("n1")
     pids = cluster.tmp / "pids"
@@ -299,7 +314,7 @@ async def test_a_failing_health_program_drains_the_node(cluster):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="running a job as another user needs root")
-async def test_the_job_runs_as_the_submitting_user(cluster, tmp_path_factory):
+async def test_the_job_runs_as_the_submitting_user(cluster, launcher, tmp_path_factory):
     import pwd
     import tempfile
 
@@ -312,7 +327,7 @@ async def test_the_job_runs_as_the_submitting_user(cluster, tmp_path_factory):
                                  "--state-dir", str(cmd_state), "--key", str(cluster.host_key("n3")),
                                  "--fake-gpus", "a100:2", "--cpus", "4",
                                  "--memory", "2000", "--heartbeat", "0.3"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=cluster.env)
         cluster.agents["n3"] = proc
         await cluster.registered("n3")
         home = shared / "nobody"

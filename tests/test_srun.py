@@ -239,8 +239,10 @@ print("array", [j.result() for j in jobs], jobs[0].job_id.split("_")[0])
     array_line = next(line for line in lines if line.startswith("array"))
     assert array_line.startswith("array [0, 1, 4, 9, 16]")
     array_id = array_line.split()[-1]
-    ids = up.run("sacct", "-j", array_id, "-X", "-P", "-n", "-o", "JobID,State").stdout.split()
-    assert sorted(ids) == sorted(f"{array_id}_{i}|COMPLETED" for i in range(5))
+    # submitit reads a task's result as soon as the task wrote it: its end reaches the log a moment later
+    tasks = sorted(f"{array_id}_{i}|COMPLETED" for i in range(5))
+    wait_for(lambda: sorted(up.run("sacct", "-j", array_id, "-X", "-P", "-n", "-o", "JobID,State").stdout.split())
+             == tasks, what=f"sacct to show {tasks}")
 
 
 def test_submitit_checkpoints_on_its_warning_signal_requeues_and_finishes(up):

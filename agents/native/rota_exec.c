@@ -1,0 +1,137 @@
+/* rota-exec: starts a process of a job as rota's node agent asks, so that the agent never forks itself.
+ *
+ * Forking the agent (a Python process of tens of megabytes) to run a few system calls before exec costs
+ * milliseconds of copied page tables and touched pages on every launch; the agent instead starts this
+ * helper with vfork and exec, and the helper does those system calls:
+ *
+ *   rota-exec REPORT_FD [--cgroup FILE]... [--user UID:GID[:G1,G2...]] [--umask OCTAL] [--cwd DIR]
+ *             [--open FD:FLAGS:PATH]... -- COMMAND [ARG...]
+ *
+ * in this order: write its pid into each cgroup's FILE (cgroup.procs) while it is still the caller;
+ * become the user for good (groups, gid, uid); take the umask; change to DIR, else to /tmp (as
+ * slurmstepd does); open each PATH as that user (FLAGS as open(2) takes them, mode 0644) as descriptor
+ * FD; execute COMMAND (searched in this environment's PATH). REPORT_FD is closed when COMMAND is
+ * executed: the caller reads it to its end and finds nothing, or one line saying what failed (the helper
+ * then exits with 127).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#define MAX_GROUPS 65536
+
+static int report = -1;
+
+static void fail(const char *fmt, ...) {
+    char line[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0) n = 0;
+    if (n > (int)sizeof line - 2) n = sizeof line - 2;
+    line[n++] = '\n';
+    if (report < 0 || write(report, line, n) < 0) {
+        if (write(2, line, n) < 0) { /* nowhere left to say it */ }
+    }
+    _exit(127);
+}
+
+static long number(const char *s, int base, const char *what) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, base);
+    if (errno || end == s || *end || v < 0) fail("rota-exec: bad %s: %s", what, s);
+    return v;
+}
+
+/* "N:rest": the number before the first ':' (the rest after it, in *rest) */
+static long field(char *s, char **rest, const char *what) {
+    char *colon = strchr(s, ':');
+    if (colon) *colon = '\0';
+    long v = number(s, 10, what);
+    *rest = colon ? colon + 1 : NULL;
+    return v;
+}
+
+static void join_cgroup(const char *file) {
+    int fd = open(file, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) fail("cannot join the job's cgroup %s: %s", file, strerror(errno));
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%d", (int)getpid());
+    if (write(fd, pid, n) != n) fail("cannot join the job's cgroup %s: %s", file, strerror(errno));
+    close(fd);
+}
+
+static void become(char *spec) {
+    char *rest;
+    uid_t uid = (uid_t)field(spec, &rest, "uid");
+    if (!rest) fail("rota-exec: --user needs UID:GID");
+    char *groups_text;
+    gid_t gid = (gid_t)field(rest, &groups_text, "gid");
+    static gid_t groups[MAX_GROUPS];
+    size_t n = 0;
+    if (groups_text && *groups_text) {
+        for (char *g = strtok(groups_text, ","); g; g = strtok(NULL, ",")) {
+            if (n == MAX_GROUPS) fail("rota-exec: too many groups");
+            groups[n++] = (gid_t)number(g, 10, "group");
+        }
+    }
+    if (setgroups(n, groups) < 0) fail("cannot set the groups of uid %d: %s", (int)uid, strerror(errno));
+    if (setresgid(gid, gid, gid) < 0) fail("cannot become gid %d: %s", (int)gid, strerror(errno));
+    if (setresuid(uid, uid, uid) < 0) fail("cannot become uid %d: %s", (int)uid, strerror(errno));
+}
+
+static void open_as(char *spec) {
+    char *rest, *path;
+    int fd = (int)field(spec, &rest, "descriptor");
+    if (!rest) fail("rota-exec: --open needs FD:FLAGS:PATH");
+    int flags = (int)field(rest, &path, "open flags");
+    if (!path || !*path) fail("rota-exec: --open needs FD:FLAGS:PATH");
+    int opened = open(path, flags, 0644);
+    if (opened < 0) fail("cannot open %s: %s", path, strerror(errno));
+    if (opened != fd) {
+        if (dup2(opened, fd) < 0) fail("cannot open %s as descriptor %d: %s", path, fd, strerror(errno));
+        close(opened);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) fail("usage: rota-exec REPORT_FD [options] -- COMMAND [ARG...]");
+    report = (int)number(argv[1], 10, "report descriptor");
+    if (fcntl(report, F_SETFD, FD_CLOEXEC) < 0) {
+        report = -1;
+        fail("rota-exec: the report descriptor is not open");
+    }
+    int i = 2;
+    for (; i < argc && strcmp(argv[i], "--") != 0; i += 2) {
+        if (i + 1 >= argc) fail("rota-exec: %s needs a value", argv[i]);
+        const char *opt = argv[i];
+        char *value = argv[i + 1];
+        if (!strcmp(opt, "--cgroup")) {
+            join_cgroup(value);
+        } else if (!strcmp(opt, "--user")) {
+            become(value);
+        } else if (!strcmp(opt, "--umask")) {
+            umask((mode_t)(number(value, 8, "umask") & 0777));
+        } else if (!strcmp(opt, "--cwd")) {
+            if (chdir(value) < 0 && chdir("/tmp") < 0) fail("cannot change to %s or /tmp: %s", value, strerror(errno));
+        } else if (!strcmp(opt, "--open")) {
+            open_as(value);
+        } else {
+            fail("rota-exec: unknown option %s", opt);
+        }
+    }
+    if (i + 1 >= argc) fail("rota-exec: no command after --");
+    execvp(argv[i + 1], argv + i + 1);
+    fail("cannot run %s: %s", argv[i + 1], strerror(errno));
+    return 127;
+}
