@@ -157,13 +157,15 @@ def _home(uid: int) -> str:
 
 # The shepherd runs as the job's user: it opens the job's files itself (so a job can only ever write
 # where its user may), records the script's exit status for a restarted agent, and explains a file it
-# cannot open in "<status>.why".
+# cannot open in "<status>.why". Each file is tried first without truncating anything (`command exec`: a
+# failed redirection does not end the shell, and no subshell is forked for the try).
 #   sh -c SHEPHERD STATUS OUT ERR IN MODE SCRIPT ARGS...
 SHEPHERD = r"""st=$0 out=$1 err=$2 in=$3 mode=$4; shift 4
 why() { printf '%s\n' "$1" > "$st.why"; exit 1; }
-(: >>"$out") 2>/dev/null || why "cannot open the output file $out"
-[ "$err" = "$out" ] || (: >>"$err") 2>/dev/null || why "cannot open the error file $err"
-(: <"$in") 2>/dev/null || why "cannot read the input file $in"
+command exec 3>>"$out" || why "cannot open the output file $out"
+[ "$err" = "$out" ] || command exec 3>>"$err" || why "cannot open the error file $err"
+command exec 3<"$in" || why "cannot read the input file $in"
+exec 3<&-
 if [ "$mode" = a ]; then exec >>"$out"; else exec >"$out"; fi
 if [ "$err" = "$out" ]; then exec 2>&1; elif [ "$mode" = a ]; then exec 2>>"$err"; else exec 2>"$err"; fi
 exec <"$in"
