@@ -90,7 +90,7 @@ async def fill(url: str, envelopes) -> None:
         batch.append(js.publish(subject_for(env.event), encode_body(env.event),
                                 stream=STREAM, headers={"Nats-Msg-Id": env.idem or f"f{env.seq}",
                                                         TS_HEADER: str(env.ts), ACTOR_HEADER: env.actor}))
-        if len(batch) >= 2000:
+        if len(batch) >= 500:
             await asyncio.gather(*batch)
             batch = []
     if batch:
