@@ -303,12 +303,18 @@ def spawn(argv: list[str], *, cg_procs: list[str], user: tuple[int, int, list[in
     """Start ``argv`` in a session of its own once it has joined the cgroups whose ``cgroup.procs`` files
     are ``cg_procs``, become ``user`` (uid, gid, groups) for good when given, taken ``umask`` and gone to
     ``workdir`` (else /tmp, as slurmstepd does), and opened ``files`` ({0, 1 or 2: (path, open flags)})
-    as that user. Through ``rota-exec`` where it is installed (this process is not copied: a vfork and
-    an exec), else in a forked child of this process. Raises LaunchError when any step fails."""
+    as that user, with ``env`` (this process's environment when None) as its environment. Through
+    ``rota-exec`` where it is installed (this process is not copied: a vfork and an exec; the helper runs
+    with no environment and passes ``env`` on to the command alone), else in a forked child of this
+    process. Raises LaunchError when any step fails."""
+    environment = dict(os.environ if env is None else env)
+    bad = next((k for k, v in environment.items() if "\0" in k or "=" in k or "\0" in v), None)
+    if bad is not None:
+        raise LaunchError(f"the environment variable {bad[:100]!r} cannot be passed to a process")
     helper = exec_helper()
     if helper is None:
-        return _forked(argv, cg_procs, user, env, umask, workdir, files or {}, popen)
-    args = [helper, ""]
+        return _forked(argv, cg_procs, user, environment, umask, workdir, files or {}, popen)
+    args = [helper, "", ""]
     for f in cg_procs:
         args += ["--cgroup", f]
     if user is not None:
@@ -322,17 +328,26 @@ def spawn(argv: list[str], *, cg_procs: list[str], user: tuple[int, int, list[in
         args += ["--open", f"{fd}:{flags}:{path}"]
     args += ["--", *argv]
     report, told = os.pipe()
+    given, to_give = os.pipe()
     try:
-        args[1] = str(told)
-        proc = subprocess.Popen(args, env=env, start_new_session=True, close_fds=True,
-                                pass_fds=(told, *popen.pop("pass_fds", ())), **popen)
+        args[1], args[2] = str(told), str(given)
+        # the helper starts as this process's user with no environment: the command's comes through a pipe
+        proc = subprocess.Popen(args, env={}, start_new_session=True, close_fds=True,
+                                pass_fds=(told, given, *popen.pop("pass_fds", ())), **popen)
     except BaseException as exc:
         os.close(report)
+        os.close(to_give)
         if isinstance(exc, OSError):
             raise LaunchError(f"cannot run {helper}: {exc.strerror or exc}") from None
         raise
     finally:
         os.close(told)
+        os.close(given)
+    try:
+        with open(to_give, "wb") as fh:
+            fh.write(b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in environment.items()))
+    except BrokenPipeError:   # the helper gave up before reading it: its report says why
+        pass
     with os.fdopen(report, "rb") as fh:   # closed by the exec: nothing in it when the command runs
         why = fh.read(8192).decode(errors="replace").strip()
     if why:
@@ -342,7 +357,7 @@ def spawn(argv: list[str], *, cg_procs: list[str], user: tuple[int, int, list[in
 
 
 def _forked(argv: list[str], cg_procs: list[str], user: tuple[int, int, list[int]] | None,
-            env: dict[str, str] | None, umask: int | None, workdir: str | None,
+            env: dict[str, str], umask: int | None, workdir: str | None,
             files: dict[int, tuple[str, int]], popen: dict[str, Any]) -> subprocess.Popen:
     def in_child() -> None:   # runs in the forked child before exec: plain syscalls only
         enter(cg_procs, user)

@@ -94,6 +94,21 @@ def test_what_cannot_be_done_is_refused_with_a_reason_and_nothing_runs(way, tmp_
         launch.spawn(["no-such-command-here"], cg_procs=[], user=None, env={"PATH": "/usr/bin:/bin"})
 
 
+def test_the_environment_reaches_the_command_whole_and_nothing_before_it(way):
+    """The job's environment is the user's to choose: it is the command's (however large), and no process
+    running as the agent (the helper) ever runs with it: a library named in LD_PRELOAD is tried by the
+    command alone (the loader's complaint comes once)."""
+    env = {"PATH": "/usr/bin:/bin", "LD_PRELOAD": "/nonexistent/rota-test.so"}
+    env.update({f"BIG{i}": "x" * 100_000 for i in range(3)})   # more than a pipe holds
+    proc = launch.spawn(["sh", "-c", "echo $(( ${#BIG0} + ${#BIG1} + ${#BIG2} ))"], cg_procs=[], user=None, env=env,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and out.split() == [b"300000"]
+    assert err.count(b"rota-test.so") == 1, err   # the shell's loader, and no one's before it
+    with pytest.raises(launch.LaunchError, match="cannot be passed"):
+        launch.spawn(["true"], cg_procs=[], user=None, env={"A": "a\0b"})
+
+
 def test_nothing_of_the_agent_leaks_into_the_command(way):
     """Only the descriptors the command is given are open in it (not the helper's report pipe)."""
     out, status = run(["sh", "-c", "ls /proc/$$/fd"], cg_procs=[], user=None, stdin=subprocess.DEVNULL,

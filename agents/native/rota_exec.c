@@ -4,15 +4,18 @@
  * milliseconds of copied page tables and touched pages on every launch; the agent instead starts this
  * helper with vfork and exec, and the helper does those system calls:
  *
- *   rota-exec REPORT_FD [--cgroup FILE]... [--user UID:GID[:G1,G2...]] [--umask OCTAL] [--cwd DIR]
- *             [--open FD:FLAGS:PATH]... -- COMMAND [ARG...]
+ *   rota-exec REPORT_FD ENV_FD [--cgroup FILE]... [--user UID:GID[:G1,G2...]] [--umask OCTAL]
+ *             [--cwd DIR] [--open FD:FLAGS:PATH]... -- COMMAND [ARG...]
  *
- * in this order: write its pid into each cgroup's FILE (cgroup.procs) while it is still the caller;
- * become the user for good (groups, gid, uid); take the umask; change to DIR, else to /tmp (as
- * slurmstepd does); open each PATH as that user (FLAGS as open(2) takes them, mode 0644) as descriptor
- * FD; execute COMMAND (searched in this environment's PATH). REPORT_FD is closed when COMMAND is
- * executed: the caller reads it to its end and finds nothing, or one line saying what failed (the helper
- * then exits with 127).
+ * The helper starts as the agent (root) with an empty environment: the command's environment, which the
+ * job's user chose, arrives on ENV_FD (NAME=VALUE entries, each ended by a NUL byte) and is read whole
+ * first, then applied only to COMMAND, so nothing in it (LD_PRELOAD, ...) can reach a process running as
+ * root. Then, in the order given (the agent gives them in this order): write the helper's pid into each
+ * cgroup's FILE (cgroup.procs) while it is still the caller; become the user for good (groups, gid,
+ * uid); take the umask; change to DIR, else to /tmp (as slurmstepd does); open each PATH as that user
+ * (FLAGS as open(2) takes them, mode 0644) as descriptor FD; execute COMMAND (searched in the command's
+ * PATH). REPORT_FD is closed when COMMAND is executed: the caller reads it to its end and finds nothing,
+ * or one line saying what failed (the helper then exits with 127).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -27,6 +30,9 @@
 #include <unistd.h>
 
 #define MAX_GROUPS 65536
+#define MAX_ENVIRON (64 << 20)
+
+extern char **environ;
 
 static int report = -1;
 
@@ -104,14 +110,48 @@ static void open_as(char *spec) {
     }
 }
 
+/* The command's environment, read whole from fd: a NULL-ended array of its NUL-ended entries. */
+static char **read_environment(int fd) {
+    size_t n = 0, cap = 1 << 16;
+    char *text = malloc(cap);
+    if (!text) fail("rota-exec: out of memory");
+    for (;;) {
+        if (n == cap) {
+            if (cap >= MAX_ENVIRON) fail("rota-exec: the environment is larger than %d bytes", MAX_ENVIRON);
+            cap *= 2;
+            if (!(text = realloc(text, cap))) fail("rota-exec: out of memory");
+        }
+        ssize_t got = read(fd, text + n, cap - n);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) fail("rota-exec: cannot read the environment: %s", strerror(errno));
+        if (got == 0) break;
+        n += (size_t)got;
+    }
+    close(fd);
+    size_t entries = 0;
+    for (size_t i = 0; i < n; i++) entries += text[i] == '\0';
+    char **env = calloc(entries + 1, sizeof *env);
+    if (!env) fail("rota-exec: out of memory");
+    size_t k = 0, start = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (text[i] == '\0') {
+            env[k++] = text + start;
+            start = i + 1;
+        }
+    }
+    return env;
+}
+
 int main(int argc, char **argv) {
-    if (argc < 3) fail("usage: rota-exec REPORT_FD [options] -- COMMAND [ARG...]");
+    if (argc < 2) fail("usage: rota-exec REPORT_FD ENV_FD [options] -- COMMAND [ARG...]");
     report = (int)number(argv[1], 10, "report descriptor");
     if (fcntl(report, F_SETFD, FD_CLOEXEC) < 0) {
         report = -1;
         fail("rota-exec: the report descriptor is not open");
     }
-    int i = 2;
+    if (argc < 4) fail("usage: rota-exec REPORT_FD ENV_FD [options] -- COMMAND [ARG...]");
+    char **command_environment = read_environment((int)number(argv[2], 10, "environment descriptor"));
+    int i = 3;
     for (; i < argc && strcmp(argv[i], "--") != 0; i += 2) {
         if (i + 1 >= argc) fail("rota-exec: %s needs a value", argv[i]);
         const char *opt = argv[i];
@@ -131,6 +171,7 @@ int main(int argc, char **argv) {
         }
     }
     if (i + 1 >= argc) fail("rota-exec: no command after --");
+    environ = command_environment;   /* execvp searches this PATH, and the command gets all of it */
     execvp(argv[i + 1], argv + i + 1);
     fail("cannot run %s: %s", argv[i + 1], strerror(errno));
     return 127;
