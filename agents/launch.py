@@ -314,6 +314,12 @@ def spawn(argv: list[str], *, cg_procs: list[str], user: tuple[int, int, list[in
     helper = exec_helper()
     if helper is None:
         return _forked(argv, cg_procs, user, environment, umask, workdir, files or {}, popen)
+    return _through_helper(helper, argv, cg_procs, user, environment, umask, workdir, files or {}, popen)
+
+
+def _through_helper(helper: str, argv: list[str], cg_procs: list[str], user: tuple[int, int, list[int]] | None,
+                    env: dict[str, str], umask: int | None, workdir: str | None,
+                    files: dict[int, tuple[str, int]], popen: dict[str, Any]) -> subprocess.Popen:
     args = [helper, "", ""]
     for f in cg_procs:
         args += ["--cgroup", f]
@@ -324,7 +330,7 @@ def spawn(argv: list[str], *, cg_procs: list[str], user: tuple[int, int, list[in
         args += ["--umask", f"{umask:o}"]
     if workdir is not None:
         args += ["--cwd", workdir]
-    for fd, (path, flags) in (files or {}).items():
+    for fd, (path, flags) in files.items():
         args += ["--open", f"{fd}:{flags}:{path}"]
     args += ["--", *argv]
     report, told = os.pipe()
@@ -345,7 +351,7 @@ def spawn(argv: list[str], *, cg_procs: list[str], user: tuple[int, int, list[in
         os.close(given)
     try:
         with open(to_give, "wb") as fh:
-            fh.write(b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in environment.items()))
+            fh.write(b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in env.items()))
     except BrokenPipeError:   # the helper gave up before reading it: its report says why
         pass
     with os.fdopen(report, "rb") as fh:   # closed by the exec: nothing in it when the command runs
