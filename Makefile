@@ -14,7 +14,8 @@ $(STAMP): pyproject.toml cli/native/rota_command.c agents/native/rota_exec.c
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[test,plot]"
 	@# the native thin client, where there is a C compiler, as sbatch, squeue, ... (otherwise pip's Python
-	@# entry points stay: the same thin path, with Python's start in front)
+	@# entry points stay: the same thin path, with Python's start in front), and rota-exec, which the
+	@# agents start jobs through (otherwise they fork)
 	$(VENV)/bin/rota install-commands || true
 	@# byte code, as pip writes for an installed package: the commands then start without compiling
 	@# rota's modules (an editable install has none, and PYTHONDONTWRITEBYTECODE stops Python writing it)
