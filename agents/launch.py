@@ -275,11 +275,12 @@ def enter(cg_procs: list[str], user: tuple[int, int, list[int]] | None) -> None:
 
 @functools.cache
 def exec_helper() -> str | None:
-    """``rota-exec`` beside this Python when this process may run it (see :func:`trusted_helper`); None:
-    launches fork this process instead (also when ``ROTA_EXEC=0``)."""
-    if os.environ.get("ROTA_EXEC") == "0":
+    """``rota-exec`` beside this Python (or where ``ROTA_EXEC`` names it) when this process may run it
+    (see :func:`trusted_helper`); None: launches fork this process instead (also when ``ROTA_EXEC=0``)."""
+    named = os.environ.get("ROTA_EXEC", "")
+    if named == "0":
         return None
-    return trusted_helper(Path(sys.executable).parent / EXEC_HELPER)
+    return trusted_helper(Path(named) if os.path.isabs(named) else Path(sys.executable).parent / EXEC_HELPER)
 
 
 def trusted_helper(path: Path) -> str | None:

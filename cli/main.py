@@ -154,6 +154,8 @@ def install_commands(
     from .native_build import NoCompiler, install
 
     target = Path(bin_dir) if bin_dir else Path(sys.executable).parent
+    if not target.is_dir():
+        _fail(f"rota install-commands: {target} is not a directory (make it, or name another with --bin-dir)")
     try:
         names = install(target)
     except NoCompiler as exc:
@@ -163,6 +165,9 @@ def install_commands(
         _fail(f"rota install-commands: could not build the native client: {detail.strip()}")
     typer.echo(f"rota install-commands: {', '.join(names)} in {target} are now the native thin client; "
                f"{launch.EXEC_HELPER} beside them starts the agents' jobs")
+    if target.resolve() != Path(sys.executable).parent.resolve():
+        typer.echo(f"rota install-commands: agents look for {launch.EXEC_HELPER} beside their Python: start them "
+                   f"with ROTA_EXEC={target / launch.EXEC_HELPER}")
 
 
 @app.command()

@@ -129,6 +129,18 @@ def test_the_command_is_in_the_jobs_cgroup_from_its_first_instruction(way):
         group.rmdir()
 
 
+def test_rota_exec_names_the_helper_or_says_to_fork(tmp_path, monkeypatch):
+    helper = tmp_path / "bin" / launch.EXEC_HELPER
+    helper.parent.mkdir()
+    helper.write_text("#!/bin/sh\n")
+    helper.chmod(0o755)
+    for value, expected in ((str(helper), str(helper)), ("0", None), (str(tmp_path / "missing"), None)):
+        monkeypatch.setenv("ROTA_EXEC", value)
+        launch.exec_helper.cache_clear()
+        assert launch.exec_helper() == expected, value
+    launch.exec_helper.cache_clear()
+
+
 def test_a_helper_another_user_may_change_is_not_used(tmp_path):
     helper = tmp_path / "bin" / launch.EXEC_HELPER
     helper.parent.mkdir()
