@@ -32,6 +32,7 @@ from rota.wire.jsqueue import stored_at, work_queue
 
 from . import cgroups as cg
 from . import launch
+from .exitwatch import ExitWatch
 from .gpu import Gpus, open_gpus
 from .steps import Steps, warning
 
@@ -101,6 +102,7 @@ class Agent:
         scope = f"{node}-{credentials.derived_key(self.key, 'cgroup scope')[:4].hex()}"   # this cluster's node
         self.cgroups, self.cgroup_note = cg.detect(scope) if use_cgroups else (None, "cgroups disabled")
         self.runs: dict[int, Run] = {}
+        self.exits = ExitWatch()
         self.launching: dict[int, list[int]] = {}   # job id -> its CPUs, while its run is being started
         self.steps = Steps(node, self.spool, self.cgroups, self.report, kill_wait)
         self.next_runs: dict[int, Launch] = {}
@@ -309,6 +311,7 @@ class Agent:
         run = Run(order, proc.pid, time.time(), proc, cgroup, status_file=str(status), ticks=_start_ticks(proc.pid),
                   cpus=cpus or [])
         self.runs[run.job_id] = run
+        self.exits.watch(run.pid)
         record = json.dumps({"order": order.model_dump(mode="json"), "status_file": run.status_file, "pid": proc.pid,
                              "started": run.started, "ticks": run.ticks})
         path = self.ledger / f"{run.job_id}.json"
@@ -371,7 +374,7 @@ class Agent:
                 done = self._exit_status(run)
                 if done is not None:
                     await self._finished(run, *done)
-            await asyncio.sleep(0.02 if self.runs else 0.1)
+            await self.exits.wait(0.02 if self.runs else 0.1)
 
     def _exit_status(self, run: Run) -> tuple[int, int] | None:
         """(exit code, signal) once the job ended, else None."""
@@ -395,6 +398,7 @@ class Agent:
 
     async def _finished(self, run: Run, exit_code: int, sig: int) -> None:
         del self.runs[run.job_id]
+        self.exits.forget(run.pid)
         self._signal(run, signal.SIGKILL)     # nothing of a job outlives it
         self.steps.kill(run.job_id, run.restarts)
         self.steps.end_job(run.job_id, run.restarts, remove_cgroup=False)
