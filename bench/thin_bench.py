@@ -1,6 +1,6 @@
 """The commands as users run them: one held `sbatch`, `squeue -r` with 2,000 pending array tasks,
 submit loops (1 and 8 submitters running `sbatch` one after another), trivial jobs submitted one by
-one until all ended, an array's launch rate on 4 nodes, and bulk submission through the Python API,
+one until all ended, one trivial job at a time until it has gone, an array's launch rate on 4 nodes, and bulk submission through the Python API,
 against a live `rota up` with four agents (gpu01-04, as slurmd x 4 on one host); the held sbatch also
 through the Python entry point and in its own process (``ROTA_THIN=0``). With ``--slurm``, Slurm's own
 commands (a running Slurm: ops/slurm/setup.sh) in the same run, alternating, with the ratios.
@@ -82,6 +82,21 @@ def end_to_end(bin_dir: str, env: dict, jobs: int) -> float:
                        stdout=subprocess.DEVNULL, cwd="/tmp")
     drained(f"{bin_dir}/squeue", env)
     return jobs / (time.perf_counter() - t)
+
+
+def one_at_a_time(bin_dir: str, env: dict, jobs: int) -> float:
+    """Milliseconds from submitting a trivial job until ``squeue`` no longer lists it, one job after the
+    other (the median of ``jobs``): what someone waiting on a short job waits."""
+    waits = []
+    for _ in range(jobs):
+        t = time.perf_counter()
+        jid = subprocess.run([f"{bin_dir}/sbatch", "--parsable", "-o", "/dev/null", "--wrap=true"], env=env,
+                             check=True, capture_output=True, text=True, cwd="/tmp").stdout.strip().split(";")[0]
+        while subprocess.run([f"{bin_dir}/squeue", "-h", "-j", jid], env=env, capture_output=True, text=True,
+                             cwd="/tmp").stdout.strip():
+            time.sleep(0.002)
+        waits.append((time.perf_counter() - t) * 1000)
+    return statistics.median(waits)
 
 
 def launch_rate(bin_dir: str, env: dict, jobs: int) -> float:
@@ -219,6 +234,9 @@ def run(runs: int, loop: int, slurm: bool, e2e: int = 200, array: int = 500) -> 
         figures += side_by_side(f"{e2e} trivial jobs submitted one by one until all ended",
                                 {k: (lambda b=b, e=e: end_to_end(b, e, e2e)) for k, (b, e) in sides.items()}, 3,
                                 cmd, True, "jobs/s", 1.5)
+        figures += side_by_side("one trivial job at a time, submit until squeue no longer lists it (median of 5)",
+                                {k: (lambda b=b, e=e: one_at_a_time(b, e, 5)) for k, (b, e) in sides.items()}, 3,
+                                cmd, False, "ms")
         figures += side_by_side(f"job launch rate, an array of {array} trivial tasks on 4 nodes until all ended",
                                 {k: (lambda b=b, e=e: launch_rate(b, e, array)) for k, (b, e) in sides.items()}, 3,
                                 cmd, True, "jobs/s")
