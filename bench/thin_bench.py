@@ -1,9 +1,10 @@
 """The commands as users run them: one held `sbatch`, `squeue -r` with 2,000 pending array tasks,
 submit loops (1 and 8 submitters running `sbatch` one after another), trivial jobs submitted one by
-one until all ended, one trivial job at a time until it has gone, an array's launch rate on 4 nodes, and bulk submission through the Python API,
-against a live `rota up` with four agents (gpu01-04, as slurmd x 4 on one host); the held sbatch also
-through the Python entry point and in its own process (``ROTA_THIN=0``). With ``--slurm``, Slurm's own
-commands (a running Slurm: ops/slurm/setup.sh) in the same run, alternating, with the ratios.
+one until all ended, one trivial job at a time until it has gone, an array's launch rate on 4 nodes,
+and bulk submission through the Python API, against a live `rota up` with four agents (gpu01-04, as
+slurmd x 4 on one host); the held sbatch also through the Python entry point and in its own process
+(``ROTA_THIN=0``). With ``--slurm``, Slurm's own commands (a running Slurm: ops/slurm/setup.sh) in the
+same run, alternating, with the ratios.
 
     python -m rota.bench.thin_bench [--runs 15] [--loop 300] [--e2e 200] [--array 500] [--slurm]
 

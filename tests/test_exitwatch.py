@@ -1,5 +1,4 @@
 """An agent's supervision wakes when a job's process ends, not at its next tick."""
-import asyncio
 import subprocess
 import sys
 import time
