@@ -207,24 +207,26 @@ class Controller:
                 "cycle_mean_ms": sum(t) / len(t) * 1000} if t else {}
 
     async def run_cycles(self) -> None:
-        """Cycle when something changed (debounced) and every ``cycle_interval``; a cycle that took d
-        seconds is followed by at least 2d of serving requests, so a burst of submits against a long
-        queue is not starved by back-to-back cycles."""
-        last = 0.0
+        """Cycle when something changed and every ``cycle_interval``. A change after a quiet spell is
+        scheduled at once; cycles start at least ``debounce`` apart, and a cycle that took d seconds is
+        followed by at least 2d of serving requests, so a burst of submits against a long queue is not
+        starved by back-to-back cycles."""
+        last, ended = 0.0, -float("inf")
         dirty = self.writer.dirty
         while True:
             try:
                 await asyncio.wait_for(dirty.wait(), timeout=self.cycle_interval)
             except asyncio.TimeoutError:
                 pass
-            await asyncio.sleep(max(self.debounce, 2 * last))
+            await asyncio.sleep(max(0.0, ended + max(self.debounce, 2 * last) - time.perf_counter()))
             dirty.clear()
             try:
                 t0 = time.perf_counter()
                 ran = self.leader and bool(self.state.pending)
                 await self.cycle()
                 last = time.perf_counter() - t0
-                if ran:
+                if ran:         # a cycle with nothing pending cost nothing: no wait after it
+                    ended = t0 + last
                     self.cycle_times.append(last)
                 await self.maybe_snapshot()
             except FencedError:

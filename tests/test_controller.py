@@ -178,6 +178,29 @@ async def test_a_small_group_goes_as_fenced_publishes_and_a_large_one_as_atomic_
     assert fold(entries) == c.state
 
 
+async def test_a_change_after_a_quiet_spell_is_scheduled_at_once_and_busy_cycles_keep_their_spacing():
+    import asyncio
+    import time
+
+    async def running(jid: int, within: float) -> float:
+        t = time.monotonic()
+        while c.state.jobs[jid].state != "RUNNING":
+            assert time.monotonic() - t < within, f"job {jid} did not start within {within} s"
+            await asyncio.sleep(0.01)
+        return time.monotonic() - t
+
+    c = Controller(MemoryLog(), config=CFG, clock=Clock(), debounce=2.0, cycle_interval=60)
+    await c.start()
+    cycles = asyncio.create_task(c.run_cycles())
+    try:
+        await c.handle("submit", {"rid": "a", "spec": spec()})
+        assert await running(1, 1.0) < 1.0          # not after the 2 s between cycles: at once
+        await c.handle("submit", {"rid": "b", "spec": spec()})
+        assert await running(2, 5.0) > 1.0          # right after a cycle that started a job: it waits
+    finally:
+        cycles.cancel()
+
+
 class UnsureLog(MemoryLog):
     """The in-memory log, told to store some appends but report them as unconfirmed (a timeout)."""
 
