@@ -208,9 +208,9 @@ class Controller:
 
     async def run_cycles(self) -> None:
         """Cycle when something changed and every ``cycle_interval``. A change after a quiet spell is
-        scheduled at once; cycles start at least ``debounce`` apart, and a cycle that took d seconds is
-        followed by at least 2d of serving requests, so a burst of submits against a long queue is not
-        starved by back-to-back cycles."""
+        scheduled at once; after a cycle that had jobs pending and took d seconds, the next starts no
+        sooner than ``debounce`` and 2d later, so a burst of submits against a long queue is not starved
+        by back-to-back cycles."""
         last, ended = 0.0, -float("inf")
         dirty = self.writer.dirty
         while True:
