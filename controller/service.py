@@ -224,10 +224,10 @@ class Controller:
                 t0 = time.perf_counter()
                 ran = self.leader and bool(self.state.pending)
                 await self.cycle()
-                last = time.perf_counter() - t0
+                spent = time.perf_counter() - t0
                 if ran:         # a cycle with nothing pending cost nothing: no wait after it
-                    ended = t0 + last
-                    self.cycle_times.append(last)
+                    last, ended = spent, t0 + spent
+                    self.cycle_times.append(spent)
                 await self.maybe_snapshot()
             except FencedError:
                 return
