@@ -322,11 +322,14 @@ def test_why_explains_a_wait_no_recorded_cycle_saw(up):
     assert r.returncode == 0, r.stderr
     assert "[Resources]" in r.stdout and f"It waited for job {a} (root), which in fact ended" in r.stdout, r.stdout
     assert "no evaluation" not in r.stdout and "change of the state between cycles" in r.stdout
-    deadline = time.monotonic() + 10      # the projection's reason history follows the log
-    while time.monotonic() < deadline and "Resources" not in run(up, "rota", "history", b).stdout:
+    def ended_wait(out: str) -> bool:
+        return "Resources" in out and "(still)" not in out
+
+    deadline = time.monotonic() + 10      # the reason history follows the log: until it has B's start
+    while time.monotonic() < deadline and not ended_wait(run(up, "rota", "history", b).stdout):
         time.sleep(0.3)
     r = run(up, "rota", "history", b)
-    assert r.returncode == 0 and "Resources" in r.stdout and "(still)" not in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and ended_wait(r.stdout), r.stdout + r.stderr
 
 
 def test_scontrol_show_job_has_slurms_layout(up):
