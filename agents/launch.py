@@ -321,23 +321,22 @@ def spawn(argv: list[str], *, cg_procs: list[str], user: tuple[int, int, list[in
 def _through_helper(helper: str, argv: list[str], cg_procs: list[str], user: tuple[int, int, list[int]] | None,
                     env: dict[str, str], umask: int | None, workdir: str | None,
                     files: dict[int, tuple[str, int]], popen: dict[str, Any]) -> subprocess.Popen:
-    args = [helper, "", ""]
+    options: list[str] = []
     for f in cg_procs:
-        args += ["--cgroup", f]
+        options += ["--cgroup", f]
     if user is not None:
         uid, gid, groups = user
-        args += ["--user", f"{uid}:{gid}:{','.join(map(str, groups))}"]
+        options += ["--user", f"{uid}:{gid}:{','.join(map(str, groups))}"]
     if umask is not None:
-        args += ["--umask", f"{umask:o}"]
+        options += ["--umask", f"{umask:o}"]
     if workdir is not None:
-        args += ["--cwd", workdir]
+        options += ["--cwd", workdir]
     for fd, (path, flags) in files.items():
-        args += ["--open", f"{fd}:{flags}:{path}"]
-    args += ["--", *argv]
+        options += ["--open", f"{fd}:{flags}:{path}"]
     report, told = os.pipe()
     given, to_give = os.pipe()
     try:
-        args[1], args[2] = str(told), str(given)
+        args = [helper, str(told), str(given), *options, "--", *argv]
         # the helper starts as this process's user with no environment: the command's comes through a pipe
         proc = subprocess.Popen(args, env={}, start_new_session=True, close_fds=True,
                                 pass_fds=(told, given, *popen.pop("pass_fds", ())), **popen)
@@ -398,7 +397,7 @@ def append_as_user(o: Launch, path: Path, line: str) -> None:
         proc = spawn(["/bin/sh", "-c", 'printf "%s\\n" "$1" >> "$2"', "sh", line, str(path)], cg_procs=[],
                      user=(uid, gid, groups) if os.geteuid() == 0 else None, stdin=subprocess.DEVNULL,
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError, LaunchError):
+    except (OSError, LaunchError):
         return
     try:
         proc.wait(timeout=10)

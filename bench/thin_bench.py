@@ -65,13 +65,14 @@ def loop_rate(argv: list[str], env: dict, total: int, submitters: int) -> float:
     return (total // submitters * submitters) / (time.perf_counter() - t)
 
 
-def drained(squeue: str, env: dict, timeout: float = 600) -> None:
-    """Wait until ``squeue -h`` lists nothing (every job of the run has ended)."""
+def drained(squeue: str, env: dict, *select: str, poll: float = 0.05, timeout: float = 600) -> None:
+    """Wait until ``squeue -h [select...]`` lists nothing (every job of the run, or those selected, ended)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not subprocess.run([squeue, "-h"], env=env, capture_output=True, text=True, cwd="/tmp").stdout.strip():
+        if not subprocess.run([squeue, "-h", *select], env=env, capture_output=True, text=True,
+                              cwd="/tmp").stdout.strip():
             return
-        time.sleep(0.05)
+        time.sleep(poll)
     raise RuntimeError(f"{squeue}: jobs still listed after {timeout:.0f} s")
 
 
@@ -93,9 +94,7 @@ def one_at_a_time(bin_dir: str, env: dict, jobs: int) -> float:
         t = time.perf_counter()
         jid = subprocess.run([f"{bin_dir}/sbatch", "--parsable", "-o", "/dev/null", "--wrap=true"], env=env,
                              check=True, capture_output=True, text=True, cwd="/tmp").stdout.strip().split(";")[0]
-        while subprocess.run([f"{bin_dir}/squeue", "-h", "-j", jid], env=env, capture_output=True, text=True,
-                             cwd="/tmp").stdout.strip():
-            time.sleep(0.002)
+        drained(f"{bin_dir}/squeue", env, "-j", jid, poll=0.002, timeout=60)
         waits.append((time.perf_counter() - t) * 1000)
     return statistics.median(waits)
 
