@@ -192,6 +192,8 @@ class AgentLink:
         try:
             await self.c.write(lambda state: commands.check_report(state, node, event), f"agent:{node}", idem)
         except commands.Rejected as r:
+            if r.code == "stale" and not await self._judged_on_the_whole_log():
+                return False        # another controller wrote what it depends on: the leader judges it
             if r.code not in ("stale", "noop"):
                 log.warning("report from %s refused: %s", node, r.lines[0])
             return True
@@ -200,6 +202,14 @@ class AgentLink:
         if isinstance(event, ev.NodeRegistered):
             self.last_seen[node] = time.monotonic()
         return True
+
+    async def _judged_on_the_whole_log(self) -> bool:
+        """Whether the state a report was just judged on holds every record of the log. A controller that
+        another has deposed may not know yet: a job it has not seen start is not a stale report's."""
+        try:
+            return await self.c.log.last_seq() <= self.c.state.seq
+        except Exception:  # noqa: BLE001 - the log unreachable: not judged, redelivered later
+            return False
 
     # ------------------------------------------------------------ heartbeats
 

@@ -506,3 +506,37 @@ def test_a_cycle_off_the_loop_gives_way_to_reads_for_a_bounded_time():
     t = time.perf_counter()
     give_way()
     assert time.perf_counter() - t < 0.01              # spent: the cycle goes on
+
+
+async def test_a_report_refused_on_a_state_the_log_has_moved_past_is_left_for_the_leader():
+    """A deposed controller that has not seen a job start must not drop the job's end as stale: the report
+    stays in the inbox (not acked) for the controller that leads; one judged on the whole log is acked."""
+    from types import SimpleNamespace
+
+    from rota.controller.agentlink import AgentLink
+    from rota.controller.outbox import Outbox
+    from rota.wire import subjects as sj
+
+    class NoNats:
+        def jetstream(self, timeout=None):
+            return None
+
+    lg = MemoryLog()
+    old = Controller(lg, config=CFG, clock=Clock(), outbox=Outbox())
+    await old.start()
+    new = Controller(lg, clock=Clock(), outbox=Outbox())
+    await new.start()                               # the old one is now behind the log
+    await new.handle("submit", {"rid": "j", "spec": spec()})
+    started = await new.cycle()
+    node = started.starts[0].alloc[0].node
+
+    def report(job_id: int) -> SimpleNamespace:
+        body = ev.EVENT_ADAPTER.dump_json(ev.JobExited(job_id=job_id, state="COMPLETED", node=node))
+        return SimpleNamespace(subject=f"{sj.INBOX_PREFIX}.{node}", headers={"Nats-Msg-Id": f"r{job_id}"}, data=body,
+                               metadata=SimpleNamespace(num_delivered=1, sequence=SimpleNamespace(stream=job_id)))
+
+    assert await AgentLink(old, NoNats())._take(report(1)) is False      # not acked: left for the leader
+    assert old.state.jobs.get(1) is None
+    assert await AgentLink(new, NoNats())._take(report(1)) is True
+    assert new.state.jobs[1].state == "COMPLETED"
+    assert await AgentLink(new, NoNats())._take(report(99)) is True      # truly stale: acked, dropped
