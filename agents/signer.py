@@ -180,12 +180,13 @@ def _error(message: str) -> bytes:
 
 def _start_command_server(path: str) -> Any:
     """The thin commands' server (rota.cli.commandserver, a program of its own) on ``path``, beside this
-    signer; it dies with this process."""
+    signer; it dies with this process. Isolated (``-I``) and in ``/``: nothing of the directory ``rota up``
+    was started in, nor of its ``PYTHON*`` variables, is on the path of a process that runs as root."""
     import subprocess
     import sys
 
     from rota.wire.lifetime import die_with
 
-    return subprocess.Popen([sys.executable, "-m", "rota.cli.commandserver", path], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    return subprocess.Popen([sys.executable, "-I", "-m", "rota.cli.commandserver", path], cwd="/",
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                             preexec_fn=die_with(os.getpid()) if sys.platform == "linux" else None)

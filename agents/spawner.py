@@ -57,7 +57,13 @@ while True:
                 if fd > 2:
                     os.close(fd)
             for fd_text, (path, flags) in req["files"].items():
-                opened = os.open(path, flags, 0o644)
+                try:
+                    opened = os.open(path, flags, 0o644)
+                except OSError as exc:
+                    stream = ("stdin", "stdout", "stderr")[int(fd_text)]
+                    os.write(2, ("slurmstepd: error: Could not open %s file %s: %s\n"
+                                 % (stream, path, exc.strerror)).encode())
+                    os._exit(1)
                 os.dup2(opened, int(fd_text))
                 os.close(opened)
             try:

@@ -27,7 +27,7 @@ def allocate(prog: str, values: dict, default_name: str, err: Any = sys.stderr) 
     try:
         spec = spec_from_options(values, PLACEHOLDER, default_name)
     except SbatchError as exc:
-        raise AllocationError(str(exc).split("error: ", 1)[-1]) from None
+        raise AllocationError(str(exc).split("error: ", 1)[-1].replace("sbatch: ", f"{prog}: ")) from None
     for warning in spec.pop("_warnings"):
         err.write(warning.replace("sbatch:", f"{prog}:") + "\n")
     spec.update(allocation=True, output="/dev/null", submit_line=" ".join([prog, *sys.argv[1:]]))

@@ -151,15 +151,19 @@ def install_commands(
 
     from rota.agents import launch
 
-    from .native_build import NoCompiler, install
+    from .native_build import NoCompiler, install, isolate_scripts
 
     target = Path(bin_dir) if bin_dir else Path(sys.executable).parent
     if not target.is_dir():
         _fail(f"rota install-commands: {target} is not a directory (make it, or name another with --bin-dir)")
     try:
+        isolate_scripts(target, ("rota",))
         names = install(target)
     except NoCompiler as exc:
-        _fail(f"rota install-commands: {exc}")
+        from .thin import COMMANDS
+
+        isolate_scripts(target, COMMANDS)
+        _fail(f"rota install-commands: {exc}; they now run Python isolated (-I)")
     except (OSError, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", None) or str(exc)
         _fail(f"rota install-commands: could not build the native client: {detail.strip()}")
@@ -350,12 +354,15 @@ def config_check(
 ) -> None:
     """Diagnose a configuration: every problem with file:line, what is wrong and how to fix it."""
     from rota.core.slurmconf import check_config
+    from rota.wire.paths import read_text
 
     try:
-        text = open(file).read()
-        gres_text = open(gres).read() if gres else None
+        text = read_text(file)
+        gres_text = read_text(gres) if gres else None
     except OSError as exc:
         _fail(f"cannot read {exc.filename}: {exc.strerror}")
+    except ValueError as exc:
+        _fail(str(exc))
     cfg, diags = check_config(text, file, gres_text, gres or "gres.conf")
     for d in diags:
         if d.severity != "ignored":

@@ -39,6 +39,24 @@ def compile_native(source: Path, out: Path, *defines: str) -> Path:
     return out
 
 
+# the Python entry points install-commands rewrites as isolated launchers: (module, function)
+ENTRY_POINTS = {"rota": ("rota.cli.main", "main"), **{name: ("rota.cli.thin", name) for name in THIN_COMMANDS}}
+
+
+def isolate_scripts(bin_dir: Path, names: tuple[str, ...], python: str = sys.executable) -> list[str]:
+    """Write the entry points ``names`` into ``bin_dir`` as launchers run by ``python -I`` (absolute): pip's own
+    honour PYTHONPATH and the user's site folder, which must never choose what a root's command imports."""
+    for name in names:
+        module, function = ENTRY_POINTS[name]
+        tmp = bin_dir / f".{name}.new"
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        tmp.write_text(f"#!{os.path.abspath(python)} -I\nfrom {module} import {function}\n\n{function}()\n")
+        tmp.chmod(0o755)
+        os.replace(tmp, bin_dir / name)
+    return list(names)
+
+
 def install(bin_dir: Path, names: tuple[str, ...] = THIN_COMMANDS) -> list[str]:
     """Compile the client into ``bin_dir`` and link each command name to it (replacing what is there,
     one atomic rename each), and compile the agents' launch helper beside it; returns the names linked."""

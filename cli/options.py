@@ -163,3 +163,15 @@ def unsupported(prog: str, values: dict[str, Any]) -> list[str]:
         if key.startswith("!"):
             raise OptionError(f"{prog}: error: --{key[1:]} is not supported by rota")
     return [f"{prog}: warning: --{key[1:]} is ignored by rota" for key in sorted(values) if key.startswith("~")]
+
+
+def node_count(prog: str, text: str) -> int:
+    """The minimum of ``-N MIN[-MAX]``; OptionError in Slurm's words when it is no node count, or MAX < MIN."""
+    low, dash, high = text.partition("-")
+    if not low.isdecimal() or (dash and not high.isdecimal()):
+        raise OptionError(f"{prog}: error: \"{text}\" is not a valid node count\n"
+                          f"{prog}: error: invalid node count `{text}'")
+    if dash and int(high) < int(low):
+        raise OptionError(f"{prog}: error: Maximum node count {int(high)} is less than minimum node count {int(low)}\n"
+                          f"{prog}: error: invalid node count `{text}'")
+    return int(low)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .options import NO, OPTIONAL, REQUIRED, OptionError, parse, unsupported, table
+from .options import NO, OPTIONAL, REQUIRED, OptionError, node_count, parse, unsupported, table
 
 from rota.core.limits import MAX_MEM_MIB, MAX_SCRIPT, MAX_TIME
 
@@ -219,9 +219,10 @@ def _counts(o: dict, spec: dict) -> None:
     if o.get("partition"):
         spec["partitions"] = o["partition"].split(",")
     if o.get("nodes"):
-        if not o["nodes"].split("-")[0].isdecimal():
-            raise SbatchError("sbatch: error: Invalid node count specification", 255)
-        spec["nodes"], spec["nodes_given"] = int(o["nodes"].split("-")[0]), True
+        try:
+            spec["nodes"], spec["nodes_given"] = node_count("sbatch", o["nodes"]), True
+        except OptionError as exc:
+            raise SbatchError(str(exc), 255) from None
     for key, given in (("ntasks", "ntasks_given"), ("ntasks_per_node", None), ("cpus_per_task", "cpus_per_task_given")):
         if o.get(key):
             if not o[key].isdecimal() or int(o[key]) < 1:

@@ -16,7 +16,7 @@ import sys
 import time
 
 from . import lightjson
-from .options import NO, REQUIRED, OptionError, parse, table
+from .options import NO, REQUIRED, OptionError, node_count, parse, table
 
 from rota.wire import stepio
 
@@ -62,7 +62,12 @@ def _count(values: dict, key: str, option: str) -> int | None:
     text = values.get(key)
     if text is None:
         return None
-    text = str(text).split("-")[0] if key == "nodes" else str(text)
+    if key == "nodes":
+        try:
+            return node_count("srun", str(text))
+        except OptionError as exc:
+            raise SrunError(str(exc)) from None
+    text = str(text)
     if not text.isdecimal() or int(text) < 1:
         raise SrunError(f"srun: error: Invalid numeric value \"{values[key]}\" for {option}.")
     return int(text)

@@ -18,7 +18,7 @@ from rota.core import events as ev
 from rota.core.slurmconf import ConfigError, auto_config, parse_config
 from rota.projections.projector import Projector
 from rota.wire.lifetime import run_bounded
-from rota.wire.paths import default_state_dir
+from rota.wire.paths import default_state_dir, read_text
 
 from rota.controller import natsserver
 from rota.controller.agentlink import AgentLink
@@ -398,14 +398,3 @@ def shell_settings(config: str | None) -> dict:
     if config is None:
         return {}
     return read(read_text(config))
-
-
-def read_text(path: str) -> str:
-    """A configuration file's text; a file that is not UTF-8 is named with the byte that is not."""
-    data = Path(path).read_bytes()
-    try:
-        return data.decode()
-    except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise ValueError(f"{path}:{line}: the file is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
-                         f"{exc.start}); save it as UTF-8") from None

@@ -353,7 +353,8 @@ class Views:
         try:
             async with self._timetravel:
                 proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "rota.cli.main", command, *argv, env=env, stdin=asyncio.subprocess.DEVNULL,
+                    sys.executable, "-I", "-m", "rota.cli.main", command, *argv, env=env, cwd="/",
+                    stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
                 try:
                     out, err = await asyncio.wait_for(proc.communicate(), timeout=600)
@@ -393,5 +394,5 @@ def _timetravel_argv_problem(command: str, argv: list[str]) -> str | None:
 
 def timetravel_environment(state_dir: str) -> dict[str, str]:
     """The environment of a time-travel child: this cluster's state directory, nothing of the caller's."""
-    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ", "HOME", "PYTHONPATH")}
+    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ", "HOME")}
     return {**keep, "ROTA_STATE_DIR": state_dir, "ROTA_DIRECT_LOG": "1"}

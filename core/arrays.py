@@ -21,8 +21,8 @@ def parse_array(text: str, max_array_size: int = MAX_ARRAY_SIZE) -> ArraySpec:
     body, pct, thr = raw.partition("%")
     throttle = 0
     if pct:
-        if not thr.isdecimal():
-            raise ArraySpecError(f"invalid array throttle in {text!r}: use %N with N a whole number")
+        if not thr.isdecimal() or int(thr) < 1:
+            raise ArraySpecError(f"invalid array throttle in {text!r}: use %N with N a whole number of at least 1")
         throttle = int(thr)
     indices: set[int] = set()
     for piece in body.split(","):

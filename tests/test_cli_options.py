@@ -34,6 +34,19 @@ def test_getopt_long_semantics(argv, values, operands):
     assert parse("prog", argv, TABLE) == (values, operands)
 
 
+@pytest.mark.parametrize("text,words", [
+    ("2-1", "Maximum node count 1 is less than minimum node count 2"),
+    ("x", '"x" is not a valid node count'), ("2-", '"2-" is not a valid node count'), ("-1", '"-1" is not a valid node count'),
+])
+def test_node_counts_slurm_refuses_are_refused_in_its_words(text, words):
+    from rota.cli.options import node_count
+
+    with pytest.raises(OptionError) as caught:
+        node_count("sbatch", text)
+    assert str(caught.value) == f"sbatch: error: {words}\nsbatch: error: invalid node count `{text}'"
+    assert node_count("srun", "2-4") == 2 and node_count("srun", "3") == 3
+
+
 def test_stop_at_operand_leaves_the_scripts_arguments_alone():
     assert parse("sbatch", ["-H", "job.sh", "-t", "5"], TABLE, stop_at_operand=True) == ({"hold": True},
                                                                                          ["job.sh", "-t", "5"])

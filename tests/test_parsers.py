@@ -42,7 +42,7 @@ def test_arrays():
     assert parse_array("0-15:4").indices == (0, 4, 8, 12)
     assert parse_array("1,3,5-7%2").indices == (1, 3, 5, 6, 7) and parse_array("1,3%2").throttle == 2
     assert format_indices([0, 1, 2, 3, 7], 2) == "0-3,7%2"
-    for bad in ("0-20000", "5-1", "x", "1:0"):
+    for bad in ("0-20000", "5-1", "x", "1:0", "1-10%0", "1-10%"):
         with pytest.raises(ArraySpecError):
             parse_array(bad)
 

@@ -54,3 +54,19 @@ def socket_path() -> str:
 
 def cluster_key_path(state: str) -> str:
     return os.path.join(state, "cluster.key")
+
+
+def read_text(path: str) -> str:
+    """A configuration file's text; a file that is not UTF-8 is named with the byte that is not."""
+    data = _read_bytes(path)
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{line}: the file is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                         f"{exc.start}); save it as UTF-8") from None
+
+
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()

@@ -4,7 +4,9 @@
  * this host's command server (rota.cli.commandserver, beside the local signer), forwards signals to the
  * command's process there, and exits with the command's status. The protocol is described in that
  * module. When no server runs, or the server asks it to, it runs the Python command itself
- * (ROTA_PYTHON -m rota.cli.NAME), which is what the commands did before.
+ * (ROTA_PYTHON -I -m rota.cli.NAME): ROTA_PYTHON is the absolute path written when it was built, and -I keeps
+ * the working directory, PYTHONPATH and the other PYTHON* variables and the user's site folder off the path,
+ * so a `rota` package planted where the caller happens to be (root in /tmp) is never imported.
  *
  * The socket is found as rota.wire.paths.socket_path() finds the signer's: $ROTA_SOCKET, else
  * $ROTA_STATE_DIR/run, else this user's own state directory when its socket exists, else /var/lib/rota/run.
@@ -72,14 +74,20 @@ static void put_json(buf_t *b, const char *s, size_t n) {
 static void fall_back(const char *name, char **argv) {
     int argc = 0;
     while (argv[argc]) argc++;
-    char **args = calloc((size_t)argc + 4, sizeof(char *));
+    char **args = calloc((size_t)argc + 5, sizeof(char *));
     char module[64];
     if (!args) { perror(name); exit(1); }
     snprintf(module, sizeof module, "rota.cli.%s", name);
     args[0] = (char *)ROTA_PYTHON;
-    args[1] = "-m";
-    args[2] = module;
-    for (int i = 1; i < argc; i++) args[i + 2] = argv[i];
+    args[1] = "-I";
+    args[2] = "-m";
+    args[3] = module;
+    for (int i = 1; i < argc; i++) args[i + 3] = argv[i];
+    if (ROTA_PYTHON[0] != '/') {
+        fprintf(stderr, "%s: error: no rota command server runs here, and this client was built without the absolute "
+                        "path of rota's Python (rebuild it with rota install-commands)\n", name);
+        exit(1);
+    }
     execv(ROTA_PYTHON, args);
     fprintf(stderr, "%s: error: no rota command server runs here and %s cannot be run: %s\n", name, ROTA_PYTHON,
             strerror(errno));
