@@ -27,7 +27,9 @@ SLOW_VERBS = {"timetravel": 900.0, "accounting": 120.0}   # answers that take mo
 READ_TIMEOUT = 10.0
 FAILOVER_WAIT = 30.0      # a request with no controller to answer waits this long for a standby to take over
 NOT_LEADER = b'"code":"not_leader"'   # in the answer of a controller that is no longer the leader
-MAX_INFLIGHT_PER_UID = 64
+MAX_INFLIGHT_PER_UID = 64  # a uid's requests beyond are refused at once, with a line that says so
+BACKLOG = 4096             # connections the kernel queues for the accept loop (capped by net.core.somaxconn)
+ACCEPT_BURST = 64          # connections taken in one turn of the event loop
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
@@ -45,8 +47,9 @@ class Signer:
         if key is None:
             raise ValueError(f"the key given is not host {host}'s")
         self.path, self.host, self.key, self.nc, self.ttl, self.clock = path, host, key, nc, ttl, clock
-        self.server: asyncio.AbstractServer | None = None
+        self.server: socket.socket | None = None
         self._inflight: dict[int, int] = {}
+        self._serving: set[asyncio.Task] = set()
         self.commands: Any = None      # the command server beside the socket (rota.cli.commandserver)
         self._inode = -1               # the socket file this signer made (another rota may replace it)
         # the controller in this process (``rota up``): (subject, headers, payload) -> its answer, or None
@@ -59,8 +62,13 @@ class Signer:
         os.chmod(run_dir, 0o755)
         if os.path.lexists(self.path):
             os.unlink(self.path)     # a socket left by a rota that died; we own its directory
-        self.server = await asyncio.start_unix_server(self._serve, path=self.path, limit=localsock.MAX_HEADER * 4)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(self.path)
         os.chmod(self.path, 0o666)   # every local user may ask; who they are comes from the kernel
+        sock.listen(BACKLOG)
+        sock.setblocking(False)
+        self.server = sock
+        asyncio.get_running_loop().add_reader(sock.fileno(), self._accept)
         self._inode = os.stat(self.path).st_ino
         if os.environ.get("ROTA_THIN") != "0":
             self.commands = _start_command_server(os.path.join(run_dir, "commands.sock"))
@@ -70,12 +78,11 @@ class Signer:
             self.commands.terminate()
             self.commands = None
         if self.server is not None:
+            asyncio.get_running_loop().remove_reader(self.server.fileno())
             self.server.close()
-            try:
-                await asyncio.wait_for(self.server.wait_closed(), timeout=2)
-            except asyncio.TimeoutError:
-                pass
             self.server = None
+        for task in list(self._serving):
+            task.cancel()
         try:
             if os.stat(self.path).st_ino == self._inode:
                 os.unlink(self.path)
@@ -87,13 +94,41 @@ class Signer:
         return credentials.issue(self.key, "req", uid, gid, self.host, int(self.clock()), os.urandom(16).hex(),
                                  f"{subject} {rid}", payload, self.ttl)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        uid = -1
-        try:
-            _pid, uid, gid = peer_credentials(writer.get_extra_info("socket"))
+    def _accept(self) -> None:
+        """Take the callers the kernel has queued, a burst at a time (the loop's other work goes on between
+        bursts): a caller whose user already has its share in flight is refused here, with one line and no
+        more work than that, so a user's flood costs the others little."""
+        assert self.server is not None
+        for _ in range(ACCEPT_BURST):
+            try:
+                conn, _ = self.server.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:       # out of descriptors: leave the rest queued a moment
+                log.warning("signer: cannot accept a connection: %s", exc)
+                return
+            _pid, uid, gid = peer_credentials(conn)
             if self._inflight.get(uid, 0) >= MAX_INFLIGHT_PER_UID:
-                raise localsock.SignerError(f"too many requests in flight for uid {uid}; retry")
+                try:
+                    conn.send(_error(f"uid {uid} has {MAX_INFLIGHT_PER_UID} requests in flight through this host's "
+                                     "signer, the most one user may; retry when some have ended"), socket.MSG_DONTWAIT)
+                except OSError:
+                    pass
+                conn.close()
+                continue
             self._inflight[uid] = self._inflight.get(uid, 0) + 1
+            task = asyncio.ensure_future(self._serve(conn, uid, gid))
+            self._serving.add(task)
+            task.add_done_callback(self._serving.discard)
+
+    async def _serve(self, conn: socket.socket, uid: int, gid: int) -> None:
+        try:
+            reader, writer = await asyncio.open_unix_connection(sock=conn, limit=localsock.MAX_HEADER * 4)
+        except OSError:
+            self._inflight[uid] -= 1
+            conn.close()
+            return
+        try:
             try:
                 line = await asyncio.wait_for(reader.readuntil(b"\n"), READ_TIMEOUT)
                 verb, rid, size = localsock.parse_request_header(line)

@@ -26,7 +26,8 @@ from pathlib import Path
 from .common import Figure, print_table, write_json
 
 BIN = Path(sys.executable).parent
-CONF = "NodeName=gpu01 CPUs=64 RealMemory=257000\nPartitionName=short Nodes=gpu01 Default=YES MaxTime=1-0\n"
+CONF = ("MaxJobCount=1000000\nSchedulerParameters=rota_max_submit_per_user=1000000\n"
+        "NodeName=gpu01 CPUs=64 RealMemory=257000\nPartitionName=short Nodes=gpu01 Default=YES MaxTime=1-0\n")
 BATCH = 1000
 
 

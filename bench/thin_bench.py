@@ -27,7 +27,8 @@ from pathlib import Path
 from .common import Figure, print_table, write_json
 
 BIN = Path(sys.executable).parent
-CONF = ("GresTypes=gpu\nMaxArraySize=10001\nNodeName=gpu[01-04] CPUs=64 RealMemory=257000 Gres=gpu:a100:8\n"
+CONF = ("GresTypes=gpu\nMaxArraySize=10001\nMaxJobCount=1000000\n"
+        "NodeName=gpu[01-04] CPUs=64 RealMemory=257000 Gres=gpu:a100:8\n"
         "PartitionName=short Nodes=gpu[01-04] Default=YES MaxTime=1:00:00\n")
 
 

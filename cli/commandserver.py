@@ -33,6 +33,7 @@ import socket
 import struct
 import sys
 import time
+from collections import deque
 
 from .thin import COMMANDS as THIN_COMMANDS
 
@@ -44,6 +45,11 @@ WARM = ("rota.cli.client", "rota.cli.options", "rota.cli.timespec", "rota.cli.li
         "rota.wire.localsock", "rota.wire.paths", "rota.core.hostlist", "sqlite3", "json", "datetime", "shlex")
 MAX_REQUEST = 4 << 20          # the environment and arguments of one command
 MAX_WORKERS = 512              # commands in flight at once (an srun holds a worker for its job), idle ones included
+MAX_USER_WORKERS = 64          # of them, one user's: another user's flood never takes them all
+MAX_USER_WAITING = 64          # one user's callers waiting for a worker; beyond, they are told to run it themselves
+WAITING_LIMIT = 5.0            # seconds a caller waits for a worker (the client's own wait: it falls back then)
+BACKLOG = 4096                 # connections the kernel queues for the accept loop (capped by net.core.somaxconn)
+ACCEPT_BURST = 256             # callers accepted in one turn of the loop before the workers' news is read
 IDLE_EXIT = 60.0               # seconds a worker waits for its user's next command
 MAX_USES = 1000                # commands one worker runs before it makes way for a fresh one
 RECEIVE_WAIT = 2.0             # seconds a worker waits for its caller's request
@@ -81,19 +87,23 @@ class Worker:
 class CommandServer:
     """Serves callers on ``path`` (see the module's docstring): accepts each caller, reads who it is from
     the kernel and hands the connection to an idle worker of that user (uid and gid), forking one when
-    none is idle. At most ``MAX_WORKERS`` at a time; callers beyond wait until a worker is free, and give
-    up after a few seconds to run the command themselves."""
+    none is idle. At most ``MAX_WORKERS`` at a time and ``MAX_USER_WORKERS`` of one user's; callers beyond
+    wait in their user's line, the lines served in turn, until a worker is free, and give up after a few
+    seconds to run the command themselves (so does a caller whose user already has a full line)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.workers: dict[int, Worker] = {}          # by control socket's descriptor
-        self.waiting: list[tuple[socket.socket, tuple[int, int]]] = []
+        self.per_user: dict[tuple[int, int], int] = {}
+        # callers waiting for a worker, a line per user (the next line to serve first): (connection, since)
+        self.waiting: dict[tuple[int, int], deque[tuple[socket.socket, float]]] = {}
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         if os.path.exists(path):
             os.unlink(path)
         self.sock.bind(path)
         os.chmod(path, 0o666)                      # any local user; who they are comes from the kernel
-        self.sock.listen(128)
+        self.sock.listen(BACKLOG)
+        self.sock.setblocking(False)
 
     def serve_forever(self) -> None:
         while True:
@@ -102,28 +112,50 @@ class CommandServer:
     def serve_once(self, timeout: float) -> None:
         """Accept callers, take the workers' news, reap and retire workers, for at most ``timeout`` s."""
         listening = self.sock.fileno()
-        ready, _, _ = select.select([listening, *self.workers], [], [], timeout)
-        for fd in ready:
+        poll = select.poll()                      # not select(): descriptors may pass FD_SETSIZE
+        for fd in (listening, *self.workers):
+            poll.register(fd, select.POLLIN)
+        timeout = 0.2 if self.waiting else timeout  # those waiting are dropped once their clients gave up
+        for fd, _ in poll.poll(timeout * 1000):
             if fd == listening:
                 self._accept()
             elif fd in self.workers:
                 self._news(self.workers[fd])
-        self._retire_idle(time.monotonic())
+        now = time.monotonic()
+        self._retire_idle(now)
         _reap()
+        self._serve_waiting(now)
 
     def _accept(self) -> None:
-        try:
-            conn, _ = self.sock.accept()
-        except OSError:
-            return
-        _pid, uid, gid = _peer(conn)
-        if os.geteuid() != 0 and uid != os.geteuid():
-            _send(conn, b"F")                      # a user's own rota serves only that user
+        """Take every caller the kernel has queued (up to a burst): a flood is drained as fast as it comes, and
+        what each caller costs before its user's limits apply is one look at who it is."""
+        for _ in range(ACCEPT_BURST):
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.setblocking(True)
+            _pid, uid, gid = _peer(conn)
+            if os.geteuid() != 0 and uid != os.geteuid():
+                _send(conn, b"F")                  # a user's own rota serves only that user
+                conn.close()
+                continue
+            user = (uid, gid)
+            if user in self.waiting:               # behind that user's callers already waiting
+                self._wait(conn, user)
+            elif not self._dispatch(conn, user):
+                self._wait(conn, user)
+
+    def _wait(self, conn: socket.socket, user: tuple[int, int]) -> None:
+        line = self.waiting.setdefault(user, deque())
+        if len(line) >= MAX_USER_WAITING:
+            _send(conn, b"F")                      # this user has enough waiting: run it yourself
             conn.close()
             return
-        self._dispatch(conn, (uid, gid))
+        line.append((conn, time.monotonic()))
 
-    def _dispatch(self, conn: socket.socket, user: tuple[int, int]) -> None:
+    def _dispatch(self, conn: socket.socket, user: tuple[int, int]) -> bool:
+        """Hand ``conn`` to a worker of ``user`` (an idle one, or a new one); False when none may take it now."""
         for w in self.workers.values():
             if w.user == user and w.idle_since is not None:
                 try:
@@ -133,14 +165,32 @@ class CommandServer:
                     continue
                 w.idle_since = None
                 conn.close()
-                return
+                return True
+        if self.per_user.get(user, 0) >= MAX_USER_WORKERS:
+            return False
         if len(self.workers) >= MAX_WORKERS:
             idle = [w for w in self.workers.values() if w.idle_since is not None]
             if not idle:
-                self.waiting.append((conn, user))
-                return
+                return False
             self._forget(min(idle, key=lambda w: w.idle_since or 0.0))
         self._fork(conn, user)
+        return True
+
+    def _serve_waiting(self, now: float) -> None:
+        """Give the waiting callers the workers that are free, a caller from each user's line in turn; drop
+        those who waited longer than their client does (it has run the command itself)."""
+        progress = True
+        while self.waiting and progress:
+            progress = False
+            for user in list(self.waiting):
+                line = self.waiting.pop(user)
+                while line and now - line[0][1] > WAITING_LIMIT:
+                    line.popleft()[0].close()
+                if line and self._dispatch(line[0][0], user):
+                    line.popleft()
+                    progress = True
+                if line:
+                    self.waiting[user] = line           # to the back of the turn
 
     def _fork(self, conn: socket.socket, user: tuple[int, int]) -> None:
         ours, theirs = socket.socketpair()
@@ -152,8 +202,9 @@ class CommandServer:
                 self.sock.close()
                 for w in self.workers.values():
                     w.ctl.close()
-                for c, _ in self.waiting:
-                    c.close()
+                for line in self.waiting.values():
+                    for c, _ in line:
+                        c.close()
                 code = _worker(theirs, conn, *user)
             finally:
                 os._exit(code)
@@ -161,6 +212,7 @@ class CommandServer:
         conn.close()
         ours.setblocking(False)
         self.workers[ours.fileno()] = Worker(ours, user)
+        self.per_user[user] = self.per_user.get(user, 0) + 1
 
     def _news(self, w: Worker) -> None:
         try:
@@ -173,15 +225,15 @@ class CommandServer:
             self._forget(w)
         else:
             w.idle_since = time.monotonic()
-        for i, (conn, user) in enumerate(self.waiting):
-            if user == w.user or len(self.workers) < MAX_WORKERS:
-                del self.waiting[i]
-                self._dispatch(conn, user)
-                break
 
     def _forget(self, w: Worker) -> None:
         """No more callers for ``w``: it leaves once it sees its control socket closed."""
-        self.workers.pop(w.ctl.fileno(), None)
+        if self.workers.pop(w.ctl.fileno(), None) is not None:
+            left = self.per_user[w.user] - 1
+            if left:
+                self.per_user[w.user] = left
+            else:
+                del self.per_user[w.user]
         w.ctl.close()
 
     def _retire_idle(self, now: float) -> None:
@@ -357,10 +409,10 @@ def _take_on(fds: list[int], env: dict[str, str], umask: int, argv: list[str]) -
         if fd > 2:
             os.close(fd)
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="surrogateescape")
-    for fd, attr in ((1, "stdout"), (2, "stderr")):
-        stream = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
-                                  line_buffering=os.isatty(fd) or fd == 2, write_through=fd == 2)
-        setattr(sys, attr, stream)
+    # the same stdout and stderr objects, now writing to the caller's: a command's ``out=sys.stdout`` default
+    # was bound to them when it was imported here
+    sys.stdout.reconfigure(line_buffering=os.isatty(1))
+    sys.stderr.reconfigure(line_buffering=True, write_through=True)
     environ = os.environ               # made equal to the caller's: only what differs is changed
     for key in [k for k in environ if k not in env]:
         del environ[key]
@@ -410,9 +462,17 @@ def _run(module: str, name: str, cwd: str) -> tuple[int, bool]:
 
 
 def main() -> None:
+    import resource
+
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:     # each caller waiting and each worker holds a descriptor here
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     if len(sys.argv) != 2:
         raise SystemExit("usage: python -m rota.cli.commandserver SOCKET")
+    for fd, attr in ((1, "stdout"), (2, "stderr")):    # what every command will write through (see _take_on)
+        setattr(sys, attr, io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
+                                            errors="backslashreplace"))
     warm()
     CommandServer(sys.argv[1]).serve_forever()
 

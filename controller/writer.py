@@ -13,6 +13,7 @@ import asyncio
 import functools
 import gc
 import logging
+from collections import deque
 from typing import Any, Callable
 
 from rota.core import effects
@@ -47,6 +48,51 @@ class OffLoop:
         return self.prepare(state)
 
 
+Item = tuple[Prepare, str, str, asyncio.Future]
+"""A queued write: how to build its event, the actor, the idempotency id, and the caller's future."""
+
+
+class FairQueue:
+    """The writes waiting for the group commit, in one lane per actor taken in turn, one write at a time:
+    a user's thousands of queued submits hold another's one back by at most one write each, never by all
+    of them. Each actor's writes keep their order."""
+
+    def __init__(self) -> None:
+        self._lanes: dict[str, deque[Item]] = {}     # the lane to take from next is the first
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def append(self, item: Item) -> None:
+        self._lanes.setdefault(item[1], deque()).append(item)
+        self._count += 1
+
+    def put_back(self, items: list[Item]) -> None:
+        """Writes to try again before any other of their actors' (in the order given)."""
+        for item in reversed(items):
+            lane = self._lanes.pop(item[1], None) or deque()
+            lane.appendleft(item)
+            self._lanes = {item[1]: lane, **self._lanes}
+            self._count += 1
+
+    def take(self, limit: int) -> list[Item]:
+        """At most ``limit`` writes, one from each lane in turn; an off-loop prepare only ever leads a batch."""
+        out: list[Item] = []
+        lanes = self._lanes
+        while lanes and len(out) < limit:
+            actor = next(iter(lanes))
+            lane = lanes.pop(actor)
+            if out and isinstance(lane[0][0], OffLoop):
+                self._lanes = {actor: lane, **lanes}
+                break
+            out.append(lane.popleft())
+            if lane:
+                lanes[actor] = lane         # to the back of the turn
+        self._count -= len(out)
+        return out
+
+
 _REPORTED_INVALID = 20      # invalid transitions named one by one per load; the rest are counted
 
 
@@ -74,7 +120,7 @@ class Writer:
         self.lock = asyncio.Lock()            # held while a batch is in flight
         self.stale = False                    # the state may hold events the log does not: reload first
         self.invalid = 0                      # records that fit no transition, seen since the start
-        self._queue: list[tuple[Prepare, str, str, asyncio.Future]] = []
+        self._queue = FairQueue()
         self._task: asyncio.Task | None = None
         self._recent: Recent[str, int] = Recent(200_000)   # idempotency id -> sequence, for retries
         self._reported = 0
@@ -159,10 +205,8 @@ class Writer:
 
     async def _drain(self) -> None:
         while self._queue:
-            batch = self._queue[:self.max_batch]
             # an off-loop prepare leads its batch: the state readers see meanwhile holds only what landed
-            cut = next((i for i, item in enumerate(batch) if i and isinstance(item[0], OffLoop)), len(batch))
-            batch, self._queue = batch[:cut], self._queue[cut:]
+            batch = self._queue.take(self.max_batch)
             async with self.lock:
                 try:
                     await self._commit(batch)
@@ -273,7 +317,7 @@ class Writer:
             else:
                 _reject(fut, ack if isinstance(ack, LogUnavailable) else
                                   LogUnavailable("a request before it in the same batch failed"))
-        self._queue[:0] = again
+        self._queue.put_back(again)
 
     async def _reload(self, since: int | None = None) -> dict[str, int] | None:
         """Rebuild the state from snapshot + log; returns the idems of events after ``since`` (None: the

@@ -16,6 +16,7 @@ from .changes import NOTHING, Changes, EndedRun
 from .request import node_request
 from .state import (
     CANCELLED, COMPLETED, NODE_FAIL, PENDING, PREEMPTED, RUNNING, TERMINAL_STATES, Job, Node, State, Step,
+    job_weight,
     node_from_config,
 )
 from .steps import worst
@@ -132,6 +133,7 @@ def _end_steps(job: Job, ts: int, ch: Changes) -> None:
 
 def _finish(state: State, job: Job, end_state: str, ts: int, ch: Changes) -> None:
     ch.job(job)
+    before = job_weight(job)
     if job.state == RUNNING:
         _release(state, job, ts, ch)
         if job.steps:
@@ -139,6 +141,7 @@ def _finish(state: State, job: Job, end_state: str, ts: int, ch: Changes) -> Non
     state.pending.pop(job.job_id, None)
     job.state = end_state
     job.end_time = ts
+    state.recount(job, before)
     if job.start_time and not job.elapsed:
         job.elapsed = max(0, ts - job.start_time)
     state.finished.append((ts, job.job_id))
@@ -151,11 +154,13 @@ def _requeue(state: State, job: Job, ts: int, ch: Changes, hold: bool, user_hold
         ch.run_ended(EndedRun(job.job_id, job.restarts, job.start_time, job.end_time or ts,
                               tuple(a.node for a in job.alloc), sum(a.cpus for a in job.alloc), job.exit_code,
                               job.signal, sum(len(a.gpus) for a in job.alloc), run_state))
+    before = job_weight(job)
     if job.state == RUNNING:
         _release(state, job, ts, ch)
         if job.steps:
             _end_steps(job, ts, ch)
     job.state = PENDING
+    state.recount(job, before)
     job.restarts += 1
     job.next_step = 0
     job.alloc = ()
@@ -251,6 +256,7 @@ def _job_submitted(state: State, env: ev.Envelope, e: ev.JobSubmitted, ch: Chang
         job.array_throttle = arr.throttle
     state.jobs[e.job_id] = job
     state.pending[e.job_id] = None
+    state.recount(job, 0)
     ch.new_job(job)
     if e.job_id >= state.next_job_id:
         state.next_job_id = e.job_id + 1
@@ -264,7 +270,9 @@ def _job_cancelled(state: State, env: ev.Envelope, e: ev.JobCancelled, ch: Chang
     if e.tasks is not None and job.array_pending is not None:
         drop = set(e.tasks)
         ch.job(job)
+        before = job_weight(job)
         job.array_pending = [i for i in job.array_pending if i not in drop]
+        state.recount(job, before)
         for tid in state.array_tasks.get(e.job_id, ()):
             task = state.jobs[tid]
             if task.array_task_id in drop and task.state == RUNNING:
@@ -382,11 +390,14 @@ def _jobs_started(state: State, env: ev.Envelope, e: ev.JobsStarted, ch: Changes
                 ch.ignored(f"array task {s.array_job_id}_{s.array_task_id}: job id {jid} is taken")
                 continue
             ch.job(master)
+            before = job_weight(master)
             master.array_pending.remove(s.array_task_id)
             if jid == master.job_id:
                 job = master
                 job.array_pending = None
+                state.recount(job, before)      # its last task: it counts 1, running, from here
             else:
+                state.recount(master, before)
                 job = Job(job_id=jid, spec=master.spec, submit_seq=master.submit_seq,
                           submit_time=master.submit_time, nice=master.nice,
                           priority_override=master.priority_override,
@@ -394,6 +405,7 @@ def _jobs_started(state: State, env: ev.Envelope, e: ev.JobsStarted, ch: Changes
                           array_throttle=master.array_throttle, partition=master.partition,
                           req=master.req)
                 jobs[jid] = job
+                state.recount(job, 0)         # the task it takes left its remainder's count
                 ch.new_job(job)
             job.array_task_id = s.array_task_id
             state.array_tasks.setdefault(s.array_job_id, []).append(jid)

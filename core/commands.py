@@ -96,7 +96,33 @@ def submit(state: State, spec: ev.JobSpec, job_id: int, caller: Caller = ROOT) -
         if (account, qos) != (spec.account, spec.qos):
             spec = spec.model_copy(update={"account": account, "qos": qos})
         _submit_limit(state, spec)
+    _job_count_limits(state, spec, cfg.scheduler)
     return ev.JobSubmitted(job_id=job_id, spec=spec)
+
+
+def _job_count_limits(state: State, spec: ev.JobSpec, sched: ev.SchedulerParams) -> None:
+    """MaxJobCount (every user's active jobs) and rota's default share of it for one user, counted as
+    MaxSubmitJobs counts (each pending array task) from the state's running tally: a flood of submits by one
+    user is refused job by job once it holds its share, and the others still submit."""
+    adding = len(parse_array(spec.array, 1 << 30).indices) if spec.array else 1
+    if state.active_jobs() + adding > sched.max_job_count:
+        raise Rejected(f"MaxJobCount: {sched.max_job_count} jobs are pending or running",
+                       "Slurm temporarily unable to accept job, sleeping and retrying", code="busy")
+    share = sched.max_submit_per_user or max(1, sched.max_job_count // 2)
+    mine = state.active.get(spec.user, 0)
+    if mine + adding > share and not _own_limit_set(state, spec):
+        raise Rejected(f"MaxSubmitJobsPerUser: you have {mine} jobs pending or running, at most {share} "
+                       "(SchedulerParameters=rota_max_submit_per_user)", QOS_POLICY, code="qos_limit")
+
+
+def _own_limit_set(state: State, spec: ev.JobSpec) -> bool:
+    """Whether the job's QOS or association sets the user's submit limit (which then replaces rota's default)."""
+    if not limits_enforced(state):
+        return False
+    q = state.qos.get(spec.qos)
+    assoc = state.associations.get((spec.user, spec.account))
+    return (q is not None and q.max_submit_jobs_per_user is not None) or \
+        (assoc is not None and assoc.max_submit_jobs is not None)
 
 
 QOS_POLICY = "Job violates accounting/QOS policy (job submit limit, user's size and/or time limits)"

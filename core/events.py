@@ -85,6 +85,10 @@ class SchedulerParams(Model):
     max_array_size: int = 1001
     enforce_part_limits: Literal["NO", "ANY", "ALL"] = "NO"
     min_job_age: int = 300
+    max_job_count: int = 10000        # MaxJobCount: jobs pending or running at once, every user's
+    # rota_max_submit_per_user: one user's share of them when no QOS or association limit says otherwise
+    # (0: half of MaxJobCount), so one user's flood cannot fill the queue for everyone
+    max_submit_per_user: int = 0
 
 
 class QosConfig(Model):

@@ -39,7 +39,7 @@ GLOBAL_KEYS = {
     "priorityweightage", "priorityweightfairshare", "priorityweightjobsize", "priorityweightpartition",
     "priorityweightqos", "prioritymaxage", "priorityfavorsmall", "enforcepartlimits", "maxarraysize",
     "minjobage", "slurmuser", "authinfo", "privatedata", "adminusers", "operatorusers", "accountingstorageenforce",
-    "priorityflags", "prioritydecayhalflife", "preempttype", "preemptmode",
+    "priorityflags", "prioritydecayhalflife", "preempttype", "preemptmode", "maxjobcount",
 }
 # rota's own keys for how its processes run here (not part of the cluster's configuration in the log)
 SHELL_KEYS = {"rotanatslisten": "listen", "rotatlscertfile": "cert_file", "rotatlskeyfile": "key_file",
@@ -53,7 +53,7 @@ IGNORED_KEYS = {
     "accountingstoragetype", "accountingstoragehost", "jobcomptype",
     "jobacctgathertype", "jobacctgatherfrequency", "slurmctlddebug", "slurmctldlogfile", "slurmddebug",
     "slurmdlogfile", "healthcheckprogram", "healthcheckinterval", "healthchecknodestate",
-    "prologflags", "prolog", "epilog", "maxjobcount", "firstjobid", "maxjobid", "authinfo",
+    "prologflags", "prolog", "epilog", "firstjobid", "maxjobid", "authinfo",
     "prioritycalcperiod", "priorityusageresetperiod",
     "defmempercpu", "defmempernode", "maxmempercpu", "overtimelimit", "messagetimeout", "include",
     "cgroupplugin", "launchparameters", "slurmdparameters", "schedulertimeslice",
@@ -470,6 +470,10 @@ def _parse_globals(ctx: _Ctx, vals: dict[str, tuple[int, str]]):
                 n = _int(ctx, lineno, "bf_max_job_test", v, 0)
                 if n is not None:
                     sched["bf_max_job_test"] = n
+            elif key == "rota_max_submit_per_user" and eq:
+                n = _int(ctx, lineno, "rota_max_submit_per_user", v, 1)
+                if n is not None:
+                    sched["max_submit_per_user"] = n
             elif key == "rota_policy" and eq:
                 if v not in ("fifo", "easy", "easy_strict", "conservative"):
                     ctx.err(lineno, f"rota_policy={v} is not a policy", "use fifo, easy or conservative")
@@ -511,7 +515,8 @@ def _parse_globals(ctx: _Ctx, vals: dict[str, tuple[int, str]]):
             ctx.err(lineno, f"EnforcePartLimits={value} is not valid", "use NO, ANY or ALL")
         else:
             sched["enforce_part_limits"] = v
-    for key, name, lo in (("maxarraysize", "max_array_size", 1), ("minjobage", "min_job_age", 0)):
+    for key, name, lo in (("maxarraysize", "max_array_size", 1), ("minjobage", "min_job_age", 0),
+                          ("maxjobcount", "max_job_count", 1)):
         if key in vals:
             lineno, value = vals[key]
             n = _int(ctx, lineno, key, value, lo)

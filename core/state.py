@@ -152,6 +152,14 @@ def node_from_config(cfg: NodeConfig, index: int, agents: bool = False) -> Node:
     return node
 
 
+def job_weight(job: Job) -> int:
+    """What a job counts toward its user's submit limits, as slurmctld counts: each pending task of an array's
+    remainder, else 1 while pending or running, 0 once it ended."""
+    if job.state != PENDING and job.state != RUNNING:
+        return 0
+    return len(job.array_pending) if job.array_pending is not None else 1
+
+
 @dataclass(slots=True)
 class State:
     config: ClusterConfig | None = None
@@ -179,6 +187,8 @@ class State:
     pending: dict[int, None] = field(default_factory=dict)
     running: dict[int, None] = field(default_factory=dict)
     array_tasks: dict[int, list[int]] = field(default_factory=dict)
+    # each user's jobs that count toward submit limits (MaxSubmitJobs, MaxJobCount), as job_weight counts them
+    active: dict[str, int] = field(default_factory=dict)
     part_shapes: dict[str, PartitionShape] = field(default_factory=dict)
     part_nodes: dict[str, list[Node]] = field(default_factory=dict, compare=False, repr=False)
     finished: deque[tuple[int, int]] = field(default_factory=deque, compare=False)   # (end time, job id), purge order
@@ -201,8 +211,10 @@ class State:
         self.pending = {}
         self.running = {}
         self.array_tasks = {}
+        self.active = {}
         finished = []
         for jid, job in self.jobs.items():
+            self.recount(job, 0)
             if job.state == PENDING:
                 self.pending[jid] = None
             elif job.state == RUNNING:
@@ -213,6 +225,21 @@ class State:
                 self.array_tasks.setdefault(job.array_job_id, []).append(jid)
         finished.sort()
         self.finished = deque(finished)
+
+    def recount(self, job: Job, before: int) -> None:
+        """Bring the job's user's count of active jobs up to date: ``before`` is its job_weight before it changed."""
+        delta = job_weight(job) - before
+        if delta:
+            user = job.spec.user
+            n = self.active.get(user, 0) + delta
+            if n:
+                self.active[user] = n
+            else:
+                self.active.pop(user, None)
+
+    def active_jobs(self) -> int:
+        """The jobs that count toward MaxJobCount: every user's active count."""
+        return sum(self.active.values())
 
     def members(self, job_id: int) -> list[Job]:
         """The job, or for an array's id every task record and the head (the pending remainder).

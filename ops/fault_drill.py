@@ -38,7 +38,7 @@ SERVERS = ("nats1", "nats2", "nats3")
 CONTROLLERS = ("ctl-a", "ctl-b")
 NODES = ("n1", "n2", "n3", "n4")
 STOPPED_AGENT = "n4"            # the agent that faults; submitters use the others' signers
-CONF = ("NodeName=n[1-4] CPUs=4 RealMemory=16000\n"
+CONF = ("MaxJobCount=1000000\nNodeName=n[1-4] CPUs=4 RealMemory=16000\n"
         "PartitionName=p Nodes=n[1-4] Default=YES MaxTime=10:00\n")
 NODE_TIMEOUT = 90               # longer than any hold: a frozen or cut-off agent is not a dead node
 PIECES = ("nats1", "nats2", "nats3", "leader", "standby", "agent")

@@ -54,6 +54,7 @@ def job_specs(draw):
         time_limit=draw(st.sampled_from([60, 300, 900, 3600, 7200])),
         constraint=draw(st.sampled_from([None, None, None, "ib", "nvme|ib"])),
         exclusive=draw(st.sampled_from([False] * 9 + [True])),
+        array=draw(st.sampled_from([None] * 8 + ["0-3", "1-5%2"])),
     )
 
 
@@ -233,6 +234,12 @@ def test_replay_and_snapshot_plus_tail_equal_the_live_state(cfg, ops, cut):
     h = run_ops(cfg, ops)
     replayed = fold(h.log)
     assert replayed == h.state
+    recounted = {}
+    for job in h.state.jobs.values():
+        if job.state in ("PENDING", "RUNNING"):
+            n = len(job.array_pending) if job.array_pending is not None else 1
+            recounted[job.spec.user] = recounted.get(job.spec.user, 0) + n
+    assert h.state.active == {u: n for u, n in recounted.items() if n}   # kept event by event, as counted anew
     k = cut * len(h.log) // 100
     snap = load_snapshot(dump_snapshot(fold(h.log[:k])))
     assert fold(h.log[k:], snap) == h.state

@@ -48,23 +48,53 @@ def parse_request_header(line: bytes) -> tuple[str, str, int]:
 
 
 def call(path: str, verb: str, rid: str, payload: bytes, timeout: float) -> bytes:
-    """Send one request through the signer at ``path`` and return the controller's reply."""
+    """Send one request through the signer at ``path`` and return the controller's reply. Whatever goes wrong
+    on the socket comes back as one of this module's two exceptions, with a line that says what."""
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.settimeout(timeout)
-        try:
-            sock.connect(path)
-        except (FileNotFoundError, ConnectionRefusedError, PermissionError, NotADirectoryError) as exc:
-            raise SignerUnavailable(f"{path}: {exc.strerror or exc}") from None
+        _connect(sock, path, timeout)
         try:
             sock.sendall(request_header(verb, rid, len(payload)) + payload)
+        except (BrokenPipeError, ConnectionResetError):
+            pass         # it answered without reading it all (a refusal): the answer is still there to read
+        except TimeoutError:
+            raise SignerError(f"the local rota signer took no request within {timeout:.0f} s") from None
+        except OSError as exc:
+            raise SignerError(f"cannot send to the local rota signer at {path}: {exc.strerror or exc}") from None
+        try:
             return _read_reply(sock)
         except TimeoutError:
             raise SignerError(f"no answer from the local rota signer within {timeout:.0f} s") from None
         except (BrokenPipeError, ConnectionResetError):
             raise SignerError("the local rota signer closed the connection") from None
+        except OSError as exc:
+            raise SignerError(f"reading the local rota signer's answer failed: {exc.strerror or exc}") from None
     finally:
         sock.close()
+
+
+def _connect(sock: _socket.socket, path: str, timeout: float) -> None:
+    """Connect, waiting while the signer's queue of connections is full (a Unix socket then refuses with
+    EAGAIN at once rather than wait), for at most ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    pause = 0.002
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except (FileNotFoundError, ConnectionRefusedError, PermissionError, NotADirectoryError) as exc:
+            raise SignerUnavailable(f"{path}: {exc.strerror or exc}") from None
+        except (BlockingIOError, InterruptedError, TimeoutError):
+            if time.monotonic() + pause > deadline:
+                raise SignerError(f"the local rota signer at {path} is too busy to take a connection (it stayed "
+                                  f"so for {timeout:.0f} s); retry") from None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+        except OSError as exc:
+            raise SignerUnavailable(f"{path}: {exc.strerror or exc}") from None
 
 
 def _read_reply(sock: _socket.socket) -> bytes:
