@@ -154,6 +154,8 @@ class Signer:
         """Sign and send one request; retried (a fresh credential, the same request id) on timeouts."""
         from nats.errors import MaxPayloadError, NoRespondersError, TimeoutError as NatsTimeout
 
+        if verb == "step_create":
+            payload = vouch_for_io(payload, uid)
         subject = api_subject(verb)
         timeout = SLOW_VERBS.get(verb, 10.0)
         # a quick first try: a controller that froze (SIGSTOP) may still hold a place among those answering
@@ -206,6 +208,61 @@ class Signer:
         if answer is None or not answer.startswith(reply_prefix(rid)) or NOT_LEADER in answer:
             return None
         return answer
+
+
+def vouch_for_io(payload: bytes, uid: int) -> bytes:
+    """A step's request with its ``io`` (where the step's nodes connect, as root) checked here, on the caller's
+    host: a TCP port that ``uid`` itself listens on, named by the address it is bound to. An agent then never
+    connects to an address the caller merely names (another host, another user's srun, a service)."""
+    import json
+
+    try:
+        body = json.loads(payload)
+        io = body.get("io") if isinstance(body, dict) else None
+    except ValueError:
+        return payload            # the controller says what is wrong with it
+    if not io or not isinstance(io, str):
+        return payload
+    host, _, port_text = io.rpartition(":")
+    port = int(port_text) if port_text.isdecimal() else -1
+    bound = [addr for addr, p, owner in _listeners() if p == port and owner == uid]
+    if not bound:
+        raise localsock.SignerError(f"the step's I/O address {io} is not a port uid {uid} listens on at this host")
+    addr = bound[0]
+    if addr == "0.0.0.0":          # every interface: the name given must be one of this host's
+        if not _local(host):
+            raise localsock.SignerError(f"the step's I/O address {io} is not an address of this host")
+        addr = host
+    body["io"] = f"{addr}:{port}"
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _listeners() -> list[tuple[str, int, int]]:
+    """(address, port, owner's uid) of each IPv4 TCP socket listening on this host (``/proc/net/tcp``)."""
+    out = []
+    try:
+        with open("/proc/net/tcp") as fh:
+            next(fh, None)
+            for line in fh:
+                f = line.split()
+                if len(f) > 7 and f[3] == "0A":          # LISTEN
+                    ip, port = f[1].split(":")
+                    out.append((socket.inet_ntoa(bytes.fromhex(ip)[::-1]), int(port, 16), int(f[7])))
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def _local(host: str) -> bool:
+    """Whether ``host`` is an address of this host (a socket can be bound to it)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind((host, 0))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
 
 
 def _error(message: str) -> bytes:

@@ -223,22 +223,30 @@ class Steps:
         await self._finish(run)
 
     async def _connect(self, run: StepRun) -> None:
-        host, _, port = run.order.step.io.rpartition(":")
+        """Reach the step's srun, and prove to each other that both hold the step's key (see
+        :mod:`rota.wire.stepio`): nothing is written before the other end has proven it is this step's srun."""
+        step = run.order.step
+        host, _, port = step.io.rpartition(":")
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 10)
         except (OSError, ValueError, asyncio.TimeoutError) as exc:
-            raise launch.LaunchError(f"cannot reach srun at {run.order.step.io}: {exc}") from None
-        nonce = os.urandom(16).hex()
-        hello = {"key": run.order.step.io_key, "node": self.node, "tasks": list(run.alloc.tasks), "nonce": nonce}
-        writer.write(json.dumps(hello).encode() + b"\n")
-        try:     # nothing of the tasks goes out before the other end proves it is this step's srun
+            raise launch.LaunchError(f"cannot reach srun at {step.io}: {exc}") from None
+        try:
+            line = await asyncio.wait_for(reader.readline(), 10)
+            nonce = stepio.greeted(line[:stepio.MAX_GREETING], step.io_key)
+            if nonce is None:
+                raise launch.LaunchError(f"{step.io} did not greet as this step's srun")
+            hello = {"node": self.node, "tasks": list(run.alloc.tasks), "proof": stepio.proof(step.io_key, nonce, self.node)}
+            writer.write(json.dumps(hello).encode() + b"\n")
             await writer.drain()
-            answer = await asyncio.wait_for(reader.readline(), 10)
-        except (OSError, asyncio.TimeoutError):
-            answer = b""
-        if answer != f"ok {nonce}\n".encode():
+            if await asyncio.wait_for(reader.readline(), 10) != b"ok\n":
+                raise launch.LaunchError(f"{step.io} did not take this node as one of its step's")
+        except (OSError, ValueError, asyncio.TimeoutError, asyncio.LimitOverrunError) as exc:
             writer.close()
-            raise launch.LaunchError(f"{run.order.step.io} did not answer as this step's srun")
+            raise launch.LaunchError(f"{step.io} did not answer as this step's srun ({type(exc).__name__})") from None
+        except launch.LaunchError:
+            writer.close()
+            raise
         run.writer, run.reader = writer, reader
 
     def _make_cgroup(self, run: StepRun) -> None:

@@ -42,7 +42,8 @@ COMMANDS = {name: f"rota.cli.{name}" for name in THIN_COMMANDS}
 REUSABLE = frozenset(THIN_COMMANDS) - {"srun", "salloc"}
 # what the commands import when they run (imported here once, so a worker finds them loaded)
 WARM = ("rota.cli.client", "rota.cli.options", "rota.cli.timespec", "rota.cli.lightjson", "rota.cli.exits",
-        "rota.wire.localsock", "rota.wire.paths", "rota.core.hostlist", "sqlite3", "json", "datetime", "shlex")
+        "rota.wire.localsock", "rota.wire.paths", "rota.core.hostlist", "sqlite3", "json", "datetime", "shlex",
+        "hmac", "select")
 MAX_REQUEST = 4 << 20          # the environment and arguments of one command
 MAX_WORKERS = 512              # commands in flight at once (an srun holds a worker for its job), idle ones included
 MAX_USER_WORKERS = 64          # of them, one user's: another user's flood never takes them all

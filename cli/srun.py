@@ -47,6 +47,8 @@ USAGE = ("Usage: srun [-N nnodes] [-n ntasks] [-c ncpus] [--ntasks-per-node=n] [
          "            executable [args...]\n")
 BUSY_RETRY = 1.0
 CONNECT_TIMEOUT = 60.0
+HELLO_WAIT = 5.0          # seconds a connection has to prove it is one of the step's nodes
+MAX_UNPROVEN = 256        # connections waiting to prove it at once (the oldest gives way)
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
 
 
@@ -198,12 +200,16 @@ class Step:
         self.interrupted = 0.0
 
     def run(self) -> int:
+        address = _my_address()
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("", 0))
-        listener.listen(128)
-        host = _my_address()
-        self.body.update(io=f"{host}:{listener.getsockname()[1]}", io_key=self.key)
+        try:
+            listener.bind((address, 0))       # the address the nodes reach, not every interface
+        except OSError as exc:
+            raise SrunError(f"srun: error: cannot listen on {address} for the step's nodes: {exc.strerror or exc} "
+                            "(set ROTA_SRUN_HOST to this host's address the nodes reach)") from None
+        listener.listen(1024)
+        self.body.update(io=f"{address}:{listener.getsockname()[1]}", io_key=self.key)
         self._install_signals()
         reply = self._create()
         self.step_id, self.ntasks = int(reply["step_id"]), int(reply["ntasks"])
@@ -239,36 +245,100 @@ class Step:
             raise SrunError(f"srun: error: Unable to create step for job {self.job_id}: {words}")
 
     def _meet(self, listener: socket.socket, nodes: int) -> None:
-        """Accept each node's connection (checking the step's key), then read its frames in a thread."""
-        listener.settimeout(CONNECT_TIMEOUT)
-        met = 0
-        while met < nodes:
+        """Meet each node's agent: every connection is greeted at once and must prove the step's key within
+        HELLO_WAIT seconds (see :mod:`rota.wire.stepio`), all of them at the same time, so a connection that
+        says nothing, or the wrong thing, delays no one and is dropped; then read each node's frames in a
+        thread."""
+        import select
+
+        listener.setblocking(False)
+        poll = select.poll()
+        poll.register(listener.fileno(), select.POLLIN)
+        waiting: dict[int, tuple[socket.socket, str, float, bytes]] = {}   # fd -> (conn, nonce, deadline, read)
+        deadline = time.monotonic() + CONNECT_TIMEOUT
+        met: set[str] = set()
+        while len(met) < nodes:
+            now = time.monotonic()
+            if now > deadline:
+                for conn, *_ in waiting.values():
+                    conn.close()
+                listener.close()
+                raise SrunError(f"srun: error: the step's nodes did not connect within {CONNECT_TIMEOUT:.0f} s")
+            for fd in [fd for fd, w in waiting.items() if w[2] < now]:
+                self._drop(poll, waiting, fd)
+            for fd, _ in poll.poll(200):
+                if fd == listener.fileno():
+                    self._greet(listener, poll, waiting, now)
+                elif fd in waiting:
+                    self._hello(poll, waiting, fd, met)
+        for fd in list(waiting):
+            self._drop(poll, waiting, fd)
+        listener.close()
+
+    def _greet(self, listener: socket.socket, poll, waiting: dict, now: float) -> None:
+        for _ in range(64):
             try:
                 fd, _addr = listener._accept()   # type: ignore[attr-defined]  # the C socket's accept: (fd, address)
-                conn = socket.socket(fileno=fd)
-            except TimeoutError:
-                listener.close()
-                raise SrunError(f"srun: error: the step's nodes did not connect within {CONNECT_TIMEOUT:.0f} s") \
-                    from None
-            conn.settimeout(10)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            conn = socket.socket(fileno=fd)
+            conn.setblocking(False)
+            nonce = os.urandom(16).hex()
             try:
-                hello = lightjson.loads(_read_line(conn).decode())
-            except (OSError, ValueError):
-                conn.close()
-                continue
-            if not isinstance(hello, dict) or not _same(str(hello.get("key", "")), self.key):
-                conn.close()     # not one of this step's nodes
-                continue
-            try:
-                conn.sendall(f"ok {hello.get('nonce', '')}\n".encode())
+                conn.send(stepio.greeting(self.key, nonce))
             except OSError:
                 conn.close()
                 continue
-            conn.settimeout(None)
-            self.conns.append(conn)
-            met += 1
-            _thread.start_new_thread(self._read, (conn, str(hello.get("node", "?"))))
-        listener.close()
+            if len(waiting) >= MAX_UNPROVEN:     # the oldest unproven connection makes room
+                self._drop(poll, waiting, min(waiting, key=lambda f: waiting[f][2]))
+            waiting[fd] = (conn, nonce, now + HELLO_WAIT, b"")
+            poll.register(fd, 1)                 # POLLIN
+
+    def _hello(self, poll, waiting: dict, fd: int, met: set[str]) -> None:
+        conn, nonce, until, got = waiting[fd]
+        try:
+            chunk = conn.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        got += chunk
+        if not chunk or (b"\n" not in got and len(got) > 4096):
+            self._drop(poll, waiting, fd)
+            return
+        if b"\n" not in got:
+            waiting[fd] = (conn, nonce, until, got)
+            return
+        try:
+            hello = lightjson.loads(got.split(b"\n", 1)[0].decode())
+        except ValueError:
+            hello = None
+        node = str(hello.get("node", "")) if isinstance(hello, dict) else ""
+        if not node or node in met or not _same(str(hello.get("proof", "")), stepio.proof(self.key, nonce, node)):
+            self._drop(poll, waiting, fd)        # not one of this step's nodes
+            return
+        poll.unregister(fd)
+        del waiting[fd]
+        try:
+            conn.setblocking(True)
+            conn.sendall(b"ok\n")
+        except OSError:
+            conn.close()
+            return
+        met.add(node)
+        self.conns.append(conn)
+        _thread.start_new_thread(self._read, (conn, node))
+
+    @staticmethod
+    def _drop(poll, waiting: dict, fd: int) -> None:
+        conn = waiting.pop(fd)[0]
+        try:
+            poll.unregister(fd)
+        except KeyError:
+            pass
+        conn.close()
 
     def _read(self, conn: socket.socket, node: str) -> None:
         try:
@@ -444,20 +514,15 @@ def _recv_exactly(conn: socket.socket, size: int) -> bytes:
     return b"".join(parts)
 
 
-def _read_line(conn: socket.socket, limit: int = 4096) -> bytes:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = conn.recv(1)
-        if not chunk or len(data) > limit:
-            raise ValueError("no greeting")
-        data += chunk
-    return data
-
-
 def _my_address() -> str:
-    """How the step's nodes reach this srun: ``ROTA_SRUN_HOST``, else this host's name (resolved by the
-    nodes, not here: a lookup costs a few milliseconds on every srun)."""
-    return os.environ.get("ROTA_SRUN_HOST") or socket.gethostname() or "127.0.0.1"
+    """The IPv4 address the step's nodes reach this srun at (it listens there alone): ``ROTA_SRUN_HOST``, else
+    what this host's name resolves to."""
+    name = os.environ.get("ROTA_SRUN_HOST") or socket.gethostname() or "127.0.0.1"
+    try:
+        return socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    except (OSError, IndexError):
+        raise SrunError(f"srun: error: cannot find the address of {name} (set ROTA_SRUN_HOST to this host's "
+                        "address the nodes reach)") from None
 
 
 def _signal_words(sig: int) -> str:

@@ -280,3 +280,66 @@ def _submit_many(argv: list[str]) -> int:
         refused = int(argv[0]) - accepted
     print(f"{accepted}|{refused}|{why}")
     return 0
+
+
+def test_srun_meets_its_nodes_whatever_else_connects_first():
+    """Silent connections and connections with the wrong proof, made before the node's, are dropped and
+    delay nothing; the node's agent (speaking as the agent does) is met at once."""
+    from rota.cli import srun
+    from rota.wire import stepio
+
+    step = srun.Step(1, {}, sys.stdout, sys.stderr, {})
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
+    liar = socket.create_connection(("127.0.0.1", port))
+    liar.sendall(b'{"node": "n1", "proof": "00"}\n')
+
+    def agent() -> None:
+        time.sleep(0.3)
+        s = socket.create_connection(("127.0.0.1", port))
+        f = s.makefile("rb")
+        nonce = stepio.greeted(f.readline(), step.key)
+        assert nonce is not None
+        s.sendall(b'{"node": "n1", "tasks": [0], "proof": "%s"}\n' % stepio.proof(step.key, nonce, "n1").encode())
+        assert f.readline() == b"ok\n"
+        s.close()
+
+    import threading
+
+    t = threading.Thread(target=agent)
+    t.start()
+    began = time.monotonic()
+    step._meet(listener, 1)
+    took = time.monotonic() - began
+    t.join()
+    assert took < 3.0, took                   # before: one connection at a time, 10 s each
+    liar.settimeout(5)
+    heard = b""
+    while chunk := liar.recv(4096):
+        heard += chunk
+    assert heard.startswith(b"rota-srun1 ") and heard.count(b"\n") == 1, heard   # greeted, then dropped
+    for s in silent + [liar]:
+        s.close()
+
+
+def test_a_user_cannot_aim_the_agents_at_a_port_that_is_not_their_own(site):
+    """step_create names where the nodes' agents connect (as root): the signer takes only a port the caller
+    itself listens on, at this host."""
+    theirs = socket.create_server(("127.0.0.1", 0))         # root's: another user's srun, or a service
+    port = theirs.getsockname()[1]
+
+    def ask(_argv: list[str]) -> int:
+        from rota.cli.client import request
+        from rota.wire import localsock
+
+        try:
+            print(request("step_create", {"job_id": 1, "argv": ["true"], "io": f"127.0.0.1:{port}", "io_key": "ab" * 16}))
+        except (localsock.SignerError, SystemExit) as exc:
+            print(f"refused: {exc}")
+        return 0
+    try:
+        _code, out, err = run_as("nobody", ask, [], "/", env=site.env)
+    finally:
+        theirs.close()
+    assert f"127.0.0.1:{port} is not a port uid {NOBODY.pw_uid} listens on at this host" in out + err, (out, err)
