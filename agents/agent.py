@@ -52,7 +52,8 @@ class Run:
     status_file: str | None = None          # where the shepherd records the exit status
     ticks: int | None = None                # the shepherd's start time (a reused pid is not it)
     time_limit: int = 0                     # seconds, 0 = UNLIMITED (an update changes it)
-    kill_reason: str | None = None          # "cancelled", "stopped", "timeout", "oom"
+    kill_reason: str | None = None          # "cancelled", "stopped", "timeout", "oom", "tasks"
+    tasks_limit: int = 0                    # its process limit, when it was ended for reaching it
     term_sent: float = 0.0
     peak_kib: int = 0
     cpus: list[int] = field(default_factory=list)
@@ -76,12 +77,16 @@ class Run:
         return max(self.order.start_time, self.started) + self.time_limit if self.time_limit else float("inf")
 
 
+MIN_TASKS = 1024          # a job's process limit is never lower (threads count: a runtime's pool may take hundreds)
+FORKS_REFUSED = 100       # forks the kernel refused at a job's limit before the agent ends the job
+
+
 class Agent:
     def __init__(self, node: str, nats_url: str, state_dir: str | os.PathLike, *, keyring: Any,
                  tls_ca: str | None = None, fake_gpus: str | None = None,
                  faults_file: str | None = None, heartbeat: float = 5.0, health_interval: float = 30.0,
                  kill_wait: float = 30.0, health_program: str | None = None, cpus: int | None = None,
-                 memory: int | None = None, use_cgroups: bool = True) -> None:
+                 memory: int | None = None, use_cgroups: bool = True, max_tasks: int | None = None) -> None:
         if not credentials.valid_host(node):
             raise ValueError(f"node name {node!r} cannot be used: letters, digits, '_' and '-' only")
         self.node, self.url = node, nats_url
@@ -100,7 +105,11 @@ class Agent:
         self.gpus: Gpus | None
         self.gpus, self.gpu_note = open_gpus(fake_gpus, faults_file or str(self.dir / "fake-nvml.json"), node)
         scope = f"{node}-{credentials.derived_key(self.key, 'cgroup scope')[:4].hex()}"   # this cluster's node
-        self.cgroups, self.cgroup_note = cg.detect(scope) if use_cgroups else (None, "cgroups disabled")
+        self.all_tasks = node_tasks_limit()
+        self.max_tasks = max_tasks            # each job's process limit (None: its share of the node's)
+        self.cgroups, self.cgroup_note = cg.detect(scope, all_tasks=self.all_tasks) if use_cgroups \
+            else (None, "cgroups disabled")
+        self._tasks_checked = 0.0
         self.runs: dict[int, Run] = {}
         self.exits = ExitWatch()
         self.launching: dict[int, list[int]] = {}   # job id -> its CPUs, while its run is being started
@@ -325,7 +334,7 @@ class Agent:
         """The run's cgroup and its started shepherd (in a worker thread: touches nothing of the agent's)."""
         cgroup = None
         if self.cgroups is not None:
-            cgroup = self.cgroups.create(order.job_id, order.mem, cpus, order.restarts)
+            cgroup = self.cgroups.create(order.job_id, order.mem, cpus, order.restarts, tasks=self.tasks_for(order.cpus))
         try:
             proc, status = launch.start(order, self.node, self.spool, cgroup)
         except Exception:
@@ -333,6 +342,25 @@ class Agent:
                 cgroup.remove()
             raise
         return proc, status, cgroup
+
+    def tasks_for(self, cpus: int) -> int:
+        """A job's process limit: ``--max-tasks``, else its share of what the node's jobs may hold together,
+        by its CPUs, and at least MIN_TASKS."""
+        if self.max_tasks:
+            return self.max_tasks
+        return min(self.all_tasks, max(MIN_TASKS, self.all_tasks * cpus // max(1, self.cpus)))
+
+    def _check_tasks(self, now: float) -> None:
+        """End each job whose forks the kernel keeps refusing at its process limit (a fork bomb), once a second."""
+        if now - self._tasks_checked < 1.0:
+            return
+        self._tasks_checked = now
+        for run in self.runs.values():
+            if run.cgroup is not None and run.kill_reason is None and run.cgroup.forks_refused() >= FORKS_REFUSED:
+                run.kill_reason, run.tasks_limit = "tasks", run.cgroup.tasks_limit()
+                log.warning("job %s reached its limit of %d processes and threads: ended", run.job_id, run.tasks_limit)
+                self._signal(run, signal.SIGKILL)
+                run.term_sent = now
 
     def _pick_cpus(self, n: int) -> list[int] | None:
         """Specific CPUs for a job's cpuset, when this host really has the CPUs the node claims."""
@@ -353,6 +381,7 @@ class Agent:
             if poll_rss:
                 last_rss = now
             self.steps.tick(now)
+            self._check_tasks(now)
             for run in list(self.runs.values()):
                 warn = warning(run.order.spec.signal) if run.order.spec.signal and not run.warned else None
                 if warn is not None and warn.batch_only and run.time_limit and now >= run.deadline - warn.before:
@@ -413,6 +442,9 @@ class Agent:
         why = (why or "").strip().splitlines()[0][:1000] if why and why.strip() else ""
         if why:
             log.error("job %s could not start: %s", run.job_id, why)
+        if run.kill_reason == "tasks":
+            why = (f"the job reached its limit of {run.tasks_limit} processes and threads, and kept "
+                   "forking (rota agent --max-tasks sets the limit)")
         await asyncio.to_thread(_tell_the_user, run, self.node, state)   # before the log says it ended
         if run.kill_reason != "stopped":   # a job the log already ended needs no report
             await self.report(ev.JobExited(job_id=run.job_id, state=state, exit_code=exit_code, signal=sig,
@@ -467,6 +499,18 @@ class Agent:
         return running
 
 
+def node_tasks_limit() -> int:
+    """The most processes and threads all of this node's jobs may hold together: three quarters of what the
+    kernel allows (the lower of pid_max and threads-max), so a fork bomb leaves room for the node's own."""
+    limits = []
+    for f in ("/proc/sys/kernel/pid_max", "/proc/sys/kernel/threads-max"):
+        try:
+            limits.append(int(Path(f).read_text()))
+        except (OSError, ValueError):
+            pass
+    return max(MIN_TASKS, min(limits, default=32768) * 3 // 4)
+
+
 def _tell_the_user(run: Run, node: str, state: str) -> None:
     """Slurm's notes at the end of the job's error file: why it was killed."""
     import datetime as dt
@@ -479,6 +523,9 @@ def _tell_the_user(run: Run, node: str, state: str) -> None:
         "OUT_OF_MEMORY": f"slurmstepd-{node}: error: Detected 1 oom-kill event(s) in StepId={jid}.batch. Some of "
                          "your processes may have been killed by the cgroup out-of-memory handler.",
     }.get(state)
+    if run.kill_reason == "tasks":
+        line = (f"slurmstepd-{node}: error: *** JOB {jid} ON {node} CANCELLED AT {at} DUE TO TASK LIMIT "
+                f"({run.tasks_limit}) ***")
     if line is None or run.kill_reason == "stopped":
         return
     try:

@@ -256,6 +256,8 @@ def end_state(killed: str | None, oom: bool, exit_code: int, sig: int) -> JobEnd
         return "TIMEOUT"
     if oom:
         return "OUT_OF_MEMORY"
+    if killed == "tasks":
+        return "FAILED"
     return "COMPLETED" if exit_code == 0 and sig == 0 else "FAILED"
 
 

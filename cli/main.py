@@ -71,6 +71,8 @@ def up(
     no_agent: bool = typer.Option(False, "--no-agent", help="run no local agent (agents run elsewhere)"),
     node_timeout: float = typer.Option(300.0, help="seconds of agent silence before a node is DOWN (SlurmdTimeout)"),
     kill_wait: float = typer.Option(30.0, help="seconds between SIGTERM and SIGKILL at a time limit or cancel (KillWait)"),
+    max_tasks: Optional[int] = typer.Option(None, min=16, help="the most processes and threads one job may hold on "
+        "the local node (default: its share of the node's, by its CPUs)"),
     listen: Optional[str] = typer.Option(None, help="address the embedded nats-server listens on (default "
         "127.0.0.1; RotaNatsListen=)"),
     tls_cert: Optional[str] = typer.Option(None, help="TLS certificate of the embedded nats-server (RotaTLSCertFile=)"),
@@ -84,7 +86,7 @@ def up(
 
     tls = {k: v for k, v in (("cert_file", tls_cert), ("key_file", tls_key), ("ca_file", tls_ca)) if v}
     code = up_main(state_dir, config, nats, nats_port, fake_gpus, typer.echo, agent_node=agent_node,
-                   no_agent=no_agent, node_timeout=node_timeout, agent_options={"kill_wait": kill_wait},
+                   no_agent=no_agent, node_timeout=node_timeout, agent_options={"kill_wait": kill_wait, "max_tasks": max_tasks},
                    tls=tls or None, listen=listen, standby=standby)
     import logging
 
@@ -107,6 +109,8 @@ def agent(
     health_interval: float = typer.Option(30.0, help="seconds between health checks (NVML, health program)"),
     health_program: Optional[str] = typer.Option(None, help="admin health check: a non-zero exit drains the node"),
     kill_wait: float = typer.Option(30.0, help="seconds between SIGTERM and SIGKILL (KillWait)"),
+    max_tasks: Optional[int] = typer.Option(None, min=16, help="the most processes and threads one job may hold "
+        "(default: its share of the node's, by its CPUs)"),
     no_cgroups: bool = typer.Option(False, "--no-cgroups", help="do not confine jobs in cgroups (poll RSS instead)"),
     key: Optional[str] = typer.Option(None, help="this node's key file, or the cluster key (default: the "
         "state directory's cluster.key)"),
@@ -121,7 +125,8 @@ def agent(
                                 socket_path=socket, fake_gpus=fake_gpus,
                                 faults_file=faults_file, cpus=cpus, memory=memory, heartbeat=heartbeat,
                                 health_interval=health_interval, health_program=health_program,
-                                kill_wait=kill_wait, use_cgroups=not no_cgroups, echo=typer.echo))
+                                kill_wait=kill_wait, use_cgroups=not no_cgroups, max_tasks=max_tasks,
+                                echo=typer.echo))
 
 
 @app.command()

@@ -189,6 +189,30 @@ async def test_allocating_past_mem_is_out_of_memory_with_maxrss_near_the_limit(c
     assert 80 * 1024 <= job.max_rss <= 101 * 1024, job.max_rss
 
 
+PIDS = os.geteuid() == 0 and (Path("/sys/fs/cgroup/pids/cgroup.procs").exists()
+                              or "pids" in (Path("/sys/fs/cgroup/cgroup.controllers").read_text()
+                                            if Path("/sys/fs/cgroup/cgroup.controllers").exists() else ""))
+# forks as fast as it can, each child an exec'd sleep: bounded (2,000), so a missing limit cannot take the host
+FORK_BOMB = (f"{sys.executable} -c 'import os, time\nfor i in range(2000):\n    try:\n        pid = os.fork()\n"
+             "    except OSError:\n        continue\n    if pid == 0:\n        os.execv(\"/bin/sleep\", [\"sleep\", \"60\"])\n"
+             "time.sleep(60)'")
+
+
+@pytest.mark.skipif(not PIDS, reason="needs root and a cgroup pids controller")
+async def test_a_fork_bomb_ends_its_job_with_the_reason_and_the_node_stays_up(cluster, launcher):
+    cluster.start_agent("n1", "a100:2", "--max-tasks", "64")
+    await cluster.registered("n1")
+    jid = await cluster.submit(FORK_BOMB)
+    job = await cluster.ended(jid, timeout=30)
+    assert job.state == "FAILED"
+    assert f"*** JOB {jid} ON n1 CANCELLED AT " in cluster.output(jid)
+    assert cluster.output(jid).rstrip().endswith("DUE TO TASK LIMIT (64) ***")
+    after = await cluster.submit("echo still-here")
+    job = await cluster.ended(after)
+    assert job.state == "COMPLETED" and cluster.output(after).strip() == "still-here"
+    assert cluster.c.state.nodes["n1"].drain is False and cluster.c.state.nodes["n1"].down is False
+
+
 async def test_cancel_kills_the_whole_process_tree(cluster, launcher):
     cluster.start_agent("n1")
     await cluster.registered("n1")
