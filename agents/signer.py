@@ -280,5 +280,5 @@ def _start_command_server(path: str) -> Any:
     from rota.wire.lifetime import die_with
 
     return subprocess.Popen([sys.executable, "-I", "-m", "rota.cli.commandserver", path], cwd="/",
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            preexec_fn=die_with(os.getpid()) if sys.platform == "linux" else None)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, preexec_fn=die_with(os.getpid()) if sys.platform == "linux" else None)

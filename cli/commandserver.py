@@ -412,8 +412,10 @@ def _take_on(fds: list[int], env: dict[str, str], umask: int, argv: list[str]) -
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="surrogateescape")
     # the same stdout and stderr objects, now writing to the caller's: a command's ``out=sys.stdout`` default
     # was bound to them when it was imported here
-    sys.stdout.reconfigure(line_buffering=os.isatty(1))
-    sys.stderr.reconfigure(line_buffering=True, write_through=True)
+    out, err = sys.stdout, sys.stderr
+    assert isinstance(out, io.TextIOWrapper) and isinstance(err, io.TextIOWrapper)   # as main() made them
+    out.reconfigure(line_buffering=os.isatty(1))
+    err.reconfigure(line_buffering=True, write_through=True)
     environ = os.environ               # made equal to the caller's: only what differs is changed
     for key in [k for k in environ if k not in env]:
         del environ[key]

@@ -8,6 +8,8 @@ from typing import NoReturn, Optional
 
 import typer
 
+from .audit import app as audit_app
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="rota: an event-sourced batch scheduler for shared GPU machines.")
 
@@ -389,6 +391,8 @@ def config_check(
 projections_app = typer.Typer(help="The SQLite projection of the log (sacct, sinfo read it).",
                               no_args_is_help=True)
 app.add_typer(projections_app, name="projections")
+
+app.add_typer(audit_app, name="audit")
 
 
 def _open_log(nats: Optional[str]) -> tuple[list[str], dict]:

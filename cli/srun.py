@@ -519,7 +519,7 @@ def _my_address() -> str:
     what this host's name resolves to."""
     name = os.environ.get("ROTA_SRUN_HOST") or socket.gethostname() or "127.0.0.1"
     try:
-        return socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+        return str(socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0])
     except (OSError, IndexError):
         raise SrunError(f"srun: error: cannot find the address of {name} (set ROTA_SRUN_HOST to this host's "
                         "address the nodes reach)") from None

@@ -164,6 +164,10 @@ class _Up:
         urls = nats_url.split(",")
         self.eventlog = await JetStreamLog.connect(urls, replicas=3 if len(urls) >= 3 else 1, keyring=self.keyring,
                                                    **natsauth.connect_options(self.keyring, None, self.tls_ca))
+        from rota.wire.audit import AuditKey
+
+        # this controller's signing key for the log's hash chain (its public half goes on the log when it leads)
+        self.eventlog.audit = AuditKey.load_or_create(str(self.state_dir / "audit.key"))
 
     async def start_controller(self, stop: asyncio.Event, standby: bool) -> None:
         """The controller, a candidate for leadership (rota.controller.leadership): while it leads it serves

@@ -13,12 +13,14 @@ import os
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Protocol
 
+from rota.core import chain as chain_mod
 from rota.core import events as ev
 from rota.wire import natsconn
+from rota.wire.audit import CHAIN_HEADER
 from rota.wire import subjects as sj
 
 from .logbatch import ATOMIC_BATCH, AtomicRefused, allow_atomic
-from .records import (  # noqa: F401 - the record's headers and codec are part of the log's interface
+from .records import (
     ACTOR_HEADER, TS_HEADER, OwnTail, RecordCheck, decode_messages, encode_body, record_headers,
 )
 from .logerrors import FencedError, LogUnavailable
@@ -57,9 +59,10 @@ class EventLog(Protocol):
         """The sequence of the last record."""
 
     async def append(self, event: Any, *, actor: str, idem: str, ts: int,
-                     expected_last: int | None = None) -> Appended:
+                     expected_last: int | None = None, seal: bool = False) -> Appended:
         """Append ``event`` (a duplicate ``idem`` returns the first one's sequence; a log whose last
-        sequence is not ``expected_last`` raises :class:`FencedError`)."""
+        sequence is not ``expected_last`` raises :class:`FencedError`). ``seal``: the last of a group (a log
+        that signs its chain signs its head here)."""
 
     def read_batches(self, from_seq: int = 1, to_seq: int | None = None) -> AsyncIterator[list[ev.Envelope]]:
         """The records from ``from_seq`` to ``to_seq`` (inclusive; None: the end), in order, in batches."""
@@ -81,7 +84,7 @@ class MemoryLog:
         return len(self.entries)
 
     async def append(self, event: Any, *, actor: str, idem: str, ts: int,
-                     expected_last: int | None = None) -> Appended:
+                     expected_last: int | None = None, seal: bool = False) -> Appended:
         if idem and idem in self._idem:
             return Appended(self._idem[idem], True)
         if expected_last is not None and expected_last != len(self.entries):
@@ -124,6 +127,10 @@ class JetStreamLog:
         # a trusted snapshot signed by the controller: the log is signed from its sequence on
         self.snapshots: SnapshotStore = ObjectStoreSnapshots(js, mac_key, self.check.signed_at if self.check else None)
         self.set_aside: list[tuple[int, str]] = []   # (sequence, why) of records read and not applied
+        # the log's hash chain (rota.core.chain) as this process knows it: (sequence, hash) of the last record it
+        # appended; None when unknown (after a failed append): found again before the next group
+        self.chain: tuple[int, bytes] | None = None
+        self.audit: Any = None     # the controller's signing key (rota.wire.audit.AuditKey): it seals each group
 
     @classmethod
     async def connect(cls, servers: str | list[str], *, replicas: int = 1, stream: str = STREAM,
@@ -172,13 +179,61 @@ class JetStreamLog:
                 await asyncio.sleep(0.25)
         raise AssertionError("unreachable")
 
+    async def ready_chain(self, base: int) -> None:
+        """Know the chain's hash at ``base`` (the record the next append is fenced on): from what this process
+        appended or read last, else from that record's own chain header, else (a log begun by an older rota)
+        by hashing the records from the first."""
+        if self.chain is not None and self.chain[0] == base:
+            return
+        self.chain = None
+        if base == 0:
+            self.chain = (0, chain_mod.GENESIS)
+            return
+        try:
+            msg = await self.js.get_msg(self.stream, base)
+            stored = (msg.headers or {}).get(CHAIN_HEADER)
+            if stored is not None and len(stored) == 64:
+                self.chain = (base, bytes.fromhex(stored))
+                return
+            head = chain_mod.GENESIS
+            async for chunk in self.read_raw(1, base):
+                for seq, headers, body in chunk:
+                    h = headers or {}
+                    head = chain_mod.link(head, seq, int(h.get(TS_HEADER, 0)), h.get(ACTOR_HEADER, ""),
+                                          h.get("Nats-Msg-Id", ""), body)
+            self.chain = (base, head)
+        except Exception as exc:  # noqa: BLE001 - unreadable now: the next appends go without a chain hash
+            log.warning("the log's hash chain at %d could not be found: %s", base, exc)
+
+    def _link(self, seq: int, ts: int, actor: str, idem: str, body: bytes, seal: bool) -> tuple[bytes | None, str | None]:
+        """The chain hash of record ``seq`` (and its seal), advancing what this process knows; (None, None) when the
+        hash before it is not known."""
+        if self.chain is None or self.chain[0] != seq - 1:
+            return None, None
+        head = chain_mod.link(self.chain[1], seq, ts, actor, idem, body)
+        self.chain = (seq, head)
+        return head, self.audit.seal_head(seq, head) if seal and self.audit is not None else None
+
+    async def chain_at(self, seq: int) -> bytes | None:
+        """The chain's hash at ``seq`` (for a snapshot's signed head)."""
+        if self.chain is not None and self.chain[0] == seq:
+            return self.chain[1]
+        try:
+            msg = await self.js.get_msg(self.stream, seq)
+        except Exception:  # noqa: BLE001 - not there, or not reachable now
+            return None
+        stored = (msg.headers or {}).get(CHAIN_HEADER)
+        return bytes.fromhex(stored) if stored is not None and len(stored) == 64 else None
+
     async def append(self, event: Any, *, actor: str, idem: str, ts: int,
-                     expected_last: int | None = None) -> Appended:
+                     expected_last: int | None = None, seal: bool = False) -> Appended:
         from nats.js.errors import APIError
 
         body = encode_body(event)
         key = self.mac_key if expected_last is not None else None   # the position is known only when fenced
-        headers = record_headers(key, (expected_last or 0) + 1, ts, actor, idem, body)
+        head, sealed = self._link(expected_last + 1, ts, actor, idem or "", body, seal) if expected_last is not None \
+            else (None, None)
+        headers = record_headers(key, (expected_last or 0) + 1, ts, actor, idem, body, head, sealed)
         if expected_last is not None:
             headers["Nats-Expected-Last-Sequence"] = str(expected_last)
         try:
@@ -186,11 +241,15 @@ class JetStreamLog:
             if expected_last is not None and not ack.duplicate and ack.seq == expected_last + 1:
                 self._landed(ack.seq, [(event, actor, idem, ts)])
         except APIError as exc:
+            self.chain = None
             if getattr(exc, "err_code", None) == 10071:   # wrong last sequence
                 raise FencedError(expected_last or 0) from None
             raise LogUnavailable(str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - timeouts, no responders, reconnects: the outcome is unknown
+            self.chain = None
             raise LogUnavailable(f"{type(exc).__name__}: {exc}") from None
+        if ack.duplicate:
+            self.chain = None
         return Appended(ack.seq, bool(ack.duplicate))
 
     async def append_batch(self, records: list[tuple[Any, str, str, int]], expected_last: int) -> list[Appended]:
@@ -208,7 +267,8 @@ class JetStreamLog:
             try:
                 for i, (event, actor, idem, ts) in enumerate(chunk, 1):
                     body = encode_body(event)
-                    headers = record_headers(self.mac_key, base + i, ts, actor, idem, body)
+                    head, sealed = self._link(base + i, ts, actor, idem or "", body, i == last)
+                    headers = record_headers(self.mac_key, base + i, ts, actor, idem, body, head, sealed)
                     headers.update({"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(i)})
                     if i == 1:
                         headers["Nats-Expected-Last-Sequence"] = str(base)
@@ -218,12 +278,15 @@ class JetStreamLog:
                     headers["Nats-Batch-Commit"] = "1"
                     msg = await self.nc.request(subject_for(event), body, timeout=10, headers=headers)
             except Exception as exc:  # noqa: BLE001 - timeouts, reconnects: the outcome is unknown
+                self.chain = None
                 raise LogUnavailable(f"{type(exc).__name__}: {exc}") from None
             try:
                 ack = json.loads(msg.data)
             except ValueError:
                 raise LogUnavailable("the log's answer to a batch is not JSON") from None
             error = ack.get("error") if isinstance(ack, dict) else None
+            if error is not None or ack.get("count") != last:
+                self.chain = None
             if error is not None:
                 if error.get("err_code") == 10071:   # wrong last sequence
                     raise FencedError(base)

@@ -10,6 +10,7 @@ from typing import Any
 
 from rota.core import credentials
 from rota.core import events as ev
+from rota.wire.audit import CHAIN_HEADER, SIG_HEADER
 
 log = logging.getLogger("rota.eventlog")
 
@@ -18,13 +19,19 @@ ACTOR_HEADER = "Rota-Actor"
 MAC_HEADER = "Rota-Mac"
 
 
-def record_headers(mac_key: bytes | None, seq: int, ts: int, actor: str, idem: str, body: bytes) -> dict[str, str]:
-    """The headers an event is stored with (its MAC when the writer holds the log key)."""
+def record_headers(mac_key: bytes | None, seq: int, ts: int, actor: str, idem: str, body: bytes,
+                   chain: bytes | None = None, seal: str | None = None) -> dict[str, str]:
+    """The headers an event is stored with: its MAC when the writer holds the log key, its hash in the log's
+    chain when the writer knows the one before, and the signature of that head when it seals a group."""
     headers = {TS_HEADER: str(ts), ACTOR_HEADER: actor}
     if idem:
         headers["Nats-Msg-Id"] = idem
     if mac_key is not None:
         headers[MAC_HEADER] = credentials.log_mac(mac_key, seq, ts, actor, idem, body)
+    if chain is not None:
+        headers[CHAIN_HEADER] = chain.hex()
+        if seal is not None:
+            headers[SIG_HEADER] = seal
     return headers
 
 

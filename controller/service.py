@@ -102,7 +102,9 @@ class Controller:
             await self.append(ev.ClusterConfigured(config=self.config, source="rota up"), "admin")
         cfg = self.state.config
         policy = cfg.scheduler.policy if cfg is not None else "conservative"
-        await self.append(ev.ControllerStarted(version=__version__, policy=policy, name=name, host=host), self.name)
+        audit = getattr(self.log, "audit", None)
+        await self.append(ev.ControllerStarted(version=__version__, policy=policy, name=name, host=host,
+                                               audit_key=audit.public if audit is not None else ""), self.name)
         self.writer.dirty.set()
 
     async def serve(self, nc: Any) -> None:
@@ -252,7 +254,9 @@ class Controller:
         if len(self.state.jobs) >= FREEZE_JOBS:
             collector.keep_out()
         history = seq - self._last_history_seq >= self.history_every
-        await self.log.snapshots.put(data, seq, history)
+        audit, chain_at = getattr(self.log, "audit", None), getattr(self.log, "chain_at", None)
+        head = await chain_at(seq) if audit is not None and chain_at is not None else None
+        await self.log.snapshots.put(data, seq, history, (audit, head) if head is not None else None)
         if history:
             self._last_history_seq = seq
         return True

@@ -10,6 +10,7 @@ from typing import Any, Callable, Protocol
 import hmac
 
 from rota.core.state import State, load_snapshot
+from rota.wire.audit import strip_snapshot
 
 log = logging.getLogger("rota.snapshots")
 READ_ATTEMPTS = 3          # a snapshot read that fails (a timeout) is tried this often before the log is replayed
@@ -41,8 +42,9 @@ def unseal(stored: bytes, key: bytes | None) -> bytes:
 class SnapshotStore(Protocol):
     """Where a log keeps its state snapshots: ``latest`` for restarts, history for time travel."""
 
-    async def put(self, data: bytes, seq: int, history: bool) -> None:
-        """Store ``data`` (the state at ``seq``) as the latest, and in the history when ``history``."""
+    async def put(self, data: bytes, seq: int, history: bool, audit: tuple[Any, bytes] | None = None) -> None:
+        """Store ``data`` (the state at ``seq``) as the latest, and in the history when ``history``; ``audit``:
+        the controller's signing key and the log's chain hash at ``seq``, to sign it with."""
 
     async def latest(self) -> State | None:
         """The latest snapshot (None: none, or none that can be read and trusted; the reason is logged)."""
@@ -61,7 +63,7 @@ class MemorySnapshots:
         self._latest: bytes | None = None
         self._history: dict[int, bytes] = {}
 
-    async def put(self, data: bytes, seq: int, history: bool) -> None:
+    async def put(self, data: bytes, seq: int, history: bool, audit: tuple[Any, bytes] | None = None) -> None:
         self._latest = data
         if history:
             self._history[seq] = data
@@ -97,8 +99,8 @@ class ObjectStoreSnapshots:
             self._store = await open_store(self.js)
         return self._store
 
-    async def put(self, data: bytes, seq: int, history: bool) -> None:
-        await put(await self._open(), data, seq, history, self.key)
+    async def put(self, data: bytes, seq: int, history: bool, audit: tuple[Any, bytes] | None = None) -> None:
+        await put(await self._open(), data, seq, history, self.key, audit)
 
     async def latest(self) -> State | None:
         snap = await latest(await self._open(), self.key)
@@ -133,8 +135,12 @@ def history_name(seq: int) -> str:
     return f"at-{seq:012d}"
 
 
-async def put(store: Any, data: bytes, seq: int, history: bool, key: bytes | None = None) -> None:
+async def put(store: Any, data: bytes, seq: int, history: bool, key: bytes | None = None,
+              audit: tuple[Any, bytes] | None = None) -> None:
     sealed = seal(data, key)
+    if audit is not None:
+        signer, head = audit
+        sealed = signer.seal_snapshot(seq, head, sealed)
     await store.put("latest", sealed)
     if history:
         await store.put(history_name(seq), sealed)
@@ -162,7 +168,7 @@ async def _load(store: Any, name: str, key: bytes | None = None) -> State | None
     if entry is None or not entry.data:
         return None
     try:
-        return load_snapshot(unseal(entry.data, key))
+        return load_snapshot(unseal(strip_snapshot(entry.data), key))
     except ValueError as exc:
         log.warning("snapshot %s set aside: %s; replaying the log instead", name, exc)
         return None

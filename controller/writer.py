@@ -248,6 +248,9 @@ class Writer:
         """Each staged event's acknowledgement or exception: as atomic batches where the log takes them and
         the group is large enough to pay for one (one sync for the lot), else one by one, all in flight
         together, each fenced at its own sequence."""
+        ready_chain = getattr(self.log, "ready_chain", None)
+        if ready_chain is not None:
+            await ready_chain(base)
         append_batch = getattr(self.log, "append_batch", None)
         if len(staged) >= ATOMIC_FROM and append_batch is not None and getattr(self.log, "atomic", False):
             try:
@@ -257,9 +260,10 @@ class Writer:
                 log.warning("the log refused a batch (%s): appending one by one", exc)
             except (FencedError, LogUnavailable) as exc:
                 return [exc] * len(staged)
+        last = staged[-1][0].seq
         return list(await asyncio.gather(*(self.log.append(env.event, actor=env.actor, idem=env.idem, ts=env.ts,
-                                                           expected_last=env.seq - 1) for env, _, _ in staged),
-                                         return_exceptions=True))
+                                                           expected_last=env.seq - 1, seal=env.seq == last)
+                                           for env, _, _ in staged), return_exceptions=True))
 
     async def _stage(self, batch: list, changes: Changes) -> list[tuple[ev.Envelope, asyncio.Future, tuple]]:
         """Prepare and apply each request's event in turn; answer retries and refusals at once."""

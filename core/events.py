@@ -232,6 +232,7 @@ class ControllerStarted(Model):
     policy: str
     host: str = ""
     name: str = ""                # which controller leads from this sequence on (several may stand by)
+    audit_key: str = ""           # the public key (hex) its signatures of the log's hash chain verify with
 
 
 class JobSubmitted(Model):

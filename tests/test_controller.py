@@ -208,7 +208,7 @@ class UnsureLog(MemoryLog):
         super().__init__()
         self.unsure = unsure
 
-    async def append(self, event, *, actor, idem, ts, expected_last=None):
+    async def append(self, event, *, actor, idem, ts, expected_last=None, seal=False):
         ack = await super().append(event, actor=actor, idem=idem, ts=ts, expected_last=expected_last)
         if idem in self.unsure:
             self.unsure.discard(idem)

@@ -205,7 +205,7 @@ def test_a_connection_flood_by_one_user_leaves_everyone_else_served(site, target
     try:
         time.sleep(1.0)                                   # the flood is under way
         times = []
-        for i in range(8):
+        for _ in range(8):
             took, r = _timed(site, "sbatch", "-H", "--parsable", "--wrap", "true")
             assert r.returncode == 0 and r.stdout.strip().isdigit(), r
             times.append(took)
