@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -48,7 +49,8 @@ def write_config(path: Path, port: int, store_dir: Path, *, sync_always: bool = 
     # ping_interval/ping_max: a client that stops answering (a frozen controller in the API's queue group,
     # an agent cut off) is dropped after seconds, not minutes, so requests stop going to it
     lines = [f"server_name: {server_name}", f"listen: {host}:{port}", "max_payload: 8MB",
-             'ping_interval: "3s"', "ping_max: 2", "jetstream {", f'  store_dir: "{store_dir}"']
+             'ping_interval: "3s"', "ping_max: 2", "jetstream {", f'  store_dir: "{store_dir}"',
+             f"  max_file_store: {store_capacity(store_dir)}"]
     if sync_always:
         lines.append("  sync_interval: always")
     lines.append("}")
@@ -120,8 +122,43 @@ def start(state_dir: str | os.PathLike, port: int | None = None, *, sync_always:
 
 
 def restart(server: NatsServer, wait: float = 15.0) -> NatsServer:
-    """Start a server that died again, from its configuration file: the same port, the same store."""
+    """Start a server that died again, from its configuration file: the same port, the same store (its room
+    measured again)."""
+    text = server.config.read_text()
+    store = re.search(r'^\s*store_dir: "(.*)"$', text, re.M)
+    if store is not None:
+        text = re.sub(r"^(\s*max_file_store: )\d+$", lambda m: f"{m.group(1)}{store_capacity(Path(store.group(1)))}",
+                      text, flags=re.M)
+        from rota.wire.keys import write_private
+
+        server.config.unlink()
+        write_private(str(server.config), text.encode())
     return _launch(server.config, server.log, server.port, server.host, server.scheme, wait)
+
+
+MIN_FREE = 1 << 20      # bytes a store needs free to take a leader's first records and the jobs' ends
+
+
+def store_capacity(store_dir: Path) -> int:
+    """What JetStream may hold in ``store_dir``: what it holds now and all that is free on its disk. Left to
+    itself it takes three quarters of what is free when it starts: after a disk-full episode that is less than
+    the log already holds, and it then refuses every write (a leader's lease included). rota's own reserve
+    (rota.wire.diskspace) is what keeps room for the jobs' ends."""
+    import shutil
+
+    store_dir.mkdir(parents=True, exist_ok=True)
+    used = 0
+    for root, _dirs, files in os.walk(store_dir):
+        for name in files:
+            try:
+                used += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    free = shutil.disk_usage(store_dir).free
+    if free < MIN_FREE:
+        raise NatsServerError(f"the disk holding {store_dir} has {free:,} bytes free; the event log needs at least "
+                              f"{MIN_FREE:,} to take a leader's first records and the jobs' ends: free some space there")
+    return used + free
 
 
 def _launch(conf: Path, log: Path, port: int, host: str, scheme: str, wait: float) -> NatsServer:

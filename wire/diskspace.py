@@ -18,7 +18,8 @@ def reserve(total: int) -> int:
 def _usage(path: str) -> tuple[int, int]:
     now = time.monotonic()
     hit = _seen.get(path)
-    if hit is not None and now - hit[0] < _CHECK_EVERY:
+    # a reading is reused for a second only while far from the reserve: near it, writes come faster than that
+    if hit is not None and now - hit[0] < _CHECK_EVERY and hit[1] > 4 * reserve(hit[2]):
         return hit[1], hit[2]
     try:
         u = shutil.disk_usage(path)
