@@ -250,9 +250,13 @@ def sbatch_surface(examples: int) -> Tally:
 
 
 def config_surface(examples: int) -> Tally:
-    """Configuration files: a configuration or diagnostics with file:line, never a traceback."""
-    from rota.cli.up import read_text
+    """Configuration files: a configuration or diagnostics with file:line, never a traceback; the same bytes
+    through ``rota config check`` as a user runs it (one line, an exit status)."""
+    import click
+
+    from rota.cli.main import app
     from rota.core.slurmconf import check_config, shell_settings
+    from rota.wire.paths import read_text
 
     tally = Tally()
     tmp = tempfile.mkdtemp(prefix="rota-fuzz-")
@@ -274,6 +278,14 @@ def config_surface(examples: int) -> Tally:
             except ValueError as exc:
                 if "not UTF-8" not in str(exc):
                     raise
+            err = io.StringIO()
+            with redirect_stdout(io.StringIO()), redirect_stderr(err):
+                try:
+                    app(["config", "check", path], standalone_mode=False)
+                except (SystemExit, click.exceptions.Exit):
+                    pass
+            if "Traceback" in err.getvalue():
+                tally.bad("tracebacks", f"rota config check {raw!r}: {err.getvalue()[-200:]}")
         except BaseException as exc:  # noqa: BLE001 - counted
             tally.bad("tracebacks", f"{text!r}: {type(exc).__name__}: {exc}")
 

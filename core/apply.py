@@ -8,6 +8,8 @@ records every job and node the events touched (effects and rows are derived from
 """
 from __future__ import annotations
 
+from bisect import insort
+
 from typing import Any, Callable
 
 from . import events as ev
@@ -408,7 +410,7 @@ def _jobs_started(state: State, env: ev.Envelope, e: ev.JobsStarted, ch: Changes
                 state.recount(job, 0)         # the task it takes left its remainder's count
                 ch.new_job(job)
             job.array_task_id = s.array_task_id
-            state.array_tasks.setdefault(s.array_job_id, []).append(jid)
+            insort(state.array_tasks.setdefault(s.array_job_id, []), jid)   # by id, as a rebuild lists them
             if jid >= state.next_job_id:
                 state.next_job_id = jid + 1
         else:

@@ -225,6 +225,8 @@ class State:
                 self.array_tasks.setdefault(job.array_job_id, []).append(jid)
         finished.sort()
         self.finished = deque(finished)
+        for tasks in self.array_tasks.values():
+            tasks.sort()
 
     def recount(self, job: Job, before: int) -> None:
         """Bring the job's user's count of active jobs up to date: ``before`` is its job_weight before it changed."""

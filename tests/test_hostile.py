@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from helpers import run_as, wait_for
+from rota.bench.hostile_bench import become as _become_nobody, flood
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a second local user needs root to become (CI runs as root)")
 
@@ -41,12 +42,6 @@ def _plant(where: Path, marks: Path) -> None:
         (where / sub / "__init__.py").write_text(PLANTED.format(marks=str(marks)))
     for name in ("squeue", "sbatch", "main", "commandserver", "sinfo"):
         (where / "rota" / "cli" / f"{name}.py").write_text(PLANTED.format(marks=str(marks)))
-
-
-def _become_nobody() -> None:
-    os.setgroups([])
-    os.setresgid(NOBODY.pw_gid, NOBODY.pw_gid, NOBODY.pw_gid)
-    os.setresuid(NOBODY.pw_uid, NOBODY.pw_uid, NOBODY.pw_uid)
 
 
 class Site:
@@ -151,47 +146,6 @@ def _why(argv: list[str]) -> int:
     return app(["verify", *argv], standalone_mode=False) or 0
 
 
-def _flood(path: Path, seconds: float, hold: int) -> int:
-    """A child, as nobody, that for ``seconds`` keeps ``hold`` silent connections to ``path`` open, opening a new
-    one as fast as it can for each the other end closes; its pid."""
-    pid = os.fork()
-    if pid:
-        return pid
-    code = 0
-    try:
-        _become_nobody()
-        held: list[socket.socket] = []
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            while len(held) < hold and time.monotonic() < end:
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                s.setblocking(False)
-                try:
-                    s.connect(str(path))
-                except OSError:
-                    s.close()
-                    break
-                held.append(s)
-            kept = []
-            for s in held:
-                try:
-                    if s.recv(4096, socket.MSG_PEEK) is not None:
-                        s.close()             # answered, or closed: its place goes to a new one
-                        continue
-                except BlockingIOError:
-                    kept.append(s)
-                    continue
-                except OSError:
-                    s.close()
-                    continue
-            held = kept
-            time.sleep(0.005)
-    except BaseException:  # noqa: BLE001 - a child: its status says it failed
-        code = 1
-    finally:
-        os._exit(code)
-
-
 def _timed(site: Site, *cmd: str) -> tuple[float, subprocess.CompletedProcess]:
     t = time.perf_counter()
     r = site.run(site.served, *cmd, cwd=site.base)
@@ -201,7 +155,7 @@ def _timed(site: Site, *cmd: str) -> tuple[float, subprocess.CompletedProcess]:
 @pytest.mark.parametrize("target", ["commands.sock", "rota.sock", "both"])
 def test_a_connection_flood_by_one_user_leaves_everyone_else_served(site, target):
     socks = ["commands.sock", "rota.sock"] if target == "both" else [target]
-    flooders = [_flood(site.state / "run" / name, 60.0, 800) for name in socks for _ in range(2)]
+    flooders = [flood(site.state / "run" / name, 60.0, 800) for name in socks for _ in range(2)]
     try:
         time.sleep(1.0)                                   # the flood is under way
         times = []
