@@ -22,6 +22,7 @@ from rota.core.schedule import Decision, schedule
 from rota.core.state import State, dump_snapshot
 from rota.wire import collector, diskspace, subjects as sj
 from rota.wire.cadence import SnapshotCadence
+from rota.wire.forkdump import dump_aside
 
 from .eventlog import EventLog, FencedError, LogUnavailable
 from . import bulk  # noqa: F401 - registers the bulk verbs
@@ -33,6 +34,7 @@ from .writer import OffLoop, Prepare, Writer
 log = logging.getLogger("rota.controller")
 FREEZE_JOBS = 10_000    # jobs held from which a snapshot also moves what is alive out of the collector's reach
 OFF_LOOP_PENDING = 1_000   # pending jobs from which a cycle runs in a worker thread, reads answered meanwhile
+DUMP_ASIDE_FROM = 5_000    # jobs held from which a snapshot is written by a forked child (writes need not wait)
 GIVE_WAY_MAX = 1.0         # seconds a cycle off the loop may pause for reads, in all
 
 
@@ -242,15 +244,21 @@ class Controller:
 
     async def maybe_snapshot(self, force: bool = False) -> bool:
         """Write a snapshot (with its sequence inside) as :class:`SnapshotCadence` says, and one for time
-        travel every ``history_every``. It is made in a worker thread under the writer's lock: requests that
-        only read are answered meanwhile, writes wait."""
+        travel every ``history_every``. It is made under the writer's lock (never of a state holding events still
+        being committed): of a large state by a forked child, the lock held for the fork alone; else in a worker
+        thread, requests that only read answered meanwhile."""
         if not force and not self.cadence.due(self.state):
             return False
         async with self.writer.lock:   # never a state holding events still being committed
             if self.writer.stale:
                 return False
-            data, seq = await asyncio.to_thread(dump_snapshot, self.state), self.state.seq
+            seq = self.state.seq
+            aside = dump_aside(dump_snapshot, self.state) if len(self.state.jobs) >= DUMP_ASIDE_FROM else None
+            if aside is None:
+                data = await asyncio.to_thread(dump_snapshot, self.state)
             self.cadence.taken(self.state)
+        if aside is not None:
+            data = await asyncio.to_thread(aside.result)
         if len(self.state.jobs) >= FREEZE_JOBS:
             collector.keep_out()
         history = seq - self._last_history_seq >= self.history_every

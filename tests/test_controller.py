@@ -540,3 +540,22 @@ async def test_a_report_refused_on_a_state_the_log_has_moved_past_is_left_for_th
     assert await AgentLink(new, NoNats())._take(report(1)) is True
     assert new.state.jobs[1].state == "COMPLETED"
     assert await AgentLink(new, NoNats())._take(report(99)) is True      # truly stale: acked, dropped
+
+
+async def test_a_large_state_is_snapshotted_by_a_forked_child_and_loads_back_equal(js, monkeypatch):
+    from rota.controller import service
+    from rota.core.state import dump_snapshot
+
+    monkeypatch.setattr(service, "DUMP_ASIDE_FROM", 3)
+    lg = await js()
+    c = Controller(lg, config=CFG, clock=Clock())
+    await c.start()
+    for i in range(5):
+        assert (await c.handle("submit", {"rid": f"s{i}", "spec": spec(hold=True)}))["ok"]
+    forks = []
+    real = service.dump_aside
+    monkeypatch.setattr(service, "dump_aside", lambda *a: forks.append(1) or real(*a))
+    assert await c.maybe_snapshot(force=True)
+    assert forks == [1]
+    loaded = await lg.snapshots.latest()
+    assert loaded is not None and dump_snapshot(loaded) == dump_snapshot(c.state)
