@@ -21,7 +21,12 @@ async def _submit_many(c: Any, caller: Caller, request: rq.SubmitMany, rid: str)
     order given, None where refused; ``errors``: [index, why]."""
     async def one(i: int, spec: ev.JobSpec) -> int:
         return await submit_one(c, caller, spec, f"{caller.uid}:{rid}:{i}" if rid else "")
-    results = await asyncio.gather(*(one(i, s) for i, s in enumerate(request.specs)), return_exceptions=True)
+    # a user who may hold no more jobs gets every one refused at once, not one by one (the writer's time is
+    # everyone's)
+    full = commands.count_limits_refusal(c.state, request.specs[0].model_copy(update={"user": caller.user})) \
+        if request.specs else None
+    results: list = [full] * len(request.specs) if full is not None else \
+        await asyncio.gather(*(one(i, s) for i, s in enumerate(request.specs)), return_exceptions=True)
     for r in results:
         if isinstance(r, (FencedError, LogUnavailable)):
             raise r                       # the whole request is retried (each item lands once)

@@ -100,6 +100,18 @@ def submit(state: State, spec: ev.JobSpec, job_id: int, caller: Caller = ROOT) -
     return ev.JobSubmitted(job_id=job_id, spec=spec)
 
 
+def count_limits_refusal(state: State, spec: ev.JobSpec) -> Rejected | None:
+    """The refusal any job of ``spec``'s user would get now from MaxJobCount or rota's default share of it (None:
+    one more may still fit): a bulk request refuses all of its jobs at once with it instead of one by one."""
+    if state.config is None or limits_enforced(state):    # an association's own limit may differ: job by job
+        return None
+    try:
+        _job_count_limits(state, spec.model_copy(update={"array": None}), state.config.scheduler)
+    except Rejected as r:
+        return r
+    return None
+
+
 def _job_count_limits(state: State, spec: ev.JobSpec, sched: ev.SchedulerParams) -> None:
     """MaxJobCount (every user's active jobs) and rota's default share of it for one user, counted as
     MaxSubmitJobs counts (each pending array task) from the state's running tally: a flood of submits by one
