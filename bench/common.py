@@ -6,7 +6,7 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Any, Callable
 
 
 @dataclass
@@ -30,6 +30,18 @@ def median_time(fn: Callable[..., object], runs: int = 5,
         fn(arg) if setup else fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times), times
+
+
+def stop(proc: Any, timeout: float = 30) -> None:
+    """Stop a `rota up` as Ctrl-C does; killed if it has not stopped within ``timeout`` s."""
+    import signal
+    import subprocess
+
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def print_table(figures: list[Figure], title: str = "") -> None:

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import Figure, print_table, write_json
+from .common import Figure, print_table, stop, write_json
 
 BIN = Path(sys.executable).parent
 CONF = "NodeName=n1 CPUs=4 RealMemory=8000\nPartitionName=p Nodes=n1 Default=YES MaxTime=1:00:00\n"   # the default limits
@@ -167,11 +167,7 @@ def run(commands: int, seconds: float, max_job_count: int | None = None) -> list
             figures.append(Figure(f"root's sbatch/squeue, {name}: 99th percentile", p99 * 1000, "ms", "< 1000 ms",
                                   p99 < 1.0, cmd))
     finally:
-        up.send_signal(signal.SIGINT)
-        try:
-            up.wait(30)
-        except subprocess.TimeoutExpired:
-            up.kill()
+        stop(up)
     return figures
 
 

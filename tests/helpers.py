@@ -32,6 +32,21 @@ def wait_for(check: Callable[[], Any], timeout: float = 20, what: str = "conditi
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def stop(proc: Any, timeout: float = 30) -> None:
+    """Stop a `rota up` (or agent) as Ctrl-C does; killed if it has not stopped within ``timeout`` s."""
+    import signal
+    import subprocess
+
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def signed_headers(keyring: Any, host: str, subject: str, rid: str, payload: bytes, uid: int = 0,
                    gid: int = 0, now: float | None = None) -> dict[str, str]:
     """The headers a request carries when ``host``'s signer forwards it for ``uid``/``gid`` (at ``now``)."""

@@ -193,24 +193,44 @@ PIDS = os.geteuid() == 0 and (Path("/sys/fs/cgroup/pids/cgroup.procs").exists()
                               or "pids" in (Path("/sys/fs/cgroup/cgroup.controllers").read_text()
                                             if Path("/sys/fs/cgroup/cgroup.controllers").exists() else ""))
 # forks as fast as it can, each child an exec'd sleep: bounded (2,000), so a missing limit cannot take the host
-FORK_BOMB = (f"{sys.executable} -c 'import os, time\nfor i in range(2000):\n    try:\n        pid = os.fork()\n"
+FORK_BOMB = ("/usr/bin/python3 -c 'import os, time\nfor i in range(2000):\n    try:\n        pid = os.fork()\n"
              "    except OSError:\n        continue\n    if pid == 0:\n        os.execv(\"/bin/sleep\", [\"sleep\", \"60\"])\n"
              "time.sleep(60)'")
 
 
-@pytest.mark.skipif(not PIDS, reason="needs root and a cgroup pids controller")
+@pytest.mark.skipif(not PIDS or not os.access("/usr/bin/python3", os.X_OK),
+                    reason="needs root, a cgroup pids controller and a Python every user may run")
 async def test_a_fork_bomb_ends_its_job_with_the_reason_and_the_node_stays_up(cluster, launcher):
-    cluster.start_agent("n1", "a100:2", "--max-tasks", "64")
-    await cluster.registered("n1")
-    jid = await cluster.submit(FORK_BOMB)
-    job = await cluster.ended(jid, timeout=30)
-    assert job.state == "FAILED"
-    assert f"*** JOB {jid} ON n1 CANCELLED AT " in cluster.output(jid)
-    assert cluster.output(jid).rstrip().endswith("DUE TO TASK LIMIT (64) ***")
-    after = await cluster.submit("echo still-here")
-    job = await cluster.ended(after)
-    assert job.state == "COMPLETED" and cluster.output(after).strip() == "still-here"
-    assert cluster.c.state.nodes["n1"].drain is False and cluster.c.state.nodes["n1"].down is False
+    import pwd
+    import shutil
+    import tempfile
+
+    nobody = pwd.getpwnam("nobody")
+    shared = Path(tempfile.mkdtemp(prefix="rota-bomb-"))     # traversable by the job's user
+    shared.chmod(0o755)
+    home = shared / "nobody"
+    home.mkdir()
+    os.chown(home, nobody.pw_uid, nobody.pw_gid)
+    try:
+        cluster.agents["n1"] = subprocess.Popen(
+            [str(BIN / "rota"), "agent", "--node", "n1", "--nats", cluster.url, "--state-dir", str(shared / "state"),
+             "--key", str(cluster.host_key("n1")), "--fake-gpus", "a100:2", "--cpus", "4", "--memory", "2000",
+             "--heartbeat", "0.3", "--kill-wait", "1", "--max-tasks", "64"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=cluster.env)
+        await cluster.registered("n1")
+        jid = await cluster.submit(FORK_BOMB, uid=nobody.pw_uid, gid=nobody.pw_gid, user="nobody", workdir=str(home),
+                                   output=str(home / "bomb.txt"))     # a second local user's job
+        job = await cluster.ended(jid, timeout=30)
+        assert job.state == "FAILED"
+        said = (home / "bomb.txt").read_text()
+        assert f"*** JOB {jid} ON n1 CANCELLED AT " in said and said.rstrip().endswith("DUE TO TASK LIMIT (64) ***"), said
+        after = await cluster.submit("echo still-here", uid=nobody.pw_uid, gid=nobody.pw_gid, user="nobody",
+                                     workdir=str(home), output=str(home / "after.txt"))
+        job = await cluster.ended(after)
+        assert job.state == "COMPLETED" and (home / "after.txt").read_text().strip() == "still-here"
+        assert cluster.c.state.nodes["n1"].drain is False and cluster.c.state.nodes["n1"].down is False
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 async def test_cancel_kills_the_whole_process_tree(cluster, launcher):

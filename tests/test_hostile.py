@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_as, wait_for
+from helpers import run_as, stop, wait_for
 from rota.bench.hostile_bench import become as _become_nobody, flood
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a second local user needs root to become (CI runs as root)")
@@ -99,11 +99,7 @@ def site():
         wait_for(lambda: s.run(s.served, "sinfo", "-h").returncode == 0, what="the command server")
         yield s
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
         log.close()
         shutil.rmtree(base, ignore_errors=True)
 
@@ -247,7 +243,19 @@ def test_srun_meets_its_nodes_whatever_else_connects_first():
     step = srun.Step(1, {}, sys.stdout, sys.stderr, {})
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
+    "127.0.0.1".encode("idna")              # the codec loaded here: the child cannot read Python's files
+    squatter = os.fork()
+    if squatter == 0:                        # another local user's silent connections, made first
+        try:
+            _become_nobody()
+            held = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
+            time.sleep(10)
+            del held
+        finally:
+            os._exit(0)
+    wait_for(lambda: sum(1 for line in open("/proc/net/tcp").readlines()[1:]
+                         if line.split()[2].endswith(f":{port:04X}") and line.split()[3] == "01") >= 40,
+             what="the squatter's connections")
     liar = socket.create_connection(("127.0.0.1", port))
     liar.sendall(b'{"node": "n1", "proof": "00"}\n')
 
@@ -275,8 +283,9 @@ def test_srun_meets_its_nodes_whatever_else_connects_first():
     while chunk := liar.recv(4096):
         heard += chunk
     assert heard.startswith(b"rota-srun1 ") and heard.count(b"\n") == 1, heard   # greeted, then dropped
-    for s in silent + [liar]:
-        s.close()
+    liar.close()
+    os.kill(squatter, signal.SIGKILL)
+    os.waitpid(squatter, 0)
 
 
 def test_a_user_cannot_aim_the_agents_at_a_port_that_is_not_their_own(site):

@@ -2,7 +2,6 @@
 that it leads again and keeps every job whose submission was acknowledged; with almost nothing free it refuses
 to start, naming the bytes it needs."""
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import wait_for
+from helpers import stop, wait_for
 
 BIN = Path(sys.executable).parent
 SCRIPT = "#!/bin/sh\n# " + "x" * (512 * 1024) + "\ntrue\n"
@@ -40,15 +39,6 @@ def _up(state: Path, log: Path) -> subprocess.Popen:
                             env=dict(os.environ, ROTA_STATE_DIR=str(state)), stdout=fh, stderr=subprocess.STDOUT)
     fh.close()
     return proc
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def _run(state: Path, *cmd: str, **kw) -> subprocess.CompletedProcess:
@@ -95,7 +85,7 @@ def test_a_full_disk_then_a_little_room_and_rota_leads_again_with_every_acknowle
         r = _run(state, "sbatch", "-H", "--wrap", "true")
         assert r.returncode == 1 and "Traceback" not in r.stderr, r
     finally:
-        _stop(proc)
+        stop(proc)
     ballast.unlink()                                # a little room: 8 MiB, less than rota's reserve
     proc = _up(state, tmp_path / "up.log")
     try:
@@ -105,7 +95,7 @@ def test_a_full_disk_then_a_little_room_and_rota_leads_again_with_every_acknowle
         r = _run(state, "sbatch", "-H", "--wrap", "true")     # the reserve is kept for the running jobs' ends
         assert r.returncode == 1 and "no space left for the event log" in r.stderr, r
     finally:
-        _stop(proc)
+        stop(proc)
     _fill(small_disk, 200 * 1024)                   # almost nothing: a clear refusal, naming the bytes
     r = subprocess.run([str(BIN / "rota"), "up", "--fake-gpus", "a100:1"], env=dict(os.environ, ROTA_STATE_DIR=str(state)),
                        capture_output=True, text=True, timeout=60)
