@@ -139,5 +139,8 @@ def verify(
         raise typer.Exit(1)
     signers = ", ".join(f"{key_id(k)} ({k})" for k in sorted(audit.signers)) or "none"
     typer.echo(f"OK: {audit.seq} records, chained from {audit.chained_from or '-'}, signed up to {audit.signed_at}; "
-               f"{len(snapshots)} snapshots" + (f"; the digest at {given.seq} matches" if given else "")
+               f"{len(snapshots) - audit.unsigned_snapshots} snapshots"
+               + (f" ({audit.unsigned_snapshots} more from before the log was signed, not checked)"
+                  if audit.unsigned_snapshots else "")
+               + (f"; the digest at {given.seq} matches" if given else "")
                + f"; signed by {signers}")

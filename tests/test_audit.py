@@ -115,3 +115,20 @@ async def test_rota_audit_verify_names_the_changed_record_in_an_export(jetstream
     r = subprocess.run([str(BIN / "rota"), "audit", "verify", "--records", str(bad), "--digest", "nonsense"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "not a digest rota audit digest wrote" in r.stderr and "Traceback" not in r.stderr, r
+
+
+async def test_a_log_begun_by_an_older_rota_checks_from_its_first_chained_record(jetstream, tmp_path):
+    from rota.controller.records import decode_messages
+    from rota.core.apply import fold
+    from rota.core.state import dump_snapshot
+
+    c, key = await _cluster(jetstream, tmp_path)
+    records = [r async for r in audit.stored_records(c.log)]
+    await c.stop()
+    old = [(s, {k: v for k, v in h.items() if k not in (CHAIN_HEADER, SIG_HEADER)} if s <= 3 else h, b)
+           for s, h, b in records]
+    early = dump_snapshot(fold(decode_messages(records[:2])))          # an older rota's snapshot, unsigned
+    result = audit.run(old, {"at-000000000002": early})
+    assert result.problems == [] and result.chained_from == 4 and result.unsigned_snapshots == 1
+    late = dump_snapshot(fold(decode_messages(records)))                # unsigned, yet after signing began
+    assert audit.run(old, {"latest": late}).problems == ["snapshot latest carries no signed head"]
