@@ -43,6 +43,7 @@ class FrontDoor:
         self._results: Recent[tuple[int, str], dict] = Recent(100_000)   # (uid, request id) -> the answer a retry gets
         self._names: dict[int, str | None] = {}
         self.refused = 0
+        self.buckets: dict[int, list[float]] = {}   # uid -> [tokens, when counted]: the submit rate limit
         self.answering = 0        # requests being answered in the event loop now (the reason lane gives way to them)
         self.reading = 0          # those that only read (a cycle off the loop gives way to them)
 
@@ -129,6 +130,8 @@ class FrontDoor:
         try:
             request = spec.model.model_validate_json(body)
             self.c.check_space(spec.writes)
+            if verb_name in SUBMITS:
+                self.take_submits(caller, len(request.specs) if verb_name == "submit_many" else 1)
             result = await spec.handler(self.c, caller, request, rid)
         except ValidationError as exc:
             result = {"ok": False, "error": [f"bad request: {rq.first_problem(exc)}"], "code": "bad_request"}
@@ -150,6 +153,26 @@ class FrontDoor:
             self._results[key] = result
         return result
 
+    def take_submits(self, caller: Caller, jobs: int) -> None:
+        """Take ``jobs`` from the caller's token bucket (``SlurmctldParameters=rl_enable,...``); Rejected, with what
+        the bucket allows, when it holds fewer. The time is this controller's clock: a bucket is not in the log."""
+        cfg = self.c.state.config
+        rl = cfg.rate_limit if cfg is not None else None
+        if rl is None or not rl.enabled or caller.operator:
+            return
+        now = float(self.c.clock())
+        tokens, then = self.buckets.get(caller.uid) or [float(rl.bucket_size), now]
+        tokens = min(float(rl.bucket_size), tokens + (now - then) * rl.refill_rate / rl.refill_period)
+        if jobs > tokens:
+            self.buckets[caller.uid] = [tokens, now]
+            raise commands.Rejected(
+                f"submit rate limit: uid {caller.uid} may submit {rl.bucket_size} jobs at once and {rl.refill_rate} "
+                f"more every {rl.refill_period} s (SlurmctldParameters=rl_bucket_size,rl_refill_rate,rl_refill_period); "
+                f"{int(tokens)} now", "Slurm temporarily unable to accept job, sleeping and retrying", code="busy")
+        self.buckets[caller.uid] = [tokens - jobs, now]
+        if len(self.buckets) > 65536:
+            self.buckets.clear()
+
     async def _record_denial(self, verb_name: str, caller: Caller, request: Any, r: commands.Rejected) -> None:
         target = ""
         if hasattr(request, "job_id"):
@@ -162,6 +185,7 @@ class FrontDoor:
             log.warning("refused %s by %s (%s) not recorded: %s", verb_name, caller.actor(), target, exc)
 
 
+SUBMITS = frozenset({"submit", "submit_many"})
 _RID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 

@@ -109,6 +109,17 @@ class AuthConfig(Model):
     private_data: tuple[str, ...] = ()        # "jobs": users see only their own jobs
 
 
+class RateLimit(Model):
+    """Each user's submissions through a token bucket (Slurm's ``SlurmctldParameters=rl_enable,rl_bucket_size=N,
+    rl_refill_rate=N,rl_refill_period=N``): up to ``bucket_size`` jobs at once, ``refill_rate`` more every
+    ``refill_period`` seconds; a bulk request counts each of its jobs. Operators and administrators are exempt."""
+
+    enabled: bool = False
+    bucket_size: int = 30
+    refill_rate: int = 2
+    refill_period: int = 1
+
+
 class ClusterConfig(Model):
     """The whole cluster configuration, as parsed from slurm.conf (or made for this machine)."""
 
@@ -125,6 +136,7 @@ class ClusterConfig(Model):
     preempt_type: Literal["none", "qos"] = "none"   # PreemptType: preempt/none or preempt/qos
     preempt_mode: Literal["off", "cancel", "requeue"] = "off"   # PreemptMode: for QOS that set none
     controllers: tuple[str, ...] = ()  # SlurmctldHost lines, in order (the first is the primary)
+    rate_limit: RateLimit = RateLimit()
 
     def default_partition(self) -> PartitionConfig | None:
         for p in self.partitions:

@@ -39,7 +39,7 @@ GLOBAL_KEYS = {
     "priorityweightage", "priorityweightfairshare", "priorityweightjobsize", "priorityweightpartition",
     "priorityweightqos", "prioritymaxage", "priorityfavorsmall", "enforcepartlimits", "maxarraysize",
     "minjobage", "slurmuser", "authinfo", "privatedata", "adminusers", "operatorusers", "accountingstorageenforce",
-    "priorityflags", "prioritydecayhalflife", "preempttype", "preemptmode", "maxjobcount",
+    "priorityflags", "prioritydecayhalflife", "preempttype", "preemptmode", "maxjobcount", "slurmctldparameters",
 }
 # rota's own keys for how its processes run here (not part of the cluster's configuration in the log)
 SHELL_KEYS = {"rotanatslisten": "listen", "rotatlscertfile": "cert_file", "rotatlskeyfile": "key_file",
@@ -79,7 +79,7 @@ IGNORED_KEYS = {
     "propagateresourcelimits", "propagateresourcelimitsexcept", "rebootprogram", "reconfigflags",
     "requeueexit", "requeueexithold", "resumefailprogram", "resumeprogram", "resumerate", "resumetimeout",
     "resvepilog", "resvoverrun", "resvprolog", "routeplugin", "scronparameters", "slurmctldaddr",
-    "slurmctldparameters", "slurmctldprimaryoffprog", "slurmctldprimaryonprog", "slurmctldsyslogdebug",
+    "slurmctldprimaryoffprog", "slurmctldprimaryonprog", "slurmctldsyslogdebug",
     "slurmdsyslogdebug", "slurmduser", "slurmschedlogfile", "slurmschedloglevel", "srunepilog",
     "srunportrange", "srunprolog", "suspendexcnodes", "suspendexcparts", "suspendprogram", "suspendrate",
     "suspendtime", "suspendtimeout", "switchparameters", "taskepilog", "taskpluginparam", "taskprolog",
@@ -248,6 +248,7 @@ def check_config(text: str, file: str = "slurm.conf", gres_text: str | None = No
     parts = _parse_partitions(ctx, part_lines, nodes, declared)
     sched, prio, cluster_name = _parse_globals(ctx, global_vals)
     auth = _parse_auth(ctx, global_vals)
+    rate_limit = _parse_rate_limit(ctx, global_vals)
     enforce = _parse_enforce(ctx, global_vals)
     preempt_type, preempt_mode = _parse_preempt(ctx, global_vals)
     if gres_text is not None:
@@ -263,7 +264,8 @@ def check_config(text: str, file: str = "slurm.conf", gres_text: str | None = No
                                partitions=tuple(parts), scheduler=sched, priority=prio, auth=auth,
                                gres_types=tuple(sorted(gres_types)) if gres_types else ("gpu",),
                                accounting_enforce=enforce, preempt_type=preempt_type,
-                               preempt_mode=preempt_mode, controllers=tuple(controllers))
+                               preempt_mode=preempt_mode, controllers=tuple(controllers),
+                               rate_limit=rate_limit)
     except ValueError as exc:   # pydantic validation: should not happen after the checks above
         ctx.err(1, f"invalid configuration: {exc}")
         return None, _ordered(ctx.diags)
@@ -529,6 +531,27 @@ def _parse_globals(ctx: _Ctx, vals: dict[str, tuple[int, str]]):
 
 def _names(value: str) -> tuple[str, ...]:
     return tuple(sorted({n.strip() for n in value.split(",") if n.strip()}))
+
+
+def _parse_rate_limit(ctx: _Ctx, vals: dict[str, tuple[int, str]]) -> ev.RateLimit:
+    """SlurmctldParameters' rate limit (rl_enable, rl_bucket_size, rl_refill_rate, rl_refill_period); its other
+    parameters are accepted and ignored."""
+    if "slurmctldparameters" not in vals:
+        return ev.RateLimit()
+    lineno, value = vals["slurmctldparameters"]
+    fields: dict = {}
+    for item in value.split(","):
+        key, eq, v = item.strip().partition("=")
+        key = key.lower()
+        if key == "rl_enable":
+            fields["enabled"] = True
+        elif key in ("rl_bucket_size", "rl_refill_rate", "rl_refill_period"):
+            n = _int(ctx, lineno, key, v, 1) if eq else None
+            if not eq:
+                ctx.err(lineno, f"SlurmctldParameters: {key} needs a value", f"write {key}=N")
+            if n is not None:
+                fields[key[3:]] = n
+    return ev.RateLimit(**fields)
 
 
 def _parse_auth(ctx: _Ctx, vals: dict[str, tuple[int, str]]) -> ev.AuthConfig:

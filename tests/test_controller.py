@@ -559,3 +559,24 @@ async def test_a_large_state_is_snapshotted_by_a_forked_child_and_loads_back_equ
     assert forks == [1]
     loaded = await lg.snapshots.latest()
     assert loaded is not None and dump_snapshot(loaded) == dump_snapshot(c.state)
+
+
+async def test_the_submit_rate_limit_counts_each_job_and_refills(js):
+    from rota.core.auth import Caller
+
+    clock = Clock()
+    cfg = CFG.model_copy(update={"rate_limit": ev.RateLimit(enabled=True, bucket_size=5, refill_rate=1, refill_period=2)})
+    c = Controller(MemoryLog(), config=cfg, clock=clock)
+    await c.start()
+    alice = Caller(1000, 1000, "alice")
+    ok = [await c.handle("submit", {"rid": f"a{i}", "spec": spec(hold=True)}, caller=alice) for i in range(6)]
+    assert [r["ok"] for r in ok] == [True] * 5 + [False]
+    assert ok[-1]["error"][-1] == "Slurm temporarily unable to accept job, sleeping and retrying"
+    assert "may submit 5 jobs at once and 1 more every 2 s" in ok[-1]["error"][0]
+    clock.t += 4                                              # two more have come back
+    r = await c.handle("submit_many", {"rid": "m1", "specs": [spec(hold=True)] * 3}, caller=alice)
+    assert not r["ok"] and r["code"] == "busy"                # three are more than two: the whole request waits
+    r = await c.handle("submit_many", {"rid": "m2", "specs": [spec(hold=True)] * 2}, caller=alice)
+    assert r["ok"] and None not in r["job_ids"]
+    for i in range(8):                                        # root is not limited
+        assert (await c.handle("submit", {"rid": f"r{i}", "spec": spec(hold=True)}))["ok"]
