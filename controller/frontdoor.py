@@ -131,7 +131,7 @@ class FrontDoor:
             request = spec.model.model_validate_json(body)
             self.c.check_space(spec.writes)
             if verb_name in SUBMITS:
-                self.take_submits(caller, len(request.specs) if verb_name == "submit_many" else 1)
+                self.take_submits(caller, len(getattr(request, "specs", ())) or 1)
             result = await spec.handler(self.c, caller, request, rid)
         except ValidationError as exc:
             result = {"ok": False, "error": [f"bad request: {rq.first_problem(exc)}"], "code": "bad_request"}
