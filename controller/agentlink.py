@@ -64,9 +64,13 @@ class AgentLink:
 
     async def stop(self) -> None:
         self._stopped = True
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for _ in range(100):      # cancelled again while any is left: Python 3.11's wait_for can swallow a cancel
+            left = [t for t in self._tasks if not t.done()]
+            if not left:
+                break
+            for t in left:
+                t.cancel()
+            await asyncio.wait(left, timeout=0.1)
         for sub in self._subs:
             await sub.unsubscribe()
 
