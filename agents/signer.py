@@ -107,7 +107,11 @@ class Signer:
             except OSError as exc:       # out of descriptors: leave the rest queued a moment
                 log.warning("signer: cannot accept a connection: %s", exc)
                 return
-            _pid, uid, gid = peer_credentials(conn)
+            try:
+                _pid, uid, gid = peer_credentials(conn)
+            except OSError:
+                conn.close()
+                continue
             if self._inflight.get(uid, 0) >= MAX_INFLIGHT_PER_UID:
                 try:
                     conn.send(_error(f"uid {uid} has {MAX_INFLIGHT_PER_UID} requests in flight through this host's "

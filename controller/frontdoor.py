@@ -30,6 +30,7 @@ from . import accounting_views, requests as rq
 from .requests import VERBS, verb
 from .eventlog import FencedError, LogUnavailable
 from .leadership import controllers_of
+from .ratelimit import SubmitRate
 from .recent import Recent
 from .views import Raw, encode_reply, too_large
 
@@ -43,7 +44,7 @@ class FrontDoor:
         self._results: Recent[tuple[int, str], dict] = Recent(100_000)   # (uid, request id) -> the answer a retry gets
         self._names: dict[int, str | None] = {}
         self.refused = 0
-        self.buckets: dict[int, list[float]] = {}   # uid -> [tokens, when counted]: the submit rate limit
+        self.rate = SubmitRate()
         self.answering = 0        # requests being answered in the event loop now (the reason lane gives way to them)
         self.reading = 0          # those that only read (a cycle off the loop gives way to them)
 
@@ -130,8 +131,9 @@ class FrontDoor:
         try:
             request = spec.model.model_validate_json(body)
             self.c.check_space(spec.writes)
-            if verb_name in SUBMITS:
-                self.take_submits(caller, len(getattr(request, "specs", ())) or 1)
+            if verb_name in SUBMITS and self.c.state.config is not None:
+                self.rate.take(self.c.state.config.rate_limit, caller, len(getattr(request, "specs", ())) or 1,
+                               float(self.c.clock()))
             result = await spec.handler(self.c, caller, request, rid)
         except ValidationError as exc:
             result = {"ok": False, "error": [f"bad request: {rq.first_problem(exc)}"], "code": "bad_request"}
@@ -152,26 +154,6 @@ class FrontDoor:
         if rid and spec.writes and isinstance(result, dict) and result.get("ok"):
             self._results[key] = result
         return result
-
-    def take_submits(self, caller: Caller, jobs: int) -> None:
-        """Take ``jobs`` from the caller's token bucket (``SlurmctldParameters=rl_enable,...``); Rejected, with what
-        the bucket allows, when it holds fewer. The time is this controller's clock: a bucket is not in the log."""
-        cfg = self.c.state.config
-        rl = cfg.rate_limit if cfg is not None else None
-        if rl is None or not rl.enabled or caller.operator:
-            return
-        now = float(self.c.clock())
-        tokens, then = self.buckets.get(caller.uid) or [float(rl.bucket_size), now]
-        tokens = min(float(rl.bucket_size), tokens + (now - then) * rl.refill_rate / rl.refill_period)
-        if jobs > tokens:
-            self.buckets[caller.uid] = [tokens, now]
-            raise commands.Rejected(
-                f"submit rate limit: uid {caller.uid} may submit {rl.bucket_size} jobs at once and {rl.refill_rate} "
-                f"more every {rl.refill_period} s (SlurmctldParameters=rl_bucket_size,rl_refill_rate,rl_refill_period); "
-                f"{int(tokens)} now", "Slurm temporarily unable to accept job, sleeping and retrying", code="busy")
-        self.buckets[caller.uid] = [tokens - jobs, now]
-        if len(self.buckets) > 65536:
-            self.buckets.clear()
 
     async def _record_denial(self, verb_name: str, caller: Caller, request: Any, r: commands.Rejected) -> None:
         target = ""
