@@ -233,9 +233,9 @@ def vouch_for_io(payload: bytes, uid: int) -> bytes:
     if not bound:
         raise localsock.SignerError(f"the step's I/O address {io} is not a port uid {uid} listens on at this host")
     addr = bound[0]
-    if addr == "0.0.0.0":          # every interface: the name given must be one of this host's
-        if not _local(host):
-            raise localsock.SignerError(f"the step's I/O address {io} is not an address of this host")
+    if addr == "0.0.0.0":          # every interface: the address given (no name: no lookup here) must be this host's
+        if not _ipv4(host) or not _local(host):
+            raise localsock.SignerError(f"the step's I/O address {io} is not an IPv4 address of this host")
         addr = host
     body["io"] = f"{addr}:{port}"
     return json.dumps(body, separators=(",", ":")).encode()
@@ -255,6 +255,13 @@ def _listeners() -> list[tuple[str, int, int]]:
     except (OSError, ValueError):
         pass
     return out
+
+
+def _ipv4(text: str) -> bool:
+    try:
+        return socket.inet_ntoa(socket.inet_aton(text)) == text
+    except OSError:
+        return False
 
 
 def _local(host: str) -> bool:

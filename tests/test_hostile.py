@@ -303,8 +303,23 @@ def test_a_user_cannot_aim_the_agents_at_a_port_that_is_not_their_own(site):
         except (localsock.SignerError, SystemExit) as exc:
             print(f"refused: {exc}")
         return 0
+    def wildcard(_argv: list[str]) -> int:
+        """Their own listener on every interface, named by a host name or by another host's address."""
+        from rota.cli.client import request
+
+        mine = socket.create_server(("0.0.0.0", 0))
+        for host in ("localhost", "10.99.99.99"):
+            try:
+                request("step_create", {"job_id": 1, "argv": ["true"], "io": f"{host}:{mine.getsockname()[1]}",
+                                        "io_key": "ab" * 16})
+            except Exception as exc:  # noqa: BLE001 - the command's error, whichever class carries it
+                print(f"refused: {exc}")
+        return 0
+    "localhost".encode("idna")
     try:
         _code, out, err = run_as("nobody", ask, [], "/", env=site.env)
+        _code, out2, err2 = run_as("nobody", wildcard, [], "/", env=site.env)
     finally:
         theirs.close()
     assert f"127.0.0.1:{port} is not a port uid {NOBODY.pw_uid} listens on at this host" in out + err, (out, err)
+    assert (out2 + err2).count("is not an IPv4 address of this host") == 2, (out2, err2)
