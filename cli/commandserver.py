@@ -95,9 +95,9 @@ class CommandServer:
     def __init__(self, path: str) -> None:
         self.path = path
         self.workers: dict[int, Worker] = {}          # by control socket's descriptor
-        self.per_user: dict[tuple[int, int], int] = {}
-        # callers waiting for a worker, a line per user (the next line to serve first): (connection, since)
-        self.waiting: dict[tuple[int, int], deque[tuple[socket.socket, float]]] = {}
+        self.per_user: dict[int, int] = {}        # workers by uid: a user's groups (newgrp) do not widen its share
+        # callers waiting for a worker, a line per uid (the next line to serve first): (connection, uid and gid, since)
+        self.waiting: dict[int, deque[tuple[socket.socket, tuple[int, int], float]]] = {}
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         if os.path.exists(path):
             os.unlink(path)
@@ -136,24 +136,26 @@ class CommandServer:
             except OSError:
                 return
             conn.setblocking(True)
-            _pid, uid, gid = _peer(conn)
+            try:
+                _pid, uid, gid = _peer(conn)
+            except OSError:
+                conn.close()
+                continue
             if os.geteuid() != 0 and uid != os.geteuid():
                 _send(conn, b"F")                  # a user's own rota serves only that user
                 conn.close()
                 continue
-            user = (uid, gid)
-            if user in self.waiting:               # behind that user's callers already waiting
-                self._wait(conn, user)
-            elif not self._dispatch(conn, user):
-                self._wait(conn, user)
+            # behind that user's callers already waiting, else to a worker now if one may take it
+            if uid in self.waiting or not self._dispatch(conn, (uid, gid)):
+                self._wait(conn, (uid, gid))
 
     def _wait(self, conn: socket.socket, user: tuple[int, int]) -> None:
-        line = self.waiting.setdefault(user, deque())
+        line = self.waiting.setdefault(user[0], deque())
         if len(line) >= MAX_USER_WAITING:
             _send(conn, b"F")                      # this user has enough waiting: run it yourself
             conn.close()
             return
-        line.append((conn, time.monotonic()))
+        line.append((conn, user, time.monotonic()))
 
     def _dispatch(self, conn: socket.socket, user: tuple[int, int]) -> bool:
         """Hand ``conn`` to a worker of ``user`` (an idle one, or a new one); False when none may take it now."""
@@ -167,7 +169,7 @@ class CommandServer:
                 w.idle_since = None
                 conn.close()
                 return True
-        if self.per_user.get(user, 0) >= MAX_USER_WORKERS:
+        if self.per_user.get(user[0], 0) >= MAX_USER_WORKERS:
             return False
         if len(self.workers) >= MAX_WORKERS:
             idle = [w for w in self.workers.values() if w.idle_since is not None]
@@ -183,15 +185,15 @@ class CommandServer:
         progress = True
         while self.waiting and progress:
             progress = False
-            for user in list(self.waiting):
-                line = self.waiting.pop(user)
-                while line and now - line[0][1] > WAITING_LIMIT:
+            for uid in list(self.waiting):
+                line = self.waiting.pop(uid)
+                while line and now - line[0][2] > WAITING_LIMIT:
                     line.popleft()[0].close()
-                if line and self._dispatch(line[0][0], user):
+                if line and self._dispatch(line[0][0], line[0][1]):
                     line.popleft()
                     progress = True
                 if line:
-                    self.waiting[user] = line           # to the back of the turn
+                    self.waiting[uid] = line            # to the back of the turn
 
     def _fork(self, conn: socket.socket, user: tuple[int, int]) -> None:
         ours, theirs = socket.socketpair()
@@ -204,7 +206,7 @@ class CommandServer:
                 for w in self.workers.values():
                     w.ctl.close()
                 for line in self.waiting.values():
-                    for c, _ in line:
+                    for c, *_ in line:
                         c.close()
                 code = _worker(theirs, conn, *user)
             finally:
@@ -213,7 +215,7 @@ class CommandServer:
         conn.close()
         ours.setblocking(False)
         self.workers[ours.fileno()] = Worker(ours, user)
-        self.per_user[user] = self.per_user.get(user, 0) + 1
+        self.per_user[user[0]] = self.per_user.get(user[0], 0) + 1
 
     def _news(self, w: Worker) -> None:
         try:
@@ -230,11 +232,12 @@ class CommandServer:
     def _forget(self, w: Worker) -> None:
         """No more callers for ``w``: it leaves once it sees its control socket closed."""
         if self.workers.pop(w.ctl.fileno(), None) is not None:
-            left = self.per_user[w.user] - 1
+            uid = w.user[0]
+            left = self.per_user[uid] - 1
             if left:
-                self.per_user[w.user] = left
+                self.per_user[uid] = left
             else:
-                del self.per_user[w.user]
+                del self.per_user[uid]
         w.ctl.close()
 
     def _retire_idle(self, now: float) -> None:

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 from rota.agents import launch
 
@@ -31,11 +32,11 @@ def compile_native(source: Path, out: Path, *defines: str) -> Path:
     cc = shutil.which(os.environ.get("CC") or "cc")
     if cc is None:
         raise NoCompiler("no C compiler (cc) found: the commands stay the Python entry points")
-    tmp = out.with_name(out.name + ".new")
-    subprocess.run([cc, "-O2", "-Wall", "-Werror", *defines, "-o", str(tmp), str(source)],
-                   check=True, capture_output=True, text=True)
-    tmp.chmod(0o755)
-    os.replace(tmp, out)
+    def build(tmp: Path) -> None:
+        subprocess.run([cc, "-O2", "-Wall", "-Werror", *defines, "-o", str(tmp), str(source)],
+                       check=True, capture_output=True, text=True)
+        tmp.chmod(0o755)
+    _swap_in(out, build)
     return out
 
 
@@ -48,13 +49,21 @@ def isolate_scripts(bin_dir: Path, names: tuple[str, ...], python: str = sys.exe
     honour PYTHONPATH and the user's site folder, which must never choose what a root's command imports."""
     for name in names:
         module, function = ENTRY_POINTS[name]
-        tmp = bin_dir / f".{name}.new"
-        if tmp.is_symlink() or tmp.exists():
-            tmp.unlink()
-        tmp.write_text(f"#!{os.path.abspath(python)} -I\nfrom {module} import {function}\n\n{function}()\n")
-        tmp.chmod(0o755)
-        os.replace(tmp, bin_dir / name)
+
+        def write(tmp: Path, module: str = module, function: str = function) -> None:
+            tmp.write_text(f"#!{os.path.abspath(python)} -I\nfrom {module} import {function}\n\n{function}()\n")
+            tmp.chmod(0o755)
+        _swap_in(bin_dir / name, write)
     return list(names)
+
+
+def _swap_in(path: Path, make: Callable[[Path], None]) -> None:
+    """Replace ``path`` in one rename with what ``make`` puts at a temporary name beside it."""
+    tmp = path.with_name(f".{path.name}.new")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    make(tmp)
+    os.replace(tmp, path)
 
 
 def install(bin_dir: Path, names: tuple[str, ...] = THIN_COMMANDS) -> list[str]:
@@ -63,9 +72,5 @@ def install(bin_dir: Path, names: tuple[str, ...] = THIN_COMMANDS) -> list[str]:
     client = compile_client(bin_dir / "rota-command")
     compile_native(EXEC_SOURCE, bin_dir / launch.EXEC_HELPER)
     for name in names:
-        link = bin_dir / f".{name}.new"
-        if link.is_symlink() or link.exists():
-            link.unlink()
-        link.symlink_to(client.name)
-        os.replace(link, bin_dir / name)
+        _swap_in(bin_dir / name, lambda tmp: tmp.symlink_to(client.name))
     return list(names)

@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator, Iterable, Iterator
 from rota.core import chain as ch
 from rota.wire.audit import AUDIT_SNAPSHOT, CHAIN_HEADER, SIG_HEADER, key_id, signed
 
-from .records import ACTOR_HEADER, TS_HEADER
+from .records import chain_link, stored_chain
 
 
 @dataclass
@@ -51,23 +51,19 @@ class Audit:
         headers = headers or {}
         if seq != self.seq + 1:
             self.problems.append(f"records {self.seq + 1}-{seq - 1} are missing: the log was cut")
-        try:
-            ts = int(headers.get(TS_HEADER, 0))
-        except ValueError:
-            ts = -1
-        self.chain = ch.link(self.chain, seq, ts, headers.get(ACTOR_HEADER, ""), headers.get("Nats-Msg-Id", ""), body)
+        self.chain = chain_link(self.chain, seq, headers, body)
         self.seq = seq
         if seq in self.wanted:
             self.heads[seq] = self.chain
-        stored = headers.get(CHAIN_HEADER)
-        if stored is None:
+        if CHAIN_HEADER not in headers:
             if self.chained_from:
                 self.problems.append(f"record {seq} carries no chain hash: it was put there by someone else")
             return
         self.chained_from = self.chained_from or seq
-        if stored != self.chain.hex():
+        stored = stored_chain(headers)
+        if stored != self.chain:
             self.problems.append(f"record {seq} was changed: what it holds is not what its chain hash covers")
-            self.chain = bytes.fromhex(stored) if len(stored) == 64 else self.chain   # follow on from what is stored
+            self.chain = stored or self.chain     # follow on from what is stored
             return
         sig = headers.get(SIG_HEADER)
         if sig is not None:

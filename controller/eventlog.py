@@ -16,12 +16,12 @@ from typing import Any, AsyncIterator, Protocol
 from rota.core import chain as chain_mod
 from rota.core import events as ev
 from rota.wire import natsconn
-from rota.wire.audit import CHAIN_HEADER
 from rota.wire import subjects as sj
 
 from .logbatch import ATOMIC_BATCH, AtomicRefused, allow_atomic
-from .records import (
-    ACTOR_HEADER, TS_HEADER, OwnTail, RecordCheck, decode_messages, encode_body, record_headers,
+from .records import (  # noqa: F401 - the record's headers and codec are part of the log's interface
+    ACTOR_HEADER, TS_HEADER, OwnTail, RecordCheck, chain_link, decode_messages, encode_body, record_headers,
+    stored_chain,
 )
 from .logerrors import FencedError, LogUnavailable
 from .snapshots import MemorySnapshots, ObjectStoreSnapshots, SnapshotStore
@@ -181,8 +181,8 @@ class JetStreamLog:
 
     async def ready_chain(self, base: int) -> None:
         """Know the chain's hash at ``base`` (the record the next append is fenced on): from what this process
-        appended or read last, else from that record's own chain header, else (a log begun by an older rota)
-        by hashing the records from the first."""
+        appended last, else from that record's own chain header, else (a log begun by an older rota) by hashing
+        the records from the first."""
         if self.chain is not None and self.chain[0] == base:
             return
         self.chain = None
@@ -190,17 +190,12 @@ class JetStreamLog:
             self.chain = (0, chain_mod.GENESIS)
             return
         try:
-            msg = await self.js.get_msg(self.stream, base)
-            stored = (msg.headers or {}).get(CHAIN_HEADER)
-            if stored is not None and len(stored) == 64:
-                self.chain = (base, bytes.fromhex(stored))
-                return
-            head = chain_mod.GENESIS
-            async for chunk in self.read_raw(1, base):
-                for seq, headers, body in chunk:
-                    h = headers or {}
-                    head = chain_mod.link(head, seq, int(h.get(TS_HEADER, 0)), h.get(ACTOR_HEADER, ""),
-                                          h.get("Nats-Msg-Id", ""), body)
+            head = stored_chain((await self.js.get_msg(self.stream, base)).headers)
+            if head is None:
+                head = chain_mod.GENESIS
+                async for chunk in self.read_raw(1, base):
+                    for seq, headers, body in chunk:
+                        head = chain_link(head, seq, headers, body)
             self.chain = (base, head)
         except Exception as exc:  # noqa: BLE001 - unreadable now: the next appends go without a chain hash
             log.warning("the log's hash chain at %d could not be found: %s", base, exc)
@@ -215,15 +210,13 @@ class JetStreamLog:
         return head, self.audit.seal_head(seq, head) if seal and self.audit is not None else None
 
     async def chain_at(self, seq: int) -> bytes | None:
-        """The chain's hash at ``seq`` (for a snapshot's signed head)."""
+        """The chain's hash at ``seq`` (for a snapshot's signed head); None when it cannot be read now."""
         if self.chain is not None and self.chain[0] == seq:
             return self.chain[1]
         try:
-            msg = await self.js.get_msg(self.stream, seq)
+            return stored_chain((await self.js.get_msg(self.stream, seq)).headers)
         except Exception:  # noqa: BLE001 - not there, or not reachable now
             return None
-        stored = (msg.headers or {}).get(CHAIN_HEADER)
-        return bytes.fromhex(stored) if stored is not None and len(stored) == 64 else None
 
     async def append(self, event: Any, *, actor: str, idem: str, ts: int,
                      expected_last: int | None = None, seal: bool = False) -> Appended:

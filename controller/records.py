@@ -8,7 +8,7 @@ import json
 import logging
 from typing import Any
 
-from rota.core import credentials
+from rota.core import chain, credentials
 from rota.core import events as ev
 from rota.wire.audit import CHAIN_HEADER, SIG_HEADER
 
@@ -33,6 +33,26 @@ def record_headers(mac_key: bytes | None, seq: int, ts: int, actor: str, idem: s
         if seal is not None:
             headers[SIG_HEADER] = seal
     return headers
+
+
+def chain_link(prev: bytes, seq: int, headers: dict | None, body: bytes) -> bytes:
+    """A stored record's hash in the log's chain (:func:`rota.core.chain.link` over what its headers and body
+    hold; a stamp that is not a number hashes as -1)."""
+    h = headers or {}
+    try:
+        ts = int(h.get(TS_HEADER, 0))
+    except ValueError:
+        ts = -1
+    return chain.link(prev, seq, ts, h.get(ACTOR_HEADER, ""), h.get("Nats-Msg-Id", ""), body)
+
+
+def stored_chain(headers: dict | None) -> bytes | None:
+    """The chain hash a stored record carries (None: none, or not one)."""
+    text = (headers or {}).get(CHAIN_HEADER)
+    try:
+        return bytes.fromhex(text) if text is not None and len(text) == 64 else None
+    except ValueError:
+        return None
 
 
 class RecordCheck:

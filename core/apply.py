@@ -9,7 +9,6 @@ records every job and node the events touched (effects and rows are derived from
 from __future__ import annotations
 
 from bisect import insort
-
 from typing import Any, Callable
 
 from . import events as ev

@@ -129,12 +129,15 @@ def _job_count_limits(state: State, spec: ev.JobSpec, sched: ev.SchedulerParams)
 
 def _own_limit_set(state: State, spec: ev.JobSpec) -> bool:
     """Whether the job's QOS or association sets the user's submit limit (which then replaces rota's default)."""
-    if not limits_enforced(state):
-        return False
+    return limits_enforced(state) and _submit_limits(state, spec) != (None, None)
+
+
+def _submit_limits(state: State, spec: ev.JobSpec) -> tuple[int | None, int | None]:
+    """MaxSubmitJobsPerUser of the job's QOS and MaxSubmitJobs of its association (None: not set)."""
     q = state.qos.get(spec.qos)
     assoc = state.associations.get((spec.user, spec.account))
-    return (q is not None and q.max_submit_jobs_per_user is not None) or \
-        (assoc is not None and assoc.max_submit_jobs is not None)
+    return (q.max_submit_jobs_per_user if q is not None else None,
+            assoc.max_submit_jobs if assoc is not None else None)
 
 
 QOS_POLICY = "Job violates accounting/QOS policy (job submit limit, user's size and/or time limits)"
@@ -144,10 +147,7 @@ def _submit_limit(state: State, spec: ev.JobSpec) -> None:
     """MaxSubmitJobsPerUser of the job's QOS and MaxSubmitJobs of its association
     (AccountingStorageEnforce=limits): pending and running jobs, each pending array task counted, as
     slurmctld counts them."""
-    q = state.qos.get(spec.qos)
-    q_limit = q.max_submit_jobs_per_user if q is not None else None
-    assoc = state.associations.get((spec.user, spec.account))
-    a_limit = assoc.max_submit_jobs if assoc is not None else None
+    q_limit, a_limit = _submit_limits(state, spec)
     if (q_limit is None and a_limit is None) or not limits_enforced(state):
         return
     in_qos = in_assoc = 0

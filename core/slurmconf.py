@@ -546,10 +546,9 @@ def _parse_rate_limit(ctx: _Ctx, vals: dict[str, tuple[int, str]]) -> ev.RateLim
         if key == "rl_enable":
             fields["enabled"] = True
         elif key in ("rl_bucket_size", "rl_refill_rate", "rl_refill_period"):
-            n = _int(ctx, lineno, key, v, 1) if eq else None
             if not eq:
                 ctx.err(lineno, f"SlurmctldParameters: {key} needs a value", f"write {key}=N")
-            if n is not None:
+            elif (n := _int(ctx, lineno, key, v, 1)) is not None:
                 fields[key[3:]] = n
     return ev.RateLimit(**fields)
 

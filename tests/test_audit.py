@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from rota.controller import audit
+from rota.controller.records import chain_link
 from rota.controller.service import Controller
 from rota.core import chain as ch
 from rota.core import events as ev
@@ -40,7 +41,7 @@ def _reseal(records, start: int, key: AuditKey | None) -> list:
     out = []
     for seq, headers, body in records:
         h = dict(headers)
-        head = ch.link(head, seq, int(h["Rota-Ts"]), h["Rota-Actor"], h.get("Nats-Msg-Id", ""), body)
+        head = chain_link(head, seq, h, body)
         if seq >= start:
             h[CHAIN_HEADER] = head.hex()
             if key is not None and SIG_HEADER in h:
