@@ -145,7 +145,7 @@ async def _controller():
 def api_surface(examples: int) -> Tally:
     """Every verb of the front door: signed requests with generated bodies; one reply each, no traceback."""
     from rota.agents.signer import Signer
-    from rota.controller.frontdoor import VERBS
+    from rota.controller.verbs import VERBS
 
     tally = Tally()
     c, keyring = asyncio.run(_controller())

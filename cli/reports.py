@@ -3,9 +3,7 @@ cannot read it: what ``rota up`` gives its controller to answer such callers."""
 from __future__ import annotations
 
 import io
-from typing import Callable
-
-ReportRunner = Callable[[str, list[str], int, "int | None"], tuple[int, str, str]]
+from rota.controller.views import ReportRunner
 
 
 def runner(db: str) -> ReportRunner:

@@ -12,7 +12,8 @@ import asyncio
 import logging
 import os
 import time
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from rota.core import commands
 from rota.core import credentials as creds
@@ -24,9 +25,13 @@ from rota.wire import orders as wire_orders
 from rota.wire import subjects as sj
 from rota.wire.subjects import CRED_HEADER
 from rota.wire.jsqueue import ensure_agent_consumers, ensure_streams, stored_at, work_queue
+from rota.wire.keys import Keyring
 
 from .eventlog import FencedError, LogUnavailable
 from .outbox import Outbox
+
+if TYPE_CHECKING:
+    from .port import ControllerPort
 
 log = logging.getLogger("rota.controller.agents")
 
@@ -34,7 +39,8 @@ SEND_ATTEMPTS = 12        # about a minute of retries (0.1 s doubling to 5 s) be
 
 
 class AgentLink:
-    def __init__(self, controller: Any, nc: Any, *, node_timeout: float = 300.0, keyring: Any = None) -> None:
+    def __init__(self, controller: ControllerPort, nc: Any, *, node_timeout: float = 300.0,
+                 keyring: Keyring | None = None) -> None:
         if controller.outbox is None:
             raise ValueError("the controller was built without an outbox: it would give the agents no orders")
         self.c = controller
@@ -156,10 +162,11 @@ class AgentLink:
 
     def _node_credential(self, node: str, subject: str, headers: Any, body: bytes, now: int) -> str | None:
         """Why a node's message is not believed (None: it carries that node's valid credential)."""
-        if self.keyring is None:
+        keyring = self.keyring
+        if keyring is None:
             return None   # a controller without a cluster key believes the broker's permissions alone
         try:
-            creds.verify(lambda host: self.keyring.key_of(host) if host == node else None,
+            creds.verify(lambda host: keyring.key_of(host) if host == node else None,
                          (headers or {}).get(CRED_HEADER), subject, body, now, kind="node", replay=self.replay)
         except creds.CredentialError as exc:
             return str(exc)
@@ -260,14 +267,14 @@ class AgentLink:
                 silent = now - self.last_seen.get(name, self._started)
                 try:
                     if silent >= self.node_timeout:
-                        await self.c.write(lambda s, n=name: commands.silent_node_down(s, n), "rota")
+                        await self.c.write(partial(commands.silent_node_down, node=name), "rota")
                     elif silent >= self.node_timeout / 2 and not node.not_responding:
-                        await self.c.write(lambda s, n=name: commands.silent_node_not_responding(s, n), "rota")
+                        await self.c.write(partial(commands.silent_node_not_responding, node=name), "rota")
                     elif node.reported_gpus is not None and node.reported_gpus < node.gpu_count and not node.drain:
                         reason = (f"gres/gpu count reported lower than configured "
                                   f"({node.reported_gpus} < {node.gpu_count})")
-                        await self.c.write(lambda s, n=name, r=reason: commands.check_report(
-                            s, n, ev.HealthFault(node=n, reason=r, code="gres")), "rota")
+                        await self.c.write(partial(commands.check_report, node=name,
+                                                   event=ev.HealthFault(node=name, reason=reason, code="gres")), "rota")
                 except (commands.Rejected, LogUnavailable):
                     pass
                 except FencedError:

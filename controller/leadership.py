@@ -17,7 +17,10 @@ import json
 import logging
 import os
 import time
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+if TYPE_CHECKING:
+    from .port import ControllerPort
 
 log = logging.getLogger("rota.controller.leadership")
 
@@ -160,7 +163,7 @@ async def controllers(eventlog: Any) -> list[dict]:
     return out
 
 
-async def controllers_of(controller: Any) -> dict:
+async def controllers_of(controller: ControllerPort) -> dict:
     """What ``scontrol ping`` shows: the controllers that announced themselves, and those the
     configuration names (SlurmctldHost lines, in order)."""
     cfg = controller.state.config
@@ -174,7 +177,7 @@ class Candidacy:
     ``on_lead`` runs once it leads (it serves requests, runs cycles, talks to the agents); ``on_lose``
     once it no longer does (it stops all of that and goes back to tailing)."""
 
-    def __init__(self, controller: Any, js: Any, name: str, host: str, *, ttl: float = LEASE_TTL,
+    def __init__(self, controller: ControllerPort, js: Any, name: str, host: str, *, ttl: float = LEASE_TTL,
                  on_lead: Callable[[], Awaitable[None]] | None = None,
                  on_lose: Callable[[], Awaitable[None]] | None = None) -> None:
         self.c, self.js, self.name, self.host, self.ttl = controller, js, name, host, ttl

@@ -7,7 +7,7 @@ identity: the controller adds the caller's uid, gid and name from the credential
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Awaitable, Callable, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Awaitable, Callable, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -17,6 +17,7 @@ from rota.wire.subjects import MAX_BATCH
 from rota.core.limits import MAX_COUNT, MAX_LIST, MAX_NAME, MAX_NICE, MAX_PATH, MAX_TIME, control_free
 
 if TYPE_CHECKING:
+    from .port import ControllerPort
     from .views import Raw
 
 
@@ -202,25 +203,16 @@ def first_problem(exc: Any) -> str:
     return f"{where}: {e.get('msg', 'invalid')}{more}"
 
 
-# ---------------------------------------------------------------- the verbs: name -> request model, handler
+# ---------------------------------------------------------------- a verb: name -> request model, handler
 
-Handler = Callable[[Any, Caller, Any, str], Awaitable["dict | Raw"]]
+R = TypeVar("R", bound=Request)
 
 
 @dataclass(frozen=True, slots=True)
-class Verb:
-    model: type[Request]
-    handler: Handler
-    writes: bool          # changes the log: a retry with the same request id gets the first answer
-    elsewhere: bool       # answered in another thread or process: the event loop is free meanwhile
-
-
-VERBS: dict[str, Verb] = {}
-
-
-def verb(name: str, model: type[Request], writes: bool = False, elsewhere: bool = False
-         ) -> Callable[[Handler], Handler]:
-    def register(fn: Handler) -> Handler:
-        VERBS[name] = Verb(model, fn, writes, elsewhere)
-        return fn
-    return register
+class Verb(Generic[R]):
+    """One API verb: its name, the model its body must fit, and the handler that answers it."""
+    name: str
+    model: type[R]
+    handler: Callable[[ControllerPort, Caller, R, str], Awaitable[dict | Raw]]
+    writes: bool = False      # changes the log: a retry with the same request id gets the first answer
+    elsewhere: bool = False   # answered in another thread or process: the event loop is free meanwhile

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from rota.core import __version__, commands
 from rota.core import events as ev
@@ -23,12 +23,12 @@ from rota.core.state import State, dump_snapshot
 from rota.wire import collector, diskspace, subjects as sj
 from rota.wire.cadence import SnapshotCadence
 from rota.wire.forkdump import dump_aside
+from rota.wire.keys import Keyring
 
 from .eventlog import EventLog, FencedError, LogUnavailable
-from . import bulk  # noqa: F401 - registers the bulk verbs
 from .frontdoor import FrontDoor
 from .outbox import Outbox
-from .views import Views, encode_reply
+from .views import ReportRunner, Views, encode_reply
 from .writer import OffLoop, Prepare, Writer
 
 log = logging.getLogger("rota.controller")
@@ -48,8 +48,9 @@ class Controller:
     def __init__(self, eventlog: EventLog, *, config: ev.ClusterConfig | None = None,
                  clock: Callable[[], float] = time.time, cycle_interval: float = 5.0,
                  debounce: float = 0.02, snapshot_every: int = 10_000, history_every: int = 10_000,
-                 name: str = "controller", keyring: Any = None, outbox: Outbox | None = None,
-                 reports: Any = None, timetravel_env: dict[str, str] | None = None) -> None:
+                 name: str = "controller", keyring: Keyring | None = None, outbox: Outbox | None = None,
+                 reports: ReportRunner | None = None, timetravel_env: dict[str, str] | None = None,
+                 timetravel_argv: list[str] | None = None) -> None:
         self.log = eventlog
         self.config = config
         self.reload_config: Callable[[], ev.ClusterConfig] | None = None   # scontrol reconfigure: read it again
@@ -64,6 +65,7 @@ class Controller:
         self.keyring = keyring
         self.reports = reports                 # sacct/sinfo/scontrol-show over rota up's projection
         self.timetravel_env = timetravel_env   # how to run time travel for callers who cannot read the log
+        self.timetravel_argv = list(timetravel_argv or [])   # the program it runs as (the composition root names it)
         self.frontdoor = FrontDoor(self, keyring)
         self.views = Views(self)
         self.last_decision: tuple[int, Decision] | None = None   # (state sequence, Decision) for queue views
@@ -148,11 +150,15 @@ class Controller:
         """Validate-and-append through the group commit (see :meth:`Writer.write`)."""
         return await self.writer.write(prepare, actor, idem)
 
-    def send(self, orders: list[tuple[str, Order]]) -> None:
+    async def changed(self, timeout: float) -> bool:
+        """Wait, at most ``timeout`` seconds, for the next batch through the log (see :meth:`Writer.changed`)."""
+        return await self.writer.changed(timeout)
+
+    def send(self, orders: Sequence[tuple[str, Order]]) -> None:
         """Orders that change nothing on the log (a signal): straight to the agents."""
         if self.outbox is None:
             raise commands.Rejected("no agents are connected to deliver the signal", code="no_agents")
-        self.outbox.put(orders)
+        self.outbox.put(list(orders))
 
     async def handle(self, verb: str, body: dict, caller: Caller = ROOT, rid: str = "") -> dict:
         """Serve one API request in process (tests, benchmarks, tools beside the controller): the same

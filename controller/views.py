@@ -9,8 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from rota.core import commands, events as ev
 from rota.core.apply import apply
@@ -18,7 +17,12 @@ from rota.core.auth import Caller
 from rota.core.schedule import priority_of, schedule
 from rota.core.state import TERMINAL_STATES
 
+if TYPE_CHECKING:
+    from .port import ControllerPort
+
 log = logging.getLogger("rota.controller.views")
+# (command, argv, caller's uid, the only uid whose jobs the caller may see or None) -> (status, stdout, stderr)
+ReportRunner = Callable[[str, list[str], int, "int | None"], tuple[int, str, str]]
 LONG_QUEUE = 2000       # pending jobs beyond which a view uses the last cycle's decision instead of a fresh pass
 
 
@@ -59,7 +63,7 @@ def private_jobs(state: Any, caller: Caller) -> bool:
 
 
 class Views:
-    def __init__(self, controller: Any) -> None:
+    def __init__(self, controller: ControllerPort) -> None:
         self.c = controller
         self._view_cache: tuple[tuple, list[dict]] | None = None
         self._queue_cache: tuple[list[dict], bytes] | None = None
@@ -308,6 +312,7 @@ class Views:
         apply(trial, ev.Envelope(seq=trial.seq + 1, ts=now, actor=caller.actor(), idem="", event=event))
         d = schedule(trial, now)
         start = next((s for s in d.starts if (s.array_job_id or s.job_id) == job_id), None)
+        when: int | None
         if start is not None:
             when, nodes, part = now, [a.node for a in start.alloc], start.partition
             cpus = sum(a.cpus for a in start.alloc)
@@ -341,7 +346,7 @@ class Views:
         """``rota why|replay|verify|whatif`` run here (where the log can be read) for a caller who cannot
         read the log: a child process with a time limit, at most two at once, one per user."""
         env = self.c.timetravel_env
-        if env is None:
+        if env is None or not self.c.timetravel_argv:
             raise commands.Rejected("this controller cannot run time travel for others (no state directory)",
                                     code="no_log")
         bad = _timetravel_argv_problem(command, argv)
@@ -353,7 +358,7 @@ class Views:
         try:
             async with self._timetravel:
                 proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-I", "-m", "rota.cli.main", command, *argv, env=env, cwd="/",
+                    *self.c.timetravel_argv, command, *argv, env=env, cwd="/",
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
                 try:

@@ -126,6 +126,7 @@ class Writer:
         self._reported = 0
         self._retried: set[int] = set()       # requests already tried again after a fence by a set-aside record
         self.snapshot_seq = 0                 # the sequence of the snapshot the last rebuild started from
+        self._landed: asyncio.Future | None = None   # resolved when the next batch has been through
 
     # ------------------------------------------------------------ loading
 
@@ -203,6 +204,21 @@ class Writer:
             self._task = asyncio.create_task(self._drain())
         return await fut
 
+    async def changed(self, timeout: float) -> bool:
+        """Wait until the next batch has been through the log (the state may have changed), at most
+        ``timeout`` seconds; whether one was."""
+        if self._landed is None or self._landed.done():
+            self._landed = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._landed), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def _signal_landed(self) -> None:
+        if self._landed is not None and not self._landed.done():
+            self._landed.set_result(None)
+
     async def _drain(self) -> None:
         while self._queue:
             # an off-loop prepare leads its batch: the state readers see meanwhile holds only what landed
@@ -216,6 +232,8 @@ class Writer:
                             _reject(fut, exc if isinstance(exc, Exception) else LogUnavailable(str(exc)))
                     if not isinstance(exc, Exception):
                         raise
+                finally:
+                    self._signal_landed()
 
     async def _commit(self, batch: list) -> None:
         if self.stale and not await self._reload():

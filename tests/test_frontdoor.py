@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from rota.controller.eventlog import MemoryLog
-from rota.controller.frontdoor import VERBS
+from rota.controller.verbs import VERBS
 from rota.controller.service import Controller
 from rota.core import events as ev
 from rota.core.auth import Caller

@@ -69,3 +69,15 @@ def test_the_shell_is_made_of_short_functions_and_the_controller_of_small_files(
     big = [p.name for p in (ROOT / "controller").glob("*.py") if len(p.read_text().splitlines()) > 400]
     assert not big, big
     assert long_functions("core", limit=20)    # the checker finds long functions where there are some
+
+
+def test_the_controllers_parts_take_its_typed_port():
+    """Every handler, view and loop that is handed the controller names its port's type, never Any."""
+    untyped = []
+    for path in sorted((ROOT / "controller").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for arg in node.args.args:
+                    if arg.arg in ("c", "controller") and ast.unparse(arg.annotation or ast.Name("?")) != "ControllerPort":
+                        untyped.append(f"controller/{path.name}:{node.lineno} {node.name}({arg.arg})")
+    assert not untyped, untyped
