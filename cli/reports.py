@@ -3,7 +3,7 @@ cannot read it: what ``rota up`` gives its controller to answer such callers."""
 from __future__ import annotations
 
 import io
-from rota.controller.views import ReportRunner
+from rota.controller.port import ReportRunner
 
 
 def runner(db: str) -> ReportRunner:

@@ -18,8 +18,11 @@ if TYPE_CHECKING:
 
     from .eventlog import EventLog
     from .outbox import Outbox
-    from .views import ReportRunner, Views
+    from .views import Views
     from .writer import Prepare, Writer
+
+# (command, argv, caller's uid, the only uid whose jobs the caller may see or None) -> (status, stdout, stderr)
+ReportRunner = Callable[[str, list[str], int, "int | None"], tuple[int, str, str]]
 
 
 class ControllerPort(Protocol):

@@ -28,7 +28,8 @@ from rota.wire.keys import Keyring
 from .eventlog import EventLog, FencedError, LogUnavailable
 from .frontdoor import FrontDoor
 from .outbox import Outbox
-from .views import ReportRunner, Views, encode_reply
+from .port import ReportRunner
+from .views import Views, encode_reply
 from .writer import OffLoop, Prepare, Writer
 
 log = logging.getLogger("rota.controller")

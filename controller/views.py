@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from rota.core import commands, events as ev
 from rota.core.apply import apply
@@ -21,8 +21,6 @@ if TYPE_CHECKING:
     from .port import ControllerPort
 
 log = logging.getLogger("rota.controller.views")
-# (command, argv, caller's uid, the only uid whose jobs the caller may see or None) -> (status, stdout, stderr)
-ReportRunner = Callable[[str, list[str], int, "int | None"], tuple[int, str, str]]
 LONG_QUEUE = 2000       # pending jobs beyond which a view uses the last cycle's decision instead of a fresh pass
 
 
