@@ -299,7 +299,6 @@ class Views:
         """``sbatch --test-only``: validate and say when and where the job would start; nothing is logged."""
         import copy
         import datetime as dt
-
         from rota.core.hostlist import compress
 
         state = self.c.state
@@ -310,9 +309,9 @@ class Views:
         apply(trial, ev.Envelope(seq=trial.seq + 1, ts=now, actor=caller.actor(), idem="", event=event))
         d = schedule(trial, now)
         start = next((s for s in d.starts if (s.array_job_id or s.job_id) == job_id), None)
-        when: int | None
+        when: int | None = now
         if start is not None:
-            when, nodes, part = now, [a.node for a in start.alloc], start.partition
+            nodes, part = [a.node for a in start.alloc], start.partition
             cpus = sum(a.cpus for a in start.alloc)
         else:
             res = d.reservations.get(job_id)
