@@ -15,7 +15,7 @@ import os
 import socket
 import struct
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 from rota.core import credentials
 from rota.wire import localsock
@@ -40,7 +40,7 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
 
 class Signer:
     def __init__(self, path: str, host: str, keyring: Any, nc: Any, *, ttl: int = credentials.DEFAULT_TTL,
-                 clock: Any = time.time) -> None:
+                 clock: Any = time.time, command_server: Sequence[str] = ()) -> None:
         if not credentials.valid_host(host):
             raise ValueError(f"{host!r} cannot sign credentials: host names are letters, digits, '_' and '-'")
         key = keyring.key_of(host)
@@ -50,7 +50,8 @@ class Signer:
         self.server: socket.socket | None = None
         self._inflight: dict[int, int] = {}
         self._serving: set[asyncio.Task] = set()
-        self.commands: Any = None      # the command server beside the socket (rota.cli.commandserver)
+        self.command_server = list(command_server)   # the program that serves the thin commands, if any
+        self.commands: Any = None      # that server, running beside the socket
         self._inode = -1               # the socket file this signer made (another rota may replace it)
         # the controller in this process (``rota up``): (subject, headers, payload) -> its answer, or None
         # while it does not lead
@@ -70,8 +71,8 @@ class Signer:
         self.server = sock
         asyncio.get_running_loop().add_reader(sock.fileno(), self._accept)
         self._inode = os.stat(self.path).st_ino
-        if os.environ.get("ROTA_THIN") != "0":
-            self.commands = _start_command_server(os.path.join(run_dir, "commands.sock"))
+        if self.command_server:
+            self.commands = _start_command_server(self.command_server, os.path.join(run_dir, "commands.sock"))
 
     async def stop(self) -> None:
         if self.commands is not None:
@@ -281,15 +282,15 @@ def _error(message: str) -> bytes:
     return b"ERR %d\n" % len(data) + data
 
 
-def _start_command_server(path: str) -> Any:
-    """The thin commands' server (rota.cli.commandserver, a program of its own) on ``path``, beside this
-    signer; it dies with this process. Isolated (``-I``) and in ``/``: nothing of the directory ``rota up``
+def _start_command_server(argv: list[str], path: str) -> Any:
+    """The thin commands' server (``argv``, a program of its own, named by the composition root) on ``path``,
+    beside this signer; it dies with this process. Isolated (``-I``) and in ``/``: nothing of the directory ``rota up``
     was started in, nor of its ``PYTHON*`` variables, is on the path of a process that runs as root."""
     import subprocess
     import sys
 
     from rota.wire.lifetime import die_with
 
-    return subprocess.Popen([sys.executable, "-I", "-m", "rota.cli.commandserver", path], cwd="/",
+    return subprocess.Popen([*argv, path], cwd="/",
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True, preexec_fn=die_with(os.getpid()) if sys.platform == "linux" else None)

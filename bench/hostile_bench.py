@@ -83,7 +83,7 @@ def submit_flood(env: dict[str, str], seconds: float, per_request: int = 5000) -
     try:
         os.environ.clear()
         os.environ.update(env)
-        from rota.cli.api import Client, JobError
+        from rota.client.api import Client, JobError
 
         become()
         os.chdir("/tmp")

@@ -60,7 +60,7 @@ def bench_submits(n: int, runs: int) -> list[Figure]:
         conf = Path(tmp) / "slurm.conf"
         conf.write_text(CONF)
         env = dict(os.environ, ROTA_STATE_DIR=str(Path(tmp) / "state"))
-        proc = subprocess.Popen([sys.executable, "-m", "rota.cli.main", "up", "--nats", srv.url,
+        proc = subprocess.Popen([sys.executable, "-m", "rota.programs.main", "up", "--nats", srv.url,
                                  "--config", str(conf)], env=env, stdout=subprocess.DEVNULL)
         try:
             info = Path(tmp) / "state" / "cluster.json"

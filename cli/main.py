@@ -23,30 +23,6 @@ def acctmgr(ctx: typer.Context) -> None:
     raise typer.Exit(sacctmgr_main(list(ctx.args)))
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def submit(
-    ctx: typer.Context,
-    file: str = typer.Option(..., "--file", "-f", help="one job per line: a command to run, as sbatch --wrap "
-                             "runs it ('-': standard input; blank lines and lines starting with # are skipped)"),
-) -> None:
-    """Submit many jobs in one request: `rota submit --file jobs.txt -t 10 --gres=gpu:1` (the options after the
-    file are sbatch's, for every job). Prints the job ids, one per line."""
-    from .api import Client, JobError, NoCluster
-
-    try:
-        text = sys.stdin.read() if file == "-" else Path(file).read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        _fail(f"rota submit: cannot read {file}: {getattr(exc, 'strerror', None) or exc}")
-    jobs = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    if not jobs:
-        _fail(f"rota submit: {file} names no job (one command per line)")
-    try:
-        ids = Client().submit_many(jobs, options=list(ctx.args))
-    except (JobError, NoCluster) as exc:
-        _fail(f"rota submit: {exc}")
-    sys.stdout.write("".join(f"{j}\n" for j in ids))
-
-
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
              add_help_option=False)
 def report(ctx: typer.Context) -> None:
@@ -59,126 +35,6 @@ def report(ctx: typer.Context) -> None:
         sys.stderr.write("rota report: give a report: usage\n" + USAGE)
         raise typer.Exit(1 if args and args[0] not in ("-h", "--help") else 0)
     raise typer.Exit(run(args[1:], sys.stdout, sys.stderr))
-
-
-@app.command()
-def up(
-    state_dir: Optional[str] = typer.Option(None, help="where the log and state live (default "
-        "$ROTA_STATE_DIR, else /var/lib/rota for root, ~/.local/share/rota for others)"),
-    config: Optional[str] = typer.Option(None, help="slurm.conf-syntax cluster config (default: this machine as one node)"),
-    nats: Optional[str] = typer.Option(None, help="use these NATS servers (URL[,URL...]) instead of an embedded one"),
-    nats_port: Optional[int] = typer.Option(None, help="port of the embedded nats-server (default: a free one)"),
-    fake_gpus: Optional[str] = typer.Option(None, help="TYPE:N fake GPUs for a machine without any"),
-    agent_node: Optional[str] = typer.Option(None, help="node the local agent serves (default: this host, else the first)"),
-    no_agent: bool = typer.Option(False, "--no-agent", help="run no local agent (agents run elsewhere)"),
-    node_timeout: float = typer.Option(300.0, help="seconds of agent silence before a node is DOWN (SlurmdTimeout)"),
-    kill_wait: float = typer.Option(30.0, help="seconds between SIGTERM and SIGKILL at a time limit or cancel (KillWait)"),
-    max_tasks: Optional[int] = typer.Option(None, min=16, help="the most processes and threads one job may hold on "
-        "the local node (default: its share of the node's, by its CPUs)"),
-    listen: Optional[str] = typer.Option(None, help="address the embedded nats-server listens on (default "
-        "127.0.0.1; RotaNatsListen=)"),
-    tls_cert: Optional[str] = typer.Option(None, help="TLS certificate of the embedded nats-server (RotaTLSCertFile=)"),
-    tls_key: Optional[str] = typer.Option(None, help="its private key (RotaTLSKeyFile=)"),
-    tls_ca: Optional[str] = typer.Option(None, help="the CA that signed it, for rota's own clients (RotaTLSCAFile=)"),
-    standby: bool = typer.Option(False, "--standby", help="a second controller (with --nats naming the cluster's "
-        "servers and its key in the state directory): follow the log and take over when the leader stops"),
-) -> None:
-    """Run the controller, a local agent (and an embedded nats-server) in the foreground until Ctrl-C."""
-    from .up import main as up_main
-
-    tls = {k: v for k, v in (("cert_file", tls_cert), ("key_file", tls_key), ("ca_file", tls_ca)) if v}
-    code = up_main(state_dir, config, nats, nats_port, fake_gpus, typer.echo, agent_node=agent_node,
-                   no_agent=no_agent, node_timeout=node_timeout, agent_options={"kill_wait": kill_wait, "max_tasks": max_tasks},
-                   tls=tls or None, listen=listen, standby=standby)
-    import logging
-
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)     # stopped: a thread still blocked somewhere (a full disk) must not keep the process
-
-
-@app.command()
-def agent(
-    node: str = typer.Option(..., help="the node name this agent serves (as in the cluster configuration)"),
-    nats: Optional[str] = typer.Option(None, help="NATS servers URL[,URL...] (default: $ROTA_NATS_URL or a running rota up)"),
-    state_dir: Optional[str] = typer.Option(None, help="agent spool and job ledger (default $ROTA_STATE_DIR)"),
-    fake_gpus: Optional[str] = typer.Option(None, help="TYPE:N fake GPUs (a fake NVML) for a machine without any"),
-    faults_file: Optional[str] = typer.Option(None, help="fake NVML fault-injection JSON file"),
-    cpus: Optional[int] = typer.Option(None, help="report this many CPUs instead of the machine's"),
-    memory: Optional[int] = typer.Option(None, help="report this much memory (MiB) instead of the machine's"),
-    heartbeat: float = typer.Option(5.0, help="seconds between heartbeats"),
-    health_interval: float = typer.Option(30.0, help="seconds between health checks (NVML, health program)"),
-    health_program: Optional[str] = typer.Option(None, help="admin health check: a non-zero exit drains the node"),
-    kill_wait: float = typer.Option(30.0, help="seconds between SIGTERM and SIGKILL (KillWait)"),
-    max_tasks: Optional[int] = typer.Option(None, min=16, help="the most processes and threads one job may hold "
-        "(default: its share of the node's, by its CPUs)"),
-    no_cgroups: bool = typer.Option(False, "--no-cgroups", help="do not confine jobs in cgroups (poll RSS instead)"),
-    key: Optional[str] = typer.Option(None, help="this node's key file, or the cluster key (default: the "
-        "state directory's cluster.key)"),
-    tls_ca: Optional[str] = typer.Option(None, help="CA certificate of the NATS servers, when they speak TLS"),
-    socket: Optional[str] = typer.Option(None, "--socket", help="where the local signer listens (default: the "
-        "state directory's run/rota.sock)"),
-) -> None:
-    """Run a node agent (slurmd) and this host's local signer in the foreground until Ctrl-C."""
-    from rota.agents.main import main as agent_main
-
-    raise typer.Exit(agent_main(node=node, nats=nats, state_dir=state_dir, key=key, tls_ca=tls_ca,
-                                socket_path=socket, fake_gpus=fake_gpus,
-                                faults_file=faults_file, cpus=cpus, memory=memory, heartbeat=heartbeat,
-                                health_interval=health_interval, health_program=health_program,
-                                kill_wait=kill_wait, use_cgroups=not no_cgroups, max_tasks=max_tasks,
-                                echo=typer.echo))
-
-
-@app.command()
-def authd(
-    host: Optional[str] = typer.Option(None, help="this host's name, as its key names it (default: the host name)"),
-    nats: Optional[str] = typer.Option(None, help="NATS servers URL[,URL...] (default: $ROTA_NATS_URL or a running rota up)"),
-    key: Optional[str] = typer.Option(None, help="this host's key file (rota keygen --host), or the cluster key"),
-    tls_ca: Optional[str] = typer.Option(None, help="CA certificate of the NATS servers, when they speak TLS"),
-    socket: Optional[str] = typer.Option(None, "--socket", help="where to listen (default: the state directory's run/rota.sock)"),
-    state_dir: Optional[str] = typer.Option(None, help="state directory (default $ROTA_STATE_DIR)"),
-) -> None:
-    """Run only this host's local signer (munged's place), for a login host without an agent."""
-    from rota.agents.main import authd as authd_main
-
-    raise typer.Exit(authd_main(host=host, nats=nats, key=key, tls_ca=tls_ca, socket_path=socket,
-                                state_dir=state_dir, echo=typer.echo))
-
-
-@app.command("install-commands")
-def install_commands(
-    bin_dir: Optional[str] = typer.Option(None, "--bin-dir", help="where the commands are (default: beside "
-        "this Python, where pip put them)"),
-) -> None:
-    """Build the native thin client (needs a C compiler) and install it as sbatch, squeue, ... : they then
-    start in about a millisecond and hand the command to the local command server."""
-    import subprocess
-
-    from rota.agents import launch
-
-    from .native_build import NoCompiler, install, isolate_scripts
-
-    target = Path(bin_dir) if bin_dir else Path(sys.executable).parent
-    if not target.is_dir():
-        _fail(f"rota install-commands: {target} is not a directory (make it, or name another with --bin-dir)")
-    try:
-        isolate_scripts(target, ("rota",))
-        names = install(target)
-    except NoCompiler as exc:
-        from .thin import COMMANDS
-
-        isolate_scripts(target, COMMANDS)
-        _fail(f"rota install-commands: {exc}; they now run Python isolated (-I)")
-    except (OSError, subprocess.CalledProcessError) as exc:
-        detail = getattr(exc, "stderr", None) or str(exc)
-        _fail(f"rota install-commands: could not build the native client: {detail.strip()}")
-    typer.echo(f"rota install-commands: {', '.join(names)} in {target} are now the native thin client; "
-               f"{launch.EXEC_HELPER} beside them starts the agents' jobs")
-    if target.resolve() != Path(sys.executable).parent.resolve():
-        typer.echo(f"rota install-commands: agents look for {launch.EXEC_HELPER} beside their Python: start them "
-                   f"with ROTA_EXEC={target / launch.EXEC_HELPER}")
 
 
 @app.command()
@@ -202,14 +58,14 @@ def keygen(
         if host is None and nats_auth is None:
             os.makedirs(os.path.dirname(os.path.abspath(key_path)), exist_ok=True)
             if os.path.lexists(key_path) and not force:
-                _fail(f"{key_path} exists; keep it, or replace it with --force (every host then needs the new one)")
+                fail(f"{key_path} exists; keep it, or replace it with --force (every host then needs the new one)")
             keys.generate(key_path, size, force=force)
             typer.echo(f"rota keygen: wrote a {size}-byte cluster key to {key_path} (mode 0600); copy it only to "
                        "controller hosts, and give other hosts their own key: rota keygen --host NAME --out FILE")
             return
         ring = keys.load_keyring(key_path)
         if ring.cluster_key is None:
-            _fail(f"{key_path} is a host key: --host and --nats-auth need the cluster key")
+            fail(f"{key_path} is a host key: --host and --nats-auth need the cluster key")
         if host is not None:
             target = out or f"{host}.key"
             keys.write_host_key(target, ring.cluster_key, host)
@@ -220,7 +76,7 @@ def keygen(
 
             hosts = list(login)
             if config:
-                from .up import load_config
+                from .localconfig import load_config
 
                 cfg = load_config(config, None)
                 hosts += [h for h in [n.name for n in cfg.nodes] + list(cfg.controllers) if h not in hosts]
@@ -228,9 +84,9 @@ def keygen(
             typer.echo(f"rota keygen: wrote the authorization block for {len(hosts)} host(s) to {nats_auth} "
                        "(mode 0600); include it in each nats-server's configuration")
     except keys.KeyFileError as exc:
-        _fail(exc.message + (f" (fix: {exc.fix})" if exc.fix else ""))
+        fail(exc.message + (f" (fix: {exc.fix})" if exc.fix else ""))
     except (OSError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 @app.command()
@@ -270,7 +126,7 @@ def simulate(
     from . import simulate as sim_mod
 
     if policy not in POLICIES:
-        _fail(f"unknown policy {policy!r}: choose one of {', '.join(POLICIES)}")
+        fail(f"unknown policy {policy!r}: choose one of {', '.join(POLICIES)}")
     try:
         tr = sim_mod.load_trace(trace, nodes=nodes, policy=policy)
         n = len(tr.jobs[start: start + limit if limit else None])
@@ -287,7 +143,7 @@ def simulate(
         if plot:
             sim_mod.plot(result, plot, f"{tr.name}, {policy}")
     except sim_mod.SimulateError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
         typer.echo(_json.dumps({"trace": tr.name, "policy": policy, **m, "records": tr.notes}, indent=1))
         return
@@ -318,7 +174,7 @@ def validate(
     try:
         rows = sim_mod.validation_rows(folder)
     except sim_mod.SimulateError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     typer.echo(f"{'trace':<24} {'mode':<22} {'rota bsld':>10} {'published':>10} {'diff':>7} {'avg wait':>10} {'util':>6}")
     for r in rows:
         pub = f"{r['published_bsld']:.2f}" if r["published_bsld"] is not None else "-"
@@ -345,7 +201,7 @@ def _progress(total: int, quiet: bool):
     return (lambda done, _t: prog.update(task, completed=done)), prog.stop
 
 
-def _fail(message: str, code: int = 1) -> NoReturn:
+def fail(message: str, code: int = 1) -> NoReturn:
     typer.echo(f"rota: error: {message}", err=True)
     raise typer.Exit(code)
 
@@ -367,9 +223,9 @@ def config_check(
         text = read_text(file)
         gres_text = read_text(gres) if gres else None
     except OSError as exc:
-        _fail(f"cannot read {exc.filename}: {exc.strerror}")
+        fail(f"cannot read {exc.filename}: {exc.strerror}")
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     cfg, diags = check_config(text, file, gres_text, gres or "gres.conf")
     for d in diags:
         if d.severity != "ignored":
@@ -402,9 +258,9 @@ def _open_log(nats: Optional[str]) -> tuple[list[str], dict]:
     try:
         return admin_connection(nats)
     except NoCluster as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except NotAdmin as exc:
-        _fail(f"{exc}; this command reads the whole log (every job's environment and script), "
+        fail(f"{exc}; this command reads the whole log (every job's environment and script), "
               "so only the cluster's administrator may run it")
     raise AssertionError("unreachable")
 
@@ -501,9 +357,9 @@ def _history(log: Optional[str], nats: Optional[str]):
     try:
         envs = load_envelopes(log, nats)
     except (OSError, ValueError, NoCluster, NotAdmin) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if not envs:
-        _fail("the log is empty")
+        fail("the log is empty")
     return envs
 
 
@@ -524,7 +380,7 @@ def why(
     try:
         at_seq, at_time = parse_at(at)
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     start_state = None
     seqs = job_seqs(job) if log is None else None
     if seqs is not None:   # the cluster's log: from a snapshot before the submit to where its story ends
@@ -533,14 +389,14 @@ def why(
         try:
             start_state, envs = load_seek(nats, target_seq=submitted - 1, to_seq=upto)
         except Exception as exc:  # noqa: BLE001 - unreachable cluster: one clear line
-            _fail(f"cannot read the log: {exc}")
+            fail(f"cannot read the log: {exc}")
     else:
         envs = _history(log, nats)
     if at_time is not None:
         at_seq = max((e.seq for e in envs if e.ts <= at_time), default=0)
     rep = explain(envs, job, at_seq, start_state)
     if not rep.found:
-        _fail(f"job {job} is not in the log (sequences {envs[0].seq if envs else 0}-{envs[-1].seq if envs else 0})")
+        fail(f"job {job} is not in the log (sequences {envs[0].seq if envs else 0}-{envs[-1].seq if envs else 0})")
     if as_json:
         typer.echo(why_json(rep))
         return
@@ -567,13 +423,13 @@ def replay(
     try:
         at_seq, at_time = parse_at(at)
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     state = None
     if log is None:
         try:
             state, envs = load_seek(nats, at_seq, at_time, to_seq=at_seq)
         except Exception as exc:  # noqa: BLE001 - unreachable cluster: one clear line
-            _fail(f"cannot read the log: {exc}")
+            fail(f"cannot read the log: {exc}")
     else:
         envs = _history(log, nats)
     for line in replay_views(envs, at_seq, at_time, state):
@@ -604,7 +460,7 @@ def history(
         try:
             rows, now = history_rows(job)
         except (OSError, ValueError) as exc:
-            _fail(str(exc))
+            fail(str(exc))
     if as_json:
         import json as _json
 
@@ -675,12 +531,12 @@ def whatif(
     for item in set_:
         key, eq, value = item.partition("=")
         if not eq:
-            _fail(f"--set {item!r}: use KEY=VALUE")
+            fail(f"--set {item!r}: use KEY=VALUE")
         settings[key.strip()] = value.strip()
     try:
         res = compare(_history(log, nats), settings)
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
         typer.echo(_json.dumps(asdict(res), indent=2))
         return

@@ -1,5 +1,5 @@
 """The thin path of the Slurm-named commands: hand the command to this host's warm command server
-(:mod:`rota.cli.commandserver`) and relay its exit status; the command runs there, as the caller, on
+(:mod:`rota.programs.commandserver`) and relay its exit status; the command runs there, as the caller, on
 the caller's terminal or pipes. Only the standard library is used here.
 
 ``ROTA_THIN=0`` turns it off (the command then runs in this process, as it does when no server runs).

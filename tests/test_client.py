@@ -76,7 +76,7 @@ def test_rota_submit_file(up, tmp_path):
 
 def test_submit_many_splits_into_requests_the_controller_takes():
     """At most 10,000 jobs (the controller's limit) and 3 MiB to a request, each with its first index."""
-    from rota.cli.api import REQUEST_BYTES, _batches
+    from rota.client.api import REQUEST_BYTES, _batches
     from rota.wire.subjects import MAX_BATCH
 
     small = [{"name": "j"}] * 25_000

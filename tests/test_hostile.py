@@ -65,7 +65,7 @@ class Site:
 
 
 def _build(d: Path, python: str) -> None:
-    from rota.cli.native_build import NoCompiler, compile_client
+    from rota.programs.native_build import NoCompiler, compile_client
 
     d.mkdir(mode=0o755)
     try:
@@ -111,7 +111,7 @@ def test_a_planted_rota_package_never_runs_for_root_or_a_user(site):
         assert "Traceback" not in r.stderr, r
         assert (r.returncode == 0) == (extra is not no_server), r
     # the launchers `rota install-commands` writes where it cannot compile the client
-    from rota.cli.native_build import isolate_scripts
+    from rota.programs.native_build import isolate_scripts
 
     scripts = site.base / "scripts"
     scripts.mkdir()
@@ -217,7 +217,7 @@ def test_a_submit_flood_by_one_user_is_refused_past_its_share_and_others_still_s
 
 
 def _submit_many(argv: list[str]) -> int:
-    from rota.cli.api import Client, JobError
+    from rota.client.api import Client, JobError
 
     client = Client()
     accepted = refused = 0

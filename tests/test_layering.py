@@ -1,8 +1,12 @@
 """The folders depend on each other in one direction only (no cycles): core at the bottom, then wire
 (what crosses processes and hosts), then the three parts (controller, agents, projections), each on its
-own, then cli on top, which puts them together, and client (the Python API) over it; bench measures
-anything."""
+own, then cli (the user's commands), client (the Python API) over it, and programs on top: the processes
+rota runs as, each put together from the parts. bench measures anything.
+
+An edge is an import, or a module named in a string (``python -m rota.x.y``, ``import_module``): a process
+started by module name depends on that module as much as an import does."""
 import ast
+import re
 from pathlib import Path
 
 import rota.core
@@ -15,28 +19,37 @@ ALLOWED = {
     "agents": {"core", "wire"},
     "projections": {"core", "wire"},
     "cli": {"core", "wire", "controller", "agents", "projections"},
-    "client": {"cli"},
-    "bench": {"core", "wire", "controller", "agents", "projections", "cli", "client"},
+    "client": {"core", "wire", "cli"},
+    "programs": {"core", "wire", "controller", "agents", "projections", "cli", "client"},
+    "bench": {"core", "wire", "controller", "agents", "projections", "cli", "client", "programs"},
 }
+MODULE_NAME = re.compile(r"\brota\.([a-z_]+)\.")
+
+
+def edges_in(source: str, folder: str) -> set[str]:
+    """The other rota folders one module's source imports (at any depth) or names as a module in a string
+    that is not a docstring."""
+    tree = ast.parse(source)
+    docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    found = set()
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            names = [f"rota.{m}" for m in MODULE_NAME.findall(node.value)]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "rota" and len(parts) > 1 and parts[1] != folder and parts[1] in ALLOWED:
+                found.add(parts[1])
+    return found
 
 
 def imports_of(folder: str) -> dict[str, set[str]]:
-    """For each file of ``folder``, the other rota folders it imports (at any depth in the file)."""
-    out: dict[str, set[str]] = {}
-    for path in sorted((ROOT / folder).glob("*.py")):
-        found = set()
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            for name in names:
-                parts = name.split(".")
-                if parts[0] == "rota" and len(parts) > 1 and parts[1] != folder:
-                    found.add(parts[1])
-        out[f"{folder}/{path.name}"] = found
-    return out
+    """For each file of ``folder``, the other rota folders it depends on."""
+    return {f"{folder}/{path.name}": edges_in(path.read_text(), folder) for path in sorted((ROOT / folder).glob("*.py"))}
 
 
 def test_each_folder_imports_only_the_layers_below_it():
@@ -45,10 +58,12 @@ def test_each_folder_imports_only_the_layers_below_it():
     assert not bad, "layering broken:\n" + "\n".join(bad)
 
 
-def test_the_checker_sees_imports_inside_functions(tmp_path):
-    code = "def f():\n    from rota.cli import sbatch\n"
-    node = ast.parse(code)
-    assert any(isinstance(n, ast.ImportFrom) and n.module == "rota.cli" for n in ast.walk(node))
+def test_the_checker_sees_imports_inside_functions_and_programs_started_by_module_name():
+    assert edges_in("def f():\n    from rota.cli import sbatch\n", "agents") == {"cli"}
+    started = 'import subprocess\nsubprocess.Popen(["python", "-m", "rota.programs.commandserver", "x"])\n'
+    assert edges_in(started, "agents") == {"programs"}
+    assert edges_in('name = "x"\nf"rota.cli.{name}"\n', "wire") == {"cli"}
+    assert edges_in('"""See rota.cli.main."""\nlog = "rota.agent.steps"\n', "core") == set()
     assert set(ALLOWED) == {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists() and p.name != "tests"}
 
 

@@ -20,7 +20,7 @@ COMMANDS = ("sbatch", "squeue", "sacct", "sinfo", "scancel", "scontrol", "srun")
 
 def build(python: str) -> Path:
     """The native client compiled into a directory every user can read, linked under each command's name."""
-    from rota.cli.native_build import NoCompiler, compile_client, install
+    from rota.programs.native_build import NoCompiler, compile_client, install
 
     d = Path(tempfile.mkdtemp(prefix="rota-native-"))
     d.chmod(0o755)

@@ -1,7 +1,7 @@
 /* The native thin client of rota's Slurm-named commands (sbatch, squeue, ...; installed under each name).
  *
  * It hands argv, the working directory, the environment, the umask and its stdin, stdout and stderr to
- * this host's command server (rota.cli.commandserver, beside the local signer), forwards signals to the
+ * this host's command server (rota.programs.commandserver, beside the local signer), forwards signals to the
  * command's process there, and exits with the command's status. The protocol is described in that
  * module. When no server runs, or the server asks it to, it runs the Python command itself
  * (ROTA_PYTHON -I -m rota.cli.NAME): ROTA_PYTHON is the absolute path written when it was built, and -I keeps

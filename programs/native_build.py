@@ -12,9 +12,10 @@ from typing import Callable
 
 from rota.agents import launch
 
-from .thin import COMMANDS as THIN_COMMANDS
+from rota.cli import thin
+from rota.cli.thin import COMMANDS as THIN_COMMANDS
 
-SOURCE = Path(__file__).resolve().parent / "native" / "rota_command.c"
+SOURCE = Path(thin.__file__).resolve().parent / "native" / "rota_command.c"
 EXEC_SOURCE = Path(launch.__file__).resolve().parent / "native" / "rota_exec.c"
 
 
@@ -41,7 +42,7 @@ def compile_native(source: Path, out: Path, *defines: str) -> Path:
 
 
 # the Python entry points install-commands rewrites as isolated launchers: (module, function)
-ENTRY_POINTS = {"rota": ("rota.cli.main", "main"), **{name: ("rota.cli.thin", name) for name in THIN_COMMANDS}}
+ENTRY_POINTS = {"rota": ("rota.programs.main", "main"), **{name: ("rota.cli.thin", name) for name in THIN_COMMANDS}}
 
 
 def isolate_scripts(bin_dir: Path, names: tuple[str, ...], python: str = sys.executable) -> list[str]:

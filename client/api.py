@@ -145,7 +145,7 @@ REQUEST_BYTES = 3 << 20      # one submit_many request stays well under what a N
 def _batches(specs: list[dict]) -> Iterable[tuple[int, list[dict]]]:
     """The specs in requests of at most MAX_BATCH jobs and REQUEST_BYTES each (with the index of each
     request's first spec)."""
-    from . import lightjson
+    from rota.cli import lightjson
 
     first, size = 0, 0
     batch: list[dict] = []

@@ -15,7 +15,7 @@ from typing import Any
 
 from rota.agents.agent import Agent
 from rota.core import events as ev
-from rota.core.slurmconf import ConfigError, auto_config, parse_config
+from rota.core.slurmconf import ConfigError
 from rota.projections.projector import Projector
 from rota.wire.lifetime import run_bounded
 from rota.wire.paths import default_state_dir, read_text
@@ -25,40 +25,10 @@ from rota.controller.agentlink import AgentLink
 from rota.controller.eventlog import SUBJECT_PREFIX, JetStreamLog
 from rota.controller.outbox import Outbox
 from rota.controller.service import Controller, GiveWay
+from rota.cli.localconfig import load_config
 
 log = logging.getLogger("rota.up")
 SWITCH_INTERVAL = 0.0005   # seconds a thread holds the interpreter before another may take it
-
-
-def machine_config(fake_gpus: str | None) -> ev.ClusterConfig:
-    """A one-node cluster describing this machine (CPUs, memory; GPUs from --fake-gpus TYPE:N)."""
-    mem_kib = 0
-    try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemTotal:"):
-                mem_kib = int(line.split()[1])
-    except OSError:
-        mem_kib = 4 * 1024 * 1024
-    gpus: list[tuple[str, int]] = []
-    if fake_gpus:
-        gtype, _, count = fake_gpus.rpartition(":")
-        if not count.isdecimal():
-            raise ValueError(f"--fake-gpus {fake_gpus!r}: use TYPE:N, for example a100:4")
-        gpus.append((gtype or "gpu", int(count)))
-    from rota.agents.agent import hostname
-
-    return auto_config(hostname(), os.cpu_count() or 1, max(1, mem_kib // 1024), gpus)
-
-
-def load_config(path: str | None, fake_gpus: str | None) -> ev.ClusterConfig:
-    """The cluster configuration ``rota up`` applies; its nodes take work once their agent registers."""
-    if path is None:
-        cfg = machine_config(fake_gpus)
-    else:
-        text = read_text(path)
-        gres = Path(path).with_name("gres.conf")
-        cfg = parse_config(text, path, read_text(str(gres)) if gres.exists() else None, str(gres))
-    return cfg.model_copy(update={"agents": True})
 
 
 def pick_agent_node(config: ev.ClusterConfig, wanted: str | None) -> str | None:
@@ -176,7 +146,7 @@ class _Up:
         from rota.controller.leadership import LEASE_TTL, Candidacy
         from rota.controller.views import timetravel_environment
 
-        from .reports import runner
+        from rota.cli.reports import runner
 
         self.controller = Controller(self.eventlog, config=self.config, keyring=self.keyring, outbox=Outbox(),
                                      reports=runner(str(self.state_dir / "projections.sqlite")),
@@ -233,7 +203,7 @@ class _Up:
 
     async def start_agent_and_signer(self) -> None:
         """This host's agent (when it is a node) and the local signer every command goes through."""
-        from rota.agents.main import run_signer
+        from .agent import run_signer
         from rota.wire.paths import socket_in
 
         if self.agent_node is not None:

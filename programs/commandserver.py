@@ -35,7 +35,7 @@ import sys
 import time
 from collections import deque
 
-from .thin import COMMANDS as THIN_COMMANDS
+from rota.cli.thin import COMMANDS as THIN_COMMANDS
 
 COMMANDS = {name: f"rota.cli.{name}" for name in THIN_COMMANDS}
 # commands that leave nothing behind in the process: their worker takes the user's next command
@@ -475,7 +475,7 @@ def main() -> None:
     if soft < hard:     # each caller waiting and each worker holds a descriptor here
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     if len(sys.argv) != 2:
-        raise SystemExit("usage: python -m rota.cli.commandserver SOCKET")
+        raise SystemExit("usage: python -m rota.programs.commandserver SOCKET")
     for fd, attr in ((1, "stdout"), (2, "stderr")):    # what every command will write through (see _take_on)
         setattr(sys, attr, io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
                                             errors="backslashreplace"))

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
 from rota.wire.lifetime import run_bounded
+
+# the thin commands' server beside each signer: isolated (-I) and started in /, so nothing of the directory the
+# daemon was started in, nor of its PYTHON* variables, is on the path of a process that runs as root
+COMMAND_SERVER = (sys.executable, "-I", "-m", "rota.programs.commandserver")
 
 
 def _keyring(key: str | None, state: Path, host: str, echo) -> Any:
@@ -41,10 +47,10 @@ async def run_signer(path: str, host: str, keyring: Any, url: str, tls_ca: str |
     """Connect as ``host``'s role and serve the local socket; returns the running signer."""
     from rota.wire import natsconn
 
-    from .signer import Signer
+    from rota.agents.signer import Signer
 
     nc = await natsconn.connect(url, f"signer {host}", keyring=keyring, host=host, tls_ca=tls_ca)
-    signer = Signer(path, host, keyring, nc)
+    signer = Signer(path, host, keyring, nc, command_server=COMMAND_SERVER if os.environ.get("ROTA_THIN") != "0" else ())
     await signer.start()
     echo(f"rota: local signer for {host} on {path}")
     return signer
@@ -97,7 +103,7 @@ def main(*, node: str, nats: str | None, state_dir: str | None, key: str | None 
          socket_path: str | None = None, echo=print, **options: Any) -> int:
     from rota.wire.paths import socket_in
 
-    from .agent import Agent
+    from rota.agents.agent import Agent
 
     setup = _setup("rota agent", node, nats, key, state_dir, echo)
     if setup is None:
@@ -138,7 +144,7 @@ def authd(*, host: str | None, nats: str | None, key: str | None, tls_ca: str | 
     """``rota authd``: only the local signer (munged's place), for a login host without an agent."""
     from rota.wire.paths import socket_in
 
-    from .agent import hostname
+    from rota.agents.agent import hostname
 
     name = host or hostname()
     setup = _setup("rota authd", name, nats, key, state_dir, echo)

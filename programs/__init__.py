@@ -1,0 +1,1 @@
+"""rota.programs: the processes rota runs as, each put together here from the parts below."""
