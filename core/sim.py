@@ -7,14 +7,13 @@ its time limit (TIMEOUT) when ``kill_at_limit``.
 """
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from . import events as ev
-from .apply import apply
 from .schedule import Decision, schedule
 from .state import State
+from .timeline import Timeline
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +81,39 @@ class SimResult:
         return out
 
 
+_EXIT, _ARRIVE = 0, 1      # at one moment, runs end before jobs arrive
+
+
+@dataclass(slots=True)
+class _Exit:
+    """A run's end, due at a moment: unless the run was stopped or requeued before it."""
+
+    job_id: int
+    state: ev.JobEndState
+    elapsed: int
+    restarts: int
+
+
+@dataclass(slots=True)
+class _Tally:
+    """What one run of the simulator keeps beside the state: outcomes, real run times and its figures."""
+
+    outcomes: dict[int, JobOutcome]
+    runtimes: dict[int, int]
+    total: int
+    next_sample: int
+    started: int = 0
+    cycles: int = 0
+    busy_cpus: int = 0
+    busy_gpus: int = 0
+    samples: list[tuple[int, int, int, int]] = field(default_factory=list)
+
+    def busy(self, alloc: Iterable[Any], sign: int) -> None:
+        for a in alloc:
+            self.busy_cpus += sign * a.cpus
+            self.busy_gpus += sign * len(a.gpus)
+
+
 class Simulator:
     """Run a workload through ``apply`` and ``schedule`` on a simulated clock."""
 
@@ -96,21 +128,14 @@ class Simulator:
         self.kept_shadow: tuple[int, int] | None = None
         self.record_log = record_log
         self.kill_at_limit = kill_at_limit
-        self.state = State()
-        self.seq = 0
         self.log: list[ev.Envelope] = []
+        self.timeline = Timeline(idem="sim-", record=self.log if record_log else None)
+        self.state = self.timeline.state
         self.sample_every = sample_every
-        self._append(start_time, ev.ClusterConfigured(config=config, source="simulation"), "admin")
-        self._append(start_time, ev.ControllerStarted(version="sim", policy=self.policy), "controller")
+        self.timeline.put(start_time, ev.ClusterConfigured(config=config, source="simulation"), "admin")
+        self.timeline.put(start_time, ev.ControllerStarted(version="sim", policy=self.policy), "controller")
         for event in setup:
-            self._append(start_time, event, "admin")
-
-    def _append(self, ts: int, event, actor: str = "sim") -> None:
-        self.seq += 1
-        env = ev.Envelope(seq=self.seq, ts=ts, actor=actor, idem=f"sim-{self.seq}", event=event)
-        apply(self.state, env)
-        if self.record_log:
-            self.log.append(env)
+            self.timeline.put(start_time, event, "admin")
 
     def decide(self, state: State, now: int) -> Decision:
         """One cycle's decision (the scheduler's own; a subclass may stand in for a faulty controller).
@@ -123,93 +148,80 @@ class Simulator:
             progress: Callable[[int, int], None] | None = None) -> SimResult:
         """Simulate until every job has ended (or started, with ``stop_when_all_started``)."""
         trace = sorted(jobs, key=lambda j: (j.submit, j.trace_id))
-        state = self.state
-        outcomes: dict[int, JobOutcome] = {}
-        runtimes: dict[int, int] = {}
-        trace_of: dict[int, TraceJob] = {}
-        pending_events: list[tuple[int, int, int, str, Any]] = []  # (t, class, order, kind, payload)
-        order = 0
         for tj in trace:
-            heapq.heappush(pending_events, (tj.submit, 1, order, "submit", tj))
-            order += 1
-        total = len(trace)
-        started = 0
-        cycles = 0
-        samples: list[tuple[int, int, int, int]] = []
-        next_sample = trace[0].submit if trace else 0
-        cap_cpus = sum(n.cpus for n in self.config.nodes)
-        cap_gpus = sum(n.gpu_count for n in self.config.nodes)
-        busy_cpus = busy_gpus = 0
-        while pending_events:
-            now = pending_events[0][0]
-            while pending_events and pending_events[0][0] == now:
-                _t, _cls, _o, kind, payload = heapq.heappop(pending_events)
-                if kind == "submit":
-                    tj = payload
-                    jid = state.next_job_id
-                    self._append(now, ev.JobSubmitted(job_id=jid, spec=tj.spec), tj.spec.user)
-                    outcomes[jid] = JobOutcome(jid, tj.trace_id, now, runtime=tj.runtime)
-                    runtimes[jid] = tj.runtime
-                    trace_of[jid] = tj
-                else:
-                    jid, end_state, elapsed, restarts = payload
-                    job = state.jobs.get(jid)
-                    if job is None or job.state != "RUNNING" or job.restarts != restarts:
-                        continue         # that run was preempted (stopped, or requeued and maybe running again)
-                    busy_cpus -= sum(a.cpus for a in job.alloc)
-                    busy_gpus -= sum(len(a.gpus) for a in job.alloc)
-                    self._append(now, ev.JobExited(job_id=jid, state=end_state, elapsed=elapsed,
-                                                   exit_code=0), "agent")
-                    o = outcomes.get(jid)
-                    if o is not None:
-                        o.end, o.state = now, state.jobs[jid].state if jid in state.jobs else end_state
-            if state.pending:
-                decision = self.decide(state, now)
-                cycles += 1
-                event = decision.event()
-                if event is not None:
-                    stopped = [v for p in event.preemptions for v in p.victims]
-                    for v in stopped:           # what stops now stops being busy now
-                        victim = state.jobs[v.job_id]
-                        if v.grace <= 0:
-                            busy_cpus -= sum(a.cpus for a in victim.alloc)
-                            busy_gpus -= sum(len(a.gpus) for a in victim.alloc)
-                            o = outcomes.get(v.job_id)
-                            if o is not None:
-                                o.end, o.state = now, "PREEMPTED"
-                        else:                   # its agent stops it when its grace time runs out
-                            heapq.heappush(pending_events, (now + v.grace, 0, order, "exit",
-                                                            (v.job_id, "TIMEOUT", now + v.grace - victim.start_time,
-                                                             v.restarts)))
-                            order += 1
-                    self._append(now, event, "controller")
-                    for s in event.starts:
-                        run = runtimes.get(s.job_id, runtimes.get(s.array_job_id or -1, 0))
-                        limit = s.time_limit
-                        end_state = "COMPLETED"
-                        if self.kill_at_limit and limit and run > limit:
-                            run, end_state = limit, "TIMEOUT"
-                        restarts = state.jobs[s.job_id].restarts
-                        heapq.heappush(pending_events, (now + run, 0, order, "exit",
-                                                        (s.job_id, end_state, run, restarts)))
-                        order += 1
-                        o = outcomes.get(s.job_id)
-                        if o is None:   # a split array task
-                            parent = outcomes[s.array_job_id]  # type: ignore[index]
-                            o = JobOutcome(s.job_id, parent.trace_id, parent.submit, runtime=parent.runtime)
-                            outcomes[s.job_id] = o
-                        o.start, o.runtime = now, run
-                        o.cpus = sum(a.cpus for a in s.alloc)
-                        o.gpus = sum(len(a.gpus) for a in s.alloc)
-                        o.backfilled = s.backfilled
-                        busy_cpus += o.cpus
-                        busy_gpus += o.gpus
-                        started += 1
-                    if progress is not None:
-                        progress(started, total)
-            if self.sample_every and now >= next_sample:
-                samples.append((now, busy_cpus, busy_gpus, len(state.pending)))
-                next_sample = now + self.sample_every
-            if stop_when_all_started and started >= total and not state.pending:
-                break
-        return SimResult(self.policy, cap_cpus, cap_gpus, outcomes, cycles, self.log, samples, state)
+            self.timeline.at(tj.submit, _ARRIVE, tj)
+        tally = _Tally({}, {}, len(trace), trace[0].submit if trace else 0)
+
+        def handle(now: int, item: TraceJob | _Exit) -> None:
+            if isinstance(item, TraceJob):
+                self._arrive(now, item, tally)
+            else:
+                self._exit(now, item, tally)
+
+        def instant_done(now: int) -> bool:
+            if self.state.pending:
+                self._cycle(now, tally, progress)
+            if self.sample_every and now >= tally.next_sample:
+                tally.samples.append((now, tally.busy_cpus, tally.busy_gpus, len(self.state.pending)))
+                tally.next_sample = now + self.sample_every
+            return not (stop_when_all_started and tally.started >= tally.total and not self.state.pending)
+
+        self.timeline.run(handle, instant_done)
+        return SimResult(self.policy, sum(n.cpus for n in self.config.nodes), sum(n.gpu_count for n in self.config.nodes),
+                         tally.outcomes, tally.cycles, self.log, tally.samples, self.state)
+
+    def _arrive(self, now: int, tj: TraceJob, tally: _Tally) -> None:
+        jid = self.state.next_job_id
+        self.timeline.put(now, ev.JobSubmitted(job_id=jid, spec=tj.spec), tj.spec.user)
+        tally.outcomes[jid] = JobOutcome(jid, tj.trace_id, now, runtime=tj.runtime)
+        tally.runtimes[jid] = tj.runtime
+
+    def _exit(self, now: int, end: _Exit, tally: _Tally) -> None:
+        job = self.timeline.current_run(end.job_id, end.restarts)
+        if job is None:
+            return         # that run was preempted (stopped, or requeued and maybe running again)
+        tally.busy(job.alloc, -1)
+        self.timeline.put(now, ev.JobExited(job_id=end.job_id, state=end.state, elapsed=end.elapsed, exit_code=0),
+                          "agent")
+        o = tally.outcomes.get(end.job_id)
+        if o is not None:
+            o.end = now
+            o.state = self.state.jobs[end.job_id].state if end.job_id in self.state.jobs else end.state
+
+    def _cycle(self, now: int, tally: _Tally, progress: Callable[[int, int], None] | None) -> None:
+        tally.cycles += 1
+        event = self.decide(self.state, now).event()
+        if event is None:
+            return
+        for v in [v for p in event.preemptions for v in p.victims]:   # what stops now stops being busy now
+            victim = self.state.jobs[v.job_id]
+            if v.grace > 0:    # its agent stops it when its grace time runs out
+                self.timeline.at(now + v.grace, _EXIT, _Exit(v.job_id, "TIMEOUT", now + v.grace - victim.start_time,
+                                                             v.restarts))
+                continue
+            tally.busy(victim.alloc, -1)
+            o = tally.outcomes.get(v.job_id)
+            if o is not None:
+                o.end, o.state = now, "PREEMPTED"
+        self.timeline.put(now, event, "controller")
+        for s in event.starts:
+            self._start(now, s, tally)
+        if progress is not None:
+            progress(tally.started, tally.total)
+
+    def _start(self, now: int, s: Any, tally: _Tally) -> None:
+        run = tally.runtimes.get(s.job_id, tally.runtimes.get(s.array_job_id or -1, 0))
+        end_state: ev.JobEndState = "COMPLETED"
+        if self.kill_at_limit and s.time_limit and run > s.time_limit:
+            run, end_state = s.time_limit, "TIMEOUT"
+        self.timeline.at(now + run, _EXIT, _Exit(s.job_id, end_state, run, self.state.jobs[s.job_id].restarts))
+        o = tally.outcomes.get(s.job_id)
+        if o is None:   # a split array task
+            parent = tally.outcomes[s.array_job_id]
+            o = tally.outcomes[s.job_id] = JobOutcome(s.job_id, parent.trace_id, parent.submit, runtime=parent.runtime)
+        o.start, o.runtime = now, run
+        o.cpus = sum(a.cpus for a in s.alloc)
+        o.gpus = sum(len(a.gpus) for a in s.alloc)
+        o.backfilled = s.backfilled
+        tally.busy(s.alloc, 1)
+        tally.started += 1

@@ -11,7 +11,6 @@ how closely is reported.
 """
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -20,6 +19,7 @@ from .apply import apply
 from .schedule import schedule
 from .sim import JobOutcome, SimResult
 from .state import RUNNING, State
+from .timeline import Timeline
 
 Key = tuple[int, int | None]          # (job id, None) or (array id, task index)
 _DECIDED = (ev.JobsStarted, ev.JobExited)
@@ -133,105 +133,122 @@ def apply_settings(config: ev.ClusterConfig, settings: dict[str, str]) -> ev.Clu
     return ev.ClusterConfig.model_validate(data)
 
 
-# heap items: (time, order, tiebreak, kind, payload); at one time: ends the log does not have (runs that
-# moved, cancels), then inputs, recorded cycles and the ends the log has, in log order (a cycle logged
-# before an end in the same second did not see the freed resources), then the cycles that follow changes
+# at one moment: ends the log does not have (runs that moved, cancels; by job id), then inputs, recorded cycles
+# and the ends the log has, in log order (a cycle logged before an end in the same second did not see the
+# freed resources), then the cycles that follow changes
 _END, _LOGGED, _AFTER = 0, 1, 2
+
+
+@dataclass(slots=True)
+class _End:
+    """A run's end, due at a moment: unless the run was ended, stopped or requeued before it."""
+
+    job_id: int
+    restarts: int
+    exited: ev.JobExited
+
+
+class _Replay:
+    """One replay of a log's inputs: a cycle at every recorded cycle's moment and ``latency`` after each change."""
+
+    def __init__(self, rec: Recorded, settings: dict[str, str]) -> None:
+        self.rec, self.settings = rec, settings
+        self.timeline = Timeline(idem="w")
+        self.used: dict[Key, int] = {}
+        self.outcomes: dict[int, JobOutcome] = {}
+        self.trace_id: dict[Key, int] = {}
+        self.keys: dict[int, Key] = {}
+        self.cycle_at: set[int] = set()      # moments a cycle that follows a change is already due
+        self.cycles = 0
+        for env in rec.inputs:
+            self.timeline.at(env.ts, _LOGGED, env, tie=env.seq)
+        for now, seq in rec.cycles:
+            self.timeline.at(now, _LOGGED, None, tie=seq)
+
+    def run(self) -> tuple[SimResult, dict[int, Key]]:
+        self.timeline.run(self._handle)
+        st = self.timeline.state
+        cfg = st.config or self.rec.config
+        result = SimResult(cfg.scheduler.policy, sum(n.cpus for n in cfg.nodes), sum(n.gpu_count for n in cfg.nodes),
+                           self.outcomes, self.cycles, state=st)
+        return result, self.keys
+
+    def _handle(self, t: int, item: ev.Envelope | _End | None) -> None:
+        if item is None:
+            self.cycle_at.discard(t)
+            self._cycle(t)
+            return
+        if isinstance(item, _End):
+            job = self.timeline.current_run(item.job_id, item.restarts)
+            if job is None:
+                return     # it already ended (cancelled, its node failed) or this run was requeued
+            self.timeline.put(t, item.exited.model_copy(update={"job_id": item.job_id, "elapsed": t - job.start_time}),
+                              "whatif")
+            o = self.outcomes.get(item.job_id)
+            if o is not None:
+                o.end, o.state = t, item.exited.state
+        else:
+            e = item.event
+            if isinstance(e, ev.ClusterConfigured):
+                e = e.model_copy(update={"config": apply_settings(e.config, self.settings)})
+            self.timeline.put(t, e, "whatif")
+            if isinstance(e, ev.JobCancelled):
+                self._stop_cancelled(e, t)
+        after = t + self.rec.latency
+        if after not in self.cycle_at:
+            self.cycle_at.add(after)
+            self.timeline.at(after, _AFTER, None, tie=0)
+
+    def _cycle(self, t: int) -> None:
+        st = self.timeline.state
+        if not st.pending:
+            return
+        self.cycles += 1
+        event = schedule(st, t).event()
+        if event is None:
+            return
+        self.timeline.put(t, event, "whatif")
+        for s in event.starts:
+            self._start(t, s)
+
+    def _start(self, t: int, s: Any) -> None:
+        job = self.timeline.state.jobs[s.job_id]
+        k = self.keys[s.job_id] = key_of(job)
+        runs = self.rec.runs.get(k, [])
+        n = self.used.get(k, 0)
+        self.used[k] = n + 1
+        if n < len(runs):
+            run = runs[n]
+        else:    # it never ran (or ran fewer times) in the history: it holds its nodes its whole limit
+            run = Run(s.time_limit or 0, ev.JobExited(job_id=s.job_id, state="TIMEOUT"))
+        ends = t + run.seconds
+        order, tie = (_LOGGED, run.seq) if ends == run.ended_at else (_END, s.job_id)
+        self.timeline.at(ends, order, _End(s.job_id, job.restarts, run.exited), tie=tie)
+        tid = self.trace_id.setdefault(k, len(self.trace_id) + 1)
+        self.outcomes[s.job_id] = JobOutcome(s.job_id, tid, job.submit_time, start=t, runtime=run.seconds,
+                                             cpus=sum(a.cpus for a in s.alloc), gpus=sum(len(a.gpus) for a in s.alloc),
+                                             state="RUNNING", backfilled=s.backfilled)
+
+    def _stop_cancelled(self, e: ev.JobCancelled, t: int) -> None:
+        """A cancel of running work: it ends now, as its agent reports once it has stopped it."""
+        st = self.timeline.state
+        targets = [e.job_id] if e.tasks is None else []
+        if e.tasks is not None:
+            wanted = set(e.tasks)
+            targets = [j for j in st.array_tasks.get(e.job_id, ()) if st.jobs[j].array_task_id in wanted]
+        elif e.job_id in st.array_tasks:
+            targets += list(st.array_tasks[e.job_id])
+        for jid in targets:
+            job = st.jobs.get(jid)
+            if job is not None and job.state == RUNNING:
+                self.timeline.at(t, _END, _End(jid, job.restarts, ev.JobExited(job_id=jid, state="CANCELLED",
+                                                                               signal=e.signal)), tie=jid)
 
 
 def replay(rec: Recorded, settings: dict[str, str]) -> tuple[SimResult, dict[int, Key]]:
     """Re-run the recorded inputs under ``settings`` (none: the recorded ones): each job's outcome, and
     the identity (:func:`key_of`) of each job id that ran."""
-    st = State()
-    heap: list[tuple] = []
-    for env in rec.inputs:
-        heapq.heappush(heap, (env.ts, _LOGGED, env.seq, "input", env))
-    for now, seq in rec.cycles:
-        heapq.heappush(heap, (now, _LOGGED, seq, "cycle", None))
-    seq = 0
-    used: dict[Key, int] = {}
-    outcomes: dict[int, JobOutcome] = {}
-    trace_id: dict[Key, int] = {}
-    keys: dict[int, Key] = {}
-
-    def put(ts: int, event: Any) -> None:
-        nonlocal seq
-        seq += 1
-        apply(st, ev.Envelope(seq=seq, ts=ts, actor="whatif", idem=f"w{seq}", event=event))
-
-    pending_cycle_at: set[int] = set()
-    cycles = 0
-    while heap:
-        t, _order, tie, kind, payload = heapq.heappop(heap)
-        if kind == "input":
-            e = payload.event
-            if isinstance(e, ev.ClusterConfigured):
-                e = e.model_copy(update={"config": apply_settings(e.config, settings)})
-            put(t, e)
-            if isinstance(e, ev.JobCancelled):
-                _stop_cancelled(st, e, t, heap)
-        elif kind == "end":
-            job_id, restarts, exited = payload
-            job = st.jobs.get(job_id)
-            if job is None or job.state != RUNNING or job.restarts != restarts:
-                continue     # it already ended (cancelled, its node failed) or this run was requeued
-            put(t, exited.model_copy(update={"job_id": job_id, "elapsed": t - job.start_time}))
-            o = outcomes.get(job_id)
-            if o is not None:
-                o.end, o.state = t, exited.state
-        else:
-            pending_cycle_at.discard(t)
-            if not st.pending:
-                continue
-            cycles += 1
-            d = schedule(st, t)
-            event = d.event()
-            if event is None:
-                continue
-            put(t, event)
-            for s in event.starts:
-                job = st.jobs[s.job_id]
-                k = key_of(job)
-                keys[s.job_id] = k
-                runs = rec.runs.get(k, [])
-                n = used.get(k, 0)
-                used[k] = n + 1
-                if n < len(runs):
-                    run = runs[n]
-                else:    # it never ran (or ran fewer times) in the history: it holds its nodes its whole limit
-                    run = Run(s.time_limit or 0, ev.JobExited(job_id=s.job_id, state="TIMEOUT"))
-                ends = t + run.seconds
-                order, tie = (_LOGGED, run.seq) if ends == run.ended_at else (_END, 0)
-                heapq.heappush(heap, (ends, order, tie, "end", (s.job_id, job.restarts, run.exited)))
-                tid = trace_id.setdefault(k, len(trace_id) + 1)
-                outcomes[s.job_id] = JobOutcome(s.job_id, tid, job.submit_time, start=t, runtime=run.seconds,
-                                                cpus=sum(a.cpus for a in s.alloc),
-                                                gpus=sum(len(a.gpus) for a in s.alloc), state="RUNNING",
-                                                backfilled=s.backfilled)
-            continue
-        after = t + rec.latency
-        if after not in pending_cycle_at:
-            pending_cycle_at.add(after)
-            heapq.heappush(heap, (after, _AFTER, 0, "cycle", None))
-    cfg = st.config or rec.config
-    result = SimResult(cfg.scheduler.policy, sum(n.cpus for n in cfg.nodes), sum(n.gpu_count for n in cfg.nodes),
-                       outcomes, cycles, state=st)
-    return result, keys
-
-
-def _stop_cancelled(st: State, e: ev.JobCancelled, t: int, heap: list[tuple]) -> None:
-    """A cancel of running work: it ends now, as its agent reports once it has stopped it."""
-    targets = [e.job_id] if e.tasks is None else []
-    if e.tasks is not None:
-        wanted = set(e.tasks)
-        targets = [j for j in st.array_tasks.get(e.job_id, ()) if st.jobs[j].array_task_id in wanted]
-    elif e.job_id in st.array_tasks:
-        targets += list(st.array_tasks[e.job_id])
-    for jid in targets:
-        job = st.jobs.get(jid)
-        if job is not None and job.state == RUNNING:
-            heapq.heappush(heap, (t, _END, 0, "end", (jid, job.restarts, ev.JobExited(
-                job_id=jid, state="CANCELLED", signal=e.signal))))
+    return _Replay(rec, settings).run()
 
 
 @dataclass
