@@ -74,6 +74,35 @@ class Amounts:
     gpu_type: str | None = None
 
 
+# the numbers behind a reason, in words: {about} (what it is about), {asked}, {limit}, {note}, {at}
+NUMBERS: dict[str, str] = {
+    "PartitionConfig": "partition {about} no longer exists",
+    "PartitionDown": "partition {about} is DOWN",
+    "PartitionInactive": "partition {about} is INACTIVE",
+    "PartitionTimeLimit": "time limit {asked}s exceeds partition {about} MaxTime {limit}s",
+    "PartitionNodeLimit": "needs {asked} nodes; partition {about} has {limit}",
+    "BadConstraints": "no node in {about} has features {note}",
+    "DependencyNeverSatisfied": "dependency {about} can never be met",
+    "Dependency": "waiting for {about}",
+    "BeginTime": "not before {at} ({asked}s from now)",
+    "JobArrayTaskLimit": "{asked} tasks running, array limit %{limit}",
+    "QOSMaxWallDurationPerJobLimit": "time limit {asked}s exceeds QOS {about} MaxWall {limit}s",
+    "QOSMaxJobsPerUserLimit": "{asked} of the user's jobs running under QOS {about}, MaxJobsPerUser {limit}",
+    "AssocMaxJobsLimit": "{asked} of the user's jobs running in account {about}, MaxJobs {limit}",
+    "AssocGrpJobsLimit": "{asked} jobs of account {about} running, GrpJobs {limit}",
+    "AssocGrpGRES": "account {about}'s running jobs hold {asked} GPUs, this job adds {note}; GrpTRES allows {limit}",
+    "AssocGrpCpuLimit": "account {about}'s running jobs hold {asked} CPUs, this job adds {note}; GrpTRES allows {limit}",
+    "AssocGrpCPUMinutesLimit": "account {about} has used or reserved {asked} CPU-minutes, this job would add {note}; "
+                               "GrpTRESMins allows {limit}",
+    "AssocGrpGRESMinutes": "account {about} has used or reserved {asked} GPU-minutes, this job would add {note}; "
+                           "GrpTRESMins allows {limit}",
+    "QOSMaxGRESPerUser": "the user's running jobs under QOS {about} hold {asked} GPUs, this job adds {note}; "
+                         "MaxTRESPerUser allows {limit}",
+    "QOSMaxCpuPerUserLimit": "the user's running jobs under QOS {about} hold {asked} CPUs, this job adds {note}; "
+                             "MaxTRESPerUser allows {limit}",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Reason:
     """One reason, with what it is about and its numbers (all optional, by code)."""
@@ -103,50 +132,14 @@ class Reason:
 
     def numbers(self) -> str:
         """The numbers behind the reason, in words ("" when it has none)."""
-        c, about = self.code, self.about
-        if c in ("PartitionConfig", "PartitionDown", "PartitionInactive"):
-            return {"PartitionConfig": f"partition {about} no longer exists",
-                    "PartitionDown": f"partition {about} is DOWN",
-                    "PartitionInactive": f"partition {about} is INACTIVE"}[c]
-        if c == "PartitionTimeLimit":
-            return f"time limit {self.asked}s exceeds partition {about} MaxTime {self.limit}s"
-        if c == "PartitionNodeLimit":
-            return f"needs {self.asked} nodes; partition {about} has {self.limit}"
-        if c == "BadConstraints":
-            return f"no node in {about} has features {self.note}"
-        if c == "ReqNodeNotAvail":
+        template = NUMBERS.get(self.code)
+        if template is not None:
+            return template.format(about=self.about, asked=self.asked, limit=self.limit, note=self.note, at=self.at)
+        if self.code == "ReqNodeNotAvail":
             if self.needs is None or self.free is None:
-                return f"required nodes {about} are not available"
+                return f"required nodes {self.about} are not available"
             return (f"needs {self.needs.nodes} node(s) able to hold it; {self.free.nodes} of {self.limit} are "
                     "usable (the rest are down or drained)")
-        if c == "DependencyNeverSatisfied":
-            return f"dependency {about} can never be met"
-        if c == "Dependency":
-            return f"waiting for {about}"
-        if c == "BeginTime":
-            return f"not before {self.at} ({self.asked}s from now)"
-        if c == "JobArrayTaskLimit":
-            return f"{self.asked} tasks running, array limit %{self.limit}"
-        if c == "QOSMaxWallDurationPerJobLimit":
-            return f"time limit {self.asked}s exceeds QOS {about} MaxWall {self.limit}s"
-        if c == "QOSMaxJobsPerUserLimit":
-            return f"{self.asked} of the user's jobs running under QOS {about}, MaxJobsPerUser {self.limit}"
-        if c == "AssocMaxJobsLimit":
-            return f"{self.asked} of the user's jobs running in account {about}, MaxJobs {self.limit}"
-        if c == "AssocGrpJobsLimit":
-            return f"{self.asked} jobs of account {about} running, GrpJobs {self.limit}"
-        if c in ("AssocGrpGRES", "AssocGrpCpuLimit"):
-            what = "GPUs" if c == "AssocGrpGRES" else "CPUs"
-            return (f"account {about}'s running jobs hold {self.asked} {what}, this job adds {self.note}; "
-                    f"GrpTRES allows {self.limit}")
-        if c in ("AssocGrpCPUMinutesLimit", "AssocGrpGRESMinutes"):
-            what = "CPU" if c == "AssocGrpCPUMinutesLimit" else "GPU"
-            return (f"account {about} has used or reserved {self.asked} {what}-minutes, this job would add "
-                    f"{self.note}; GrpTRESMins allows {self.limit}")
-        if c in ("QOSMaxGRESPerUser", "QOSMaxCpuPerUserLimit"):
-            what = "GPUs" if c == "QOSMaxGRESPerUser" else "CPUs"
-            return (f"the user's running jobs under QOS {about} hold {self.asked} {what}, this job adds "
-                    f"{self.note}; MaxTRESPerUser allows {self.limit}")
         if self.needs is not None and self.free is not None:
             n, f = self.needs, self.free
             need = f"{n.cpus} CPUs, {n.mem} MiB"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import shlex
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from . import events as ev
 from .hostlist import HostlistError, expand
@@ -384,149 +384,174 @@ def _parse_partitions(ctx: _Ctx, lines, nodes: dict[str, ev.NodeConfig],
     default_line = 0
     for lineno, pairs in lines:
         name = pairs[0][2]
-        vals: dict[str, tuple[str, str]] = {}
+        vals: dict[str, str] = {}
         for key, low, value in pairs[1:]:
             if low not in PART_KEYS:
                 ctx.err(lineno, f"unknown partition key {key!r}", _suggest(key, PART_KEYS))
                 continue
-            vals[low] = (key, value)
+            vals[low] = value
         if name in seen:
             ctx.err(lineno, f"partition {name} is defined twice (first on line {seen[name]})")
             continue
         seen[name] = lineno
-        expr = vals.get("nodes", ("", ""))[1]
-        if not expr:
-            ctx.err(lineno, f"partition {name} has no Nodes=", "list its nodes, e.g. Nodes=gpu[01-04] or ALL")
+        members = _partition_nodes(ctx, lineno, name, vals.get("nodes", ""), declared)
+        part = _partition(ctx, lineno, name, vals, members) if members is not None else None
+        if part is None:
             continue
-        if expr.upper() == "ALL":
-            members = list(declared)
-        else:
-            try:
-                members = expand(expr)
-            except HostlistError as exc:
-                ctx.err(lineno, f"bad hostlist Nodes={expr}: {exc}", "write ranges like gpu[01-16]")
-                continue
-            unknown = [n for n in members if n not in declared]
-            if unknown:
-                ctx.err(lineno, f"partition {name} names unknown node(s) {', '.join(unknown[:5])}",
-                        "define them with NodeName= or fix the hostlist")
-                continue
-        max_time = _time(ctx, lineno, "MaxTime", vals["maxtime"][1]) if "maxtime" in vals else 0
-        default_time = _time(ctx, lineno, "DefaultTime", vals["defaulttime"][1]) if "defaulttime" in vals else None
-        tier = _int(ctx, lineno, "PriorityTier", vals.get("prioritytier", ("", "1"))[1], 0)
-        pjf = _int(ctx, lineno, "PriorityJobFactor", vals.get("priorityjobfactor", ("", "1"))[1], 0)
-        max_nodes = vals.get("maxnodes", ("", "0"))[1]
-        max_nodes_i = 0 if max_nodes.upper() == "UNLIMITED" else _int(ctx, lineno, "MaxNodes", max_nodes, 0)
-        min_nodes = _int(ctx, lineno, "MinNodes", vals.get("minnodes", ("", "1"))[1], 0)
-        state = vals.get("state", ("", "UP"))[1].upper()
-        if state not in PART_STATES:
-            ctx.err(lineno, f"State={state} is not a partition state", "use UP, DOWN, DRAIN or INACTIVE")
-            continue
-        if None in (max_time, tier, pjf, max_nodes_i, min_nodes) or ("defaulttime" in vals and default_time is None):
-            continue
-        if max_time and default_time and default_time > max_time:
-            ctx.err(lineno, f"DefaultTime of partition {name} exceeds its MaxTime",
-                    "lower DefaultTime or raise MaxTime")
-            continue
-        is_default = _yes(vals.get("default", ("", "NO"))[1])
-        if is_default and default_line:
+        if part.default and default_line:
             ctx.err(lineno, f"partition {name} is Default=YES but so is the one on line {default_line}",
                     "keep one default partition")
             continue
-        if is_default:
+        if part.default:
             default_line = lineno
-        accounts = tuple(a for a in vals.get("allowaccounts", ("", "ALL"))[1].split(",") if a)
-        parts.append(ev.PartitionConfig(
-            name=name, nodes=tuple(members), max_time=max_time or 0, default_time=default_time,
-            priority_tier=tier or 0, priority_job_factor=pjf or 0, state=state,  # type: ignore[arg-type]
-            allow_accounts=accounts or ("ALL",), default=is_default, max_nodes=max_nodes_i or 0,
-            min_nodes=min_nodes if min_nodes is not None else 1))
+        parts.append(part)
     return parts
 
 
-def _parse_globals(ctx: _Ctx, vals: dict[str, tuple[int, str]]):
-    sched: dict = {}
-    prio: dict = {}
-    stype = vals.get("schedulertype")
-    if stype:
-        lineno, value = stype
-        mapping = {"sched/backfill": "conservative", "sched/builtin": "fifo"}
-        if value not in mapping:
-            ctx.err(lineno, f"SchedulerType={value} is not supported", "use sched/backfill or sched/builtin")
-        else:
-            sched["policy"] = mapping[value]
+def _partition_nodes(ctx: _Ctx, lineno: int, name: str, expr: str, declared: dict[str, None]) -> list[str] | None:
+    """A partition's Nodes= as node names (None: refused, and said why)."""
+    if not expr:
+        ctx.err(lineno, f"partition {name} has no Nodes=", "list its nodes, e.g. Nodes=gpu[01-04] or ALL")
+        return None
+    if expr.upper() == "ALL":
+        return list(declared)
+    try:
+        members = expand(expr)
+    except HostlistError as exc:
+        ctx.err(lineno, f"bad hostlist Nodes={expr}: {exc}", "write ranges like gpu[01-16]")
+        return None
+    unknown = [n for n in members if n not in declared]
+    if unknown:
+        ctx.err(lineno, f"partition {name} names unknown node(s) {', '.join(unknown[:5])}",
+                "define them with NodeName= or fix the hostlist")
+        return None
+    return members
+
+
+def _partition(ctx: _Ctx, lineno: int, name: str, vals: dict[str, str], members: list[str]
+               ) -> ev.PartitionConfig | None:
+    """One PartitionName= line's settings (None: refused, and said why)."""
+    max_time = _time(ctx, lineno, "MaxTime", vals["maxtime"]) if "maxtime" in vals else 0
+    default_time = _time(ctx, lineno, "DefaultTime", vals["defaulttime"]) if "defaulttime" in vals else None
+    tier = _int(ctx, lineno, "PriorityTier", vals.get("prioritytier", "1"), 0)
+    pjf = _int(ctx, lineno, "PriorityJobFactor", vals.get("priorityjobfactor", "1"), 0)
+    max_nodes = vals.get("maxnodes", "0")
+    max_nodes_i = 0 if max_nodes.upper() == "UNLIMITED" else _int(ctx, lineno, "MaxNodes", max_nodes, 0)
+    min_nodes = _int(ctx, lineno, "MinNodes", vals.get("minnodes", "1"), 0)
+    state = vals.get("state", "UP").upper()
+    if state not in PART_STATES:
+        ctx.err(lineno, f"State={state} is not a partition state", "use UP, DOWN, DRAIN or INACTIVE")
+        return None
+    if None in (max_time, tier, pjf, max_nodes_i, min_nodes) or ("defaulttime" in vals and default_time is None):
+        return None
+    if max_time and default_time and default_time > max_time:
+        ctx.err(lineno, f"DefaultTime of partition {name} exceeds its MaxTime", "lower DefaultTime or raise MaxTime")
+        return None
+    accounts = tuple(a for a in vals.get("allowaccounts", "ALL").split(",") if a)
+    return ev.PartitionConfig(
+        name=name, nodes=tuple(members), max_time=max_time or 0, default_time=default_time,
+        priority_tier=tier or 0, priority_job_factor=pjf or 0, state=state,  # type: ignore[arg-type]
+        allow_accounts=accounts or ("ALL",), default=_yes(vals.get("default", "NO")), max_nodes=max_nodes_i or 0,
+        min_nodes=min_nodes if min_nodes is not None else 1)
+
+
+# ---------------------------------------------------------------- the cluster-wide keys, by table
+
+# (ctx, line, key as Slurm spells it, value) -> the setting, or None when refused (the reader said why)
+Reader = Callable[[_Ctx, int, str, str], Any]
+
+
+def _count(minimum: int, scale: int = 1) -> Reader:
+    def read(ctx: _Ctx, lineno: int, key: str, value: str) -> int | None:
+        n = _int(ctx, lineno, key, value, minimum)
+        return None if n is None else n * scale
+    return read
+
+
+def _duration(ctx: _Ctx, lineno: int, key: str, value: str) -> int | None:
+    return _time(ctx, lineno, key, value)
+
+
+def _max_age(ctx: _Ctx, lineno: int, key: str, value: str) -> int | None:
+    return _time(ctx, lineno, key, value) or None      # 0: the default stands
+
+
+def _choice(options: dict[str, str], problem: str, fix: str) -> Reader:
+    def read(ctx: _Ctx, lineno: int, key: str, value: str) -> str | None:
+        if value not in options:
+            ctx.err(lineno, f"{key}={value} {problem}", fix)
+            return None
+        return options[value]
+    return read
+
+
+def _flag(ctx: _Ctx, lineno: int, key: str, value: str) -> bool:
+    return _yes(value)
+
+
+def _fair_tree(ctx: _Ctx, lineno: int, key: str, value: str) -> bool:
+    words = {w.strip().upper() for w in value.split(",") if w.strip()}
+    if "NO_FAIR_TREE" in words and "FAIR_TREE" in words:
+        ctx.err(lineno, f"{key}={value} asks for both FAIR_TREE and NO_FAIR_TREE", "keep one")
+    return "NO_FAIR_TREE" not in words
+
+
+def _enforce(ctx: _Ctx, lineno: int, key: str, value: str) -> str | None:
+    v = "ALL" if value.upper() == "YES" else value.upper()
+    return _choice({"NO": "NO", "ANY": "ANY", "ALL": "ALL"}, "is not valid", "use NO, ANY or ALL")(ctx, lineno, key, v)
+
+
+POLICIES = {p: p for p in ("fifo", "easy", "easy_strict", "conservative")}
+# slurm.conf key (lower case) -> (its spelling, scheduler or priority, the field it sets, how its value reads)
+GLOBAL_SETTINGS: dict[str, tuple[str, str, str, Reader]] = {
+    "schedulertype": ("SchedulerType", "sched", "policy", _choice(
+        {"sched/backfill": "conservative", "sched/builtin": "fifo"}, "is not supported", "use sched/backfill or sched/builtin")),
+    "priorityweightage": ("PriorityWeightAge", "prio", "age", _count(0)),
+    "priorityweightfairshare": ("PriorityWeightFairshare", "prio", "fairshare", _count(0)),
+    "priorityweightjobsize": ("PriorityWeightJobSize", "prio", "job_size", _count(0)),
+    "priorityweightpartition": ("PriorityWeightPartition", "prio", "partition", _count(0)),
+    "priorityweightqos": ("PriorityWeightQOS", "prio", "qos", _count(0)),
+    "prioritymaxage": ("PriorityMaxAge", "prio", "max_age", _max_age),
+    "priorityfavorsmall": ("PriorityFavorSmall", "prio", "favor_small", _flag),
+    "prioritydecayhalflife": ("PriorityDecayHalfLife", "prio", "decay_half_life", _duration),
+    "priorityflags": ("PriorityFlags", "prio", "fair_tree", _fair_tree),
+    "enforcepartlimits": ("EnforcePartLimits", "sched", "enforce_part_limits", _enforce),
+    "maxarraysize": ("MaxArraySize", "sched", "max_array_size", _count(1)),
+    "minjobage": ("MinJobAge", "sched", "min_job_age", _count(0)),
+    "maxjobcount": ("MaxJobCount", "sched", "max_job_count", _count(1)),
+}
+# SchedulerParameters= items rota acts on -> (the scheduler field it sets, how its value reads); Slurm's others
+# are accepted and ignored
+SCHEDULER_PARAMETERS: dict[str, tuple[str, Reader]] = {
+    "bf_window": ("bf_window", _count(1, scale=60)),          # minutes in slurm.conf, seconds in rota
+    "bf_resolution": ("bf_resolution", _count(1)),
+    "bf_max_job_test": ("bf_max_job_test", _count(0)),
+    "rota_max_submit_per_user": ("max_submit_per_user", _count(1)),
+    "rota_policy": ("policy", _choice(POLICIES, "is not a policy", "use fifo, easy or conservative")),
+}
+
+
+def _parse_globals(ctx: _Ctx, vals: dict[str, tuple[int, str]]
+                   ) -> tuple[ev.SchedulerParams, ev.PriorityWeights, str]:
+    found: dict[str, dict[str, Any]] = {"sched": {}, "prio": {}}
+    for low, (spelling, group, field_name, read) in GLOBAL_SETTINGS.items():
+        if low in vals:
+            lineno, value = vals[low]
+            setting = read(ctx, lineno, spelling, value)
+            if setting is not None:
+                found[group][field_name] = setting
     if "schedulerparameters" in vals:
         lineno, value = vals["schedulerparameters"]
         for item in value.split(","):
             key, eq, v = item.partition("=")
-            key = key.strip().lower()
-            if key == "bf_window" and eq:
-                n = _int(ctx, lineno, "bf_window", v, 1)
-                if n is not None:
-                    sched["bf_window"] = n * 60
-            elif key == "bf_resolution" and eq:
-                n = _int(ctx, lineno, "bf_resolution", v, 1)
-                if n is not None:
-                    sched["bf_resolution"] = n
-            elif key == "bf_max_job_test" and eq:
-                n = _int(ctx, lineno, "bf_max_job_test", v, 0)
-                if n is not None:
-                    sched["bf_max_job_test"] = n
-            elif key == "rota_max_submit_per_user" and eq:
-                n = _int(ctx, lineno, "rota_max_submit_per_user", v, 1)
-                if n is not None:
-                    sched["max_submit_per_user"] = n
-            elif key == "rota_policy" and eq:
-                if v not in ("fifo", "easy", "easy_strict", "conservative"):
-                    ctx.err(lineno, f"rota_policy={v} is not a policy", "use fifo, easy or conservative")
-                else:
-                    sched["policy"] = v
-            # other Slurm scheduler parameters are accepted and ignored
-    for key, field_name in (("priorityweightage", "age"), ("priorityweightfairshare", "fairshare"),
-                            ("priorityweightjobsize", "job_size"), ("priorityweightpartition", "partition"),
-                            ("priorityweightqos", "qos")):
-        if key in vals:
-            lineno, value = vals[key]
-            n = _int(ctx, lineno, key, value, 0)
-            if n is not None:
-                prio[field_name] = n
-    if "prioritymaxage" in vals:
-        lineno, value = vals["prioritymaxage"]
-        t = _time(ctx, lineno, "PriorityMaxAge", value)
-        if t:
-            prio["max_age"] = t
-    if "priorityfavorsmall" in vals:
-        prio["favor_small"] = _yes(vals["priorityfavorsmall"][1])
-    if "prioritydecayhalflife" in vals:
-        lineno, value = vals["prioritydecayhalflife"]
-        t = _time(ctx, lineno, "PriorityDecayHalfLife", value)
-        if t is not None:
-            prio["decay_half_life"] = t
-    if "priorityflags" in vals:
-        lineno, value = vals["priorityflags"]
-        words = {w.strip().upper() for w in value.split(",") if w.strip()}
-        if "NO_FAIR_TREE" in words and "FAIR_TREE" in words:
-            ctx.err(lineno, f"PriorityFlags={value} asks for both FAIR_TREE and NO_FAIR_TREE", "keep one")
-        prio["fair_tree"] = "NO_FAIR_TREE" not in words
-    if "enforcepartlimits" in vals:
-        lineno, value = vals["enforcepartlimits"]
-        v = value.upper()
-        if v in ("YES",):
-            v = "ALL"
-        if v not in ("NO", "ANY", "ALL"):
-            ctx.err(lineno, f"EnforcePartLimits={value} is not valid", "use NO, ANY or ALL")
-        else:
-            sched["enforce_part_limits"] = v
-    for key, name, lo in (("maxarraysize", "max_array_size", 1), ("minjobage", "min_job_age", 0),
-                          ("maxjobcount", "max_job_count", 1)):
-        if key in vals:
-            lineno, value = vals[key]
-            n = _int(ctx, lineno, key, value, lo)
-            if n is not None:
-                sched[name] = n
+            known = SCHEDULER_PARAMETERS.get(key.strip().lower())
+            if known is not None and eq:
+                setting = known[1](ctx, lineno, key.strip().lower(), v)
+                if setting is not None:
+                    found["sched"][known[0]] = setting
     cluster = vals.get("clustername", (0, "rota"))[1]
-    sched.setdefault("bf_max_job_test", SLURM_BF_MAX_JOB_TEST)
-    return ev.SchedulerParams(**sched), ev.PriorityWeights(**prio), cluster
+    found["sched"].setdefault("bf_max_job_test", SLURM_BF_MAX_JOB_TEST)
+    return ev.SchedulerParams(**found["sched"]), ev.PriorityWeights(**found["prio"]), cluster
 
 
 def _names(value: str) -> tuple[str, ...]:
