@@ -24,7 +24,7 @@ from pathlib import Path
 from rota.controller import natsserver
 from rota.controller.eventlog import ACTOR_HEADER, STREAM, TS_HEADER, JetStreamLog, encode_body, subject_for
 from rota.core import events as ev
-from rota.core.testing import make_cluster
+from rota.core.slurmconf import make_cluster
 
 from .common import Figure, print_table, write_json
 

@@ -131,7 +131,7 @@ async def _controller():
     from rota.controller.eventlog import MemoryLog
     from rota.controller.outbox import Outbox
     from rota.controller.service import Controller
-    from rota.core.testing import make_cluster
+    from rota.core.slurmconf import make_cluster
     from rota.wire.keys import Keyring
 
     keyring = Keyring(cluster_key=b"f" * 64)

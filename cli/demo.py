@@ -6,9 +6,15 @@ past its limit), with a cycle after each change as the controller runs one: `rot
 """
 from __future__ import annotations
 
+from typing import Any
+
+from rota.core import commands
 from rota.core import events as ev
-from rota.core.testing import Harness, make_cluster
+from rota.core.schedule import Decision, schedule
+from rota.core.slurmconf import make_cluster
+from rota.core.state import State
 from rota.core.timefmt import format_duration
+from rota.core.timeline import Timeline
 
 # how long each job really runs (seconds; within its time limit)
 RUNTIMES = {"llm-pretrain": 3 * 3600 + 40 * 60, "sweep": 40 * 60, "finetune": 100 * 60, "big-eval": 50 * 60,
@@ -16,7 +22,40 @@ RUNTIMES = {"llm-pretrain": 3 * 3600 + 40 * 60, "sweep": 40 * 60, "finetune": 10
 T0 = 1_800_000_000
 
 
-def _queue_table(h: Harness, d) -> list[str]:
+class Demo:
+    """The demo's cluster: its log in memory, a clock the story moves, a cycle after each change."""
+
+    def __init__(self, config: ev.ClusterConfig, now: int) -> None:
+        self.log: list[ev.Envelope] = []
+        self.timeline = Timeline(idem="demo-", record=self.log)
+        self.state: State = self.timeline.state
+        self.now = now
+        self.put(ev.ClusterConfigured(config=config, source="demo"), actor="admin")
+
+    def put(self, event: Any, actor: str) -> ev.Envelope:
+        return self.timeline.put(self.now, event, actor)
+
+    def submit(self, **spec: Any) -> int:
+        """Validate and append a job, as sbatch with those options would (the flags named are given)."""
+        for flag in ("nodes", "ntasks", "cpus_per_task"):
+            if flag in spec:
+                spec[f"{flag}_given"] = True
+        job_id = self.state.next_job_id
+        self.put(commands.submit(self.state, ev.JobSpec(**spec), job_id), actor=spec["user"])
+        return job_id
+
+    def cycle(self) -> Decision:
+        d = schedule(self.state, self.now, explain=True)
+        event = d.event()
+        if event is not None:
+            self.put(event, actor="controller")
+        return d
+
+    def finish(self, job_id: int, elapsed: int) -> None:
+        self.put(ev.JobExited(job_id=job_id, state="COMPLETED", exit_code=0, elapsed=elapsed), actor="agent")
+
+
+def _queue_table(h: Demo, d: Decision) -> list[str]:
     rows = []
     for jid in sorted(h.state.jobs):
         job = h.state.jobs[jid]
@@ -30,7 +69,7 @@ def _queue_table(h: Harness, d) -> list[str]:
     return rows
 
 
-def _run_until(h: Harness, t: int) -> None:
+def _run_until(h: Demo, t: int) -> None:
     """Let the cluster run to time ``t``: each job ends at its start plus its run time, and a cycle
     follows every change, as the controller runs one."""
     while True:
@@ -47,14 +86,14 @@ def _run_until(h: Harness, t: int) -> None:
     h.now = t
 
 
-def _clock(h: Harness) -> str:
+def _clock(h: Demo) -> str:
     minutes = (h.now - T0) // 60
     return f"t+{minutes // 60}:{minutes % 60:02d}"
 
 
-def run_demo(echo=print) -> Harness:
+def run_demo(echo=print) -> Demo:
     """Run the demo, printing what a user would see as it goes."""
-    h = Harness(make_cluster(nodes=4, gpus=8, max_time=86400), now=T0)
+    h = Demo(make_cluster(nodes=4, gpus=8, max_time=86400), now=T0)
     from rota.core import __version__
 
     h.put(ev.ControllerStarted(version=__version__, policy="conservative"), actor="controller")

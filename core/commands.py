@@ -14,7 +14,8 @@ from .auth import ROOT, Caller
 from .deps import DependencySpecError, parse_dependency
 from .limits import MAX_COUNT, MAX_NICE, MAX_TIME, spec_problems
 from .orders import Signal
-from .request import constraint_matches, effective_time_limit, node_request, partition_shape
+from .request import (constraint_matches, effective_time_limit, node_request, over_node_limits, over_time_limit,
+                      partition_shape)
 from .state import NODE_FAIL, PENDING, RUNNING, TERMINAL_STATES, Job, State
 from .usage_limits import limits_enforced
 from .steps import StepAsk, StepRefused, layout
@@ -193,10 +194,9 @@ def _check_partition(state: State, spec: ev.JobSpec, part: ev.PartitionConfig, e
         nodes = list(shape.kinds)
     req = node_request(spec, shape)
     if enforce != "NO":
-        limit = spec.time_limit
-        if part.max_time and limit is not None and (limit == 0 or limit > part.max_time):
+        if over_time_limit(part, spec.time_limit):
             raise Rejected("Requested time limit is invalid (missing or exceeds some limit)", code="time")
-        if req.nnodes > shape.count or (part.max_nodes and req.nnodes > part.max_nodes):
+        if over_node_limits(part, req.nnodes, shape.count):
             raise Rejected("Node count specification invalid", code="nodes")
     if spec.constraint and not any(constraint_matches(spec.constraint, n.features) for n in nodes):
         raise Rejected("Invalid feature specification", code="constraint")

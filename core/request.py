@@ -117,6 +117,18 @@ def constraint_matches(constraint: str | None, features: tuple[str, ...]) -> boo
     return False
 
 
+def over_time_limit(part: PartitionConfig, limit: int | None) -> bool:
+    """Whether a job's own time limit breaks ``part``'s MaxTime (UNLIMITED does, in a limited partition):
+    refused at submit under EnforcePartLimits, PartitionTimeLimit while it waits."""
+    return bool(part.max_time) and limit is not None and (limit == 0 or limit > part.max_time)
+
+
+def over_node_limits(part: PartitionConfig, nnodes: int, size: int) -> bool:
+    """Whether ``nnodes`` nodes are more than ``part`` has (``size``) or outside its MaxNodes/MinNodes:
+    refused at submit under EnforcePartLimits, PartitionNodeLimit while it waits."""
+    return nnodes > size or bool(part.max_nodes and nnodes > part.max_nodes) or nnodes < part.min_nodes
+
+
 def effective_time_limit(limit: int | None, part: PartitionConfig) -> int:
     """The limit a job runs under in ``part``: its own, else DefaultTime, else MaxTime (0 = none)."""
     if limit is not None:

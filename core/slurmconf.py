@@ -678,3 +678,18 @@ def auto_config(hostname: str, cpus: int, memory_mib: int, gpus: list[tuple[str,
     node = ev.NodeConfig(name=hostname, cpus=cpus, memory=memory_mib, gpus=gcfg)
     part = ev.PartitionConfig(name="main", nodes=(hostname,), max_time=max_time, default=True)
     return ev.ClusterConfig(cluster_name="rota", nodes=(node,), partitions=(part,))
+
+
+def make_cluster(nodes: int = 4, gpus: int = 8, gpu_type: str = "a100", cpus: int = 64,
+                 memory: int = 257000, prefix: str = "gpu", max_time: int = 3600,
+                 policy: str = "conservative", features: tuple[str, ...] = (),
+                 extra_partitions: tuple[ev.PartitionConfig, ...] = (), **sched: Any) -> ev.ClusterConfig:
+    """``nodes`` identical nodes ``gpu01..`` in one default partition ``short`` (examples, the demo, benchmarks
+    and tests)."""
+    names = tuple(f"{prefix}{i:02d}" for i in range(1, nodes + 1))
+    gcfg = (ev.GpuConfig(type=gpu_type, count=gpus),) if gpus else ()
+    node_cfgs = tuple(ev.NodeConfig(name=n, cpus=cpus, memory=memory, gpus=gcfg, features=features)
+                      for n in names)
+    part = ev.PartitionConfig(name="short", nodes=names, max_time=max_time, default=True)
+    return ev.ClusterConfig(nodes=node_cfgs, partitions=(part,) + extra_partitions,
+                            scheduler=ev.SchedulerParams(policy=policy, **sched))  # type: ignore[arg-type]

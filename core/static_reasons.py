@@ -12,7 +12,7 @@ from .deps import NEVER, OK, DependencySpecError, dependency_status, parse_depen
 from .hostlist import compress
 from .reasons import REQ_NODE_NOT_AVAIL_ALL, Amounts, Reason, most_severe
 from .usage_limits import wall_reason
-from .request import NodeRequest, constraint_matches, effective_time_limit
+from .request import NodeRequest, constraint_matches, effective_time_limit, over_node_limits, over_time_limit
 from .state import RUNNING, Job, State
 
 
@@ -40,9 +40,8 @@ def partition_reason(cy: Cycle, job: Job, pname: str) -> Reason | None:
         return Reason("PartitionDown", about=pname)
     if p.state == "INACTIVE":
         return Reason("PartitionInactive", about=pname)
-    limit = job.time_limit
-    if p.max_time and limit is not None and (limit == 0 or limit > p.max_time):
-        return Reason("PartitionTimeLimit", about=pname, asked=limit, limit=p.max_time)
+    if over_time_limit(p, job.time_limit):
+        return Reason("PartitionTimeLimit", about=pname, asked=job.time_limit, limit=p.max_time)
     spec = job.spec
     req = cy.request(job, pname)
     key = (pname, spec.constraint, spec.nodelist, spec.exclude, req)   # equal to its SearchKey, cheaper to make
@@ -57,8 +56,7 @@ def capacity_verdict(cy: Cycle, spec: ev.JobSpec, pname: str, p: ev.PartitionCon
                      req: NodeRequest) -> Reason | None:
     """The reason no set of usable nodes can ever hold this request (None: some can)."""
     nodes_in_part = cy.part_nodes[pname]
-    if req.nnodes > len(nodes_in_part) or (p.max_nodes and req.nnodes > p.max_nodes) \
-            or req.nnodes < p.min_nodes:
+    if over_node_limits(p, req.nnodes, len(nodes_in_part)):
         return Reason("PartitionNodeLimit", about=pname, asked=req.nnodes, limit=len(nodes_in_part))
     if spec.constraint and not any(constraint_matches(spec.constraint, n.features) for n in nodes_in_part):
         return Reason("BadConstraints", about=pname, note=spec.constraint)

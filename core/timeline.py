@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from . import events as ev
 from .apply import apply
+from .changes import NOTHING, Changes
 from .state import RUNNING, Job, State
 
 
@@ -31,11 +32,11 @@ class Timeline:
         self._count += 1
         heapq.heappush(self._heap, (t, cls, self._count if tie is None else tie, self._count, item))
 
-    def put(self, ts: int, event: Any, actor: str) -> ev.Envelope:
-        """Apply ``event`` at ``ts`` as the log's next record."""
+    def put(self, ts: int, event: Any, actor: str, changes: Changes = NOTHING) -> ev.Envelope:
+        """Apply ``event`` at ``ts`` as the log's next record (noting what it changed in ``changes``)."""
         self.seq += 1
         env = ev.Envelope(seq=self.seq, ts=ts, actor=actor, idem=f"{self.idem}{self.seq}", event=event)
-        apply(self.state, env)
+        apply(self.state, env, changes)
         if self.record is not None:
             self.record.append(env)
         return env

@@ -3,7 +3,7 @@ import os
 import pytest
 from hypothesis import Phase, settings
 
-from rota.core.testing import Harness, make_cluster
+from harness import Harness, make_cluster
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from rota.core.auth import Caller
 from rota.core.commands import Rejected, change_accounting, submit
 from rota.core.slurmconf import ConfigError, parse_config
 from rota.core.state import dump_snapshot, load_snapshot
-from rota.core.testing import Harness, make_cluster
+from harness import Harness, make_cluster
 from rota.core.usage import value_at
 
 ALICE = Caller(1001, 1001, "alice")

@@ -7,7 +7,7 @@ from rota.core import events as ev
 from rota.core.apply import fold
 from rota.core.commands import Rejected
 from rota.core.state import dump_snapshot, load_snapshot
-from rota.core.testing import Harness, make_cluster
+from harness import Harness, make_cluster
 
 
 def test_job_life_cycle_and_gpu_slots(h):

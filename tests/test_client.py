@@ -10,7 +10,7 @@ from rota.client import Client, JobError
 from rota.controller.service import Controller
 from rota.controller.eventlog import MemoryLog
 from rota.core import events as ev
-from rota.core.testing import make_cluster
+from harness import make_cluster
 
 BIN = Path(sys.executable).parent
 

@@ -5,7 +5,7 @@ from rota.controller.eventlog import FencedError, JetStreamLog, LogUnavailable, 
 from rota.controller.service import Controller
 from rota.core import events as ev
 from rota.core.apply import fold
-from rota.core.testing import make_cluster
+from harness import make_cluster
 
 CFG = make_cluster(nodes=2, gpus=4)
 
@@ -269,7 +269,7 @@ async def test_time_travel_snapshots_are_kept_and_found_by_sequence(js):
 async def test_a_snapshot_that_cannot_be_read_is_tried_again_then_reported_not_taken_for_none(caplog):
     from rota.controller import snapshots
     from rota.core.state import dump_snapshot
-    from rota.core.testing import Harness, make_cluster
+    from harness import Harness, make_cluster
 
     h = Harness(make_cluster(nodes=1, gpus=0))
     h.submit(hold=True)

@@ -5,7 +5,7 @@ from rota.core.changes import Changes
 from rota.core.effects import launch, launches, orders
 from rota.core.orders import Kill, Launch, Update
 from rota.core.schedule import schedule
-from rota.core.testing import Harness, make_cluster
+from harness import Harness, make_cluster
 from rota.wire import orders as wire
 
 

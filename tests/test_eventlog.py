@@ -133,7 +133,7 @@ async def test_read_batches_yields_exactly_the_range_asked(log):
 async def test_snapshots_latest_and_history_on_every_backend(log):
     from rota.core.apply import fold
     from rota.core.state import dump_snapshot
-    from rota.core.testing import Harness, make_cluster
+    from harness import Harness, make_cluster
 
     h = Harness(make_cluster(nodes=1, gpus=0))
     for _ in range(6):
@@ -155,7 +155,7 @@ async def test_snapshots_latest_and_history_on_every_backend(log):
 async def test_a_controller_restarts_from_the_snapshot_of_either_backend(log):
     from rota.controller.service import Controller
     from rota.core.apply import fold
-    from rota.core.testing import make_cluster
+    from harness import make_cluster
 
     c = Controller(log, config=make_cluster(nodes=1, gpus=0), clock=lambda: 1000, snapshot_every=1)
     await c.start()

@@ -5,7 +5,7 @@ import pytest
 from pydantic import ValidationError
 
 from rota.core import events as ev
-from rota.core.testing import make_cluster
+from harness import make_cluster
 
 SPEC = ev.JobSpec(name="train", user="alice", uid=1001, partitions=("short",), nodes=2, nodes_given=True,
                   gpus_per_node=4, gpu_type="a100", time_limit=3600, env={"A": "1"}, array="0-3%2",

@@ -7,7 +7,7 @@ from rota.core import events as ev
 from rota.core.fairshare import factors, share_rows
 from rota.core.priority import PriorityContext, priority_factors
 from rota.core.sim import Simulator, TraceJob
-from rota.core.testing import Harness, make_cluster
+from harness import Harness, make_cluster
 from rota.core.usage import ONE, charge, decay_factor, decayed, value_at
 
 DAY = 86400

@@ -11,7 +11,7 @@ from rota.controller.verbs import VERBS
 from rota.controller.service import Controller
 from rota.core import events as ev
 from rota.core.auth import Caller
-from rota.core.testing import make_cluster
+from harness import make_cluster
 from rota.wire.keys import Keyring
 
 from helpers import signed_headers

@@ -9,7 +9,7 @@ from rota.controller.eventlog import FencedError
 from rota.controller.leadership import Candidacy, controllers
 from rota.controller.service import Controller
 from rota.core import events as ev
-from rota.core.testing import make_cluster
+from harness import make_cluster
 
 CFG = make_cluster(nodes=2, gpus=4)
 TTL = 2.0

@@ -4,7 +4,7 @@ from rota.core.liveness import late_starts, startable
 from rota.core.schedule import Decision
 from rota.core.sim import Simulator, TraceJob
 from rota.core.state import State
-from rota.core.testing import Harness, make_cluster
+from harness import Harness, make_cluster
 from rota.core.timetravel import verify
 
 from test_timetravel import random_history

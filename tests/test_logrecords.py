@@ -12,7 +12,7 @@ from rota.controller.eventlog import (
 from rota.controller.service import Controller
 from rota.core import events as ev
 from rota.core.auth import Caller
-from rota.core.testing import make_cluster
+from harness import make_cluster
 from rota.projections.projector import Projector
 from rota.wire.keys import Keyring
 

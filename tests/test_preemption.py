@@ -6,7 +6,7 @@ from rota.core import events as ev
 from rota.core.effects import orders
 from rota.core.orders import Signal, Update
 from rota.core.schedule import schedule
-from rota.core.testing import Harness, make_cluster
+from harness import Harness, make_cluster
 from rota.core.timetravel import verify
 
 

@@ -9,7 +9,7 @@ from rota.cli import sacct
 from rota.controller.eventlog import MemoryLog
 from rota.core import events as ev
 from rota.core.apply import fold
-from rota.core.testing import Harness, make_cluster
+from harness import Harness, make_cluster
 from rota.projections.projector import Projector
 
 from golden import assert_same_table, blocks

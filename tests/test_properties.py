@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import os
+from pathlib import Path
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,7 @@ from rota.core.apply import fold
 from rota.core.changes import Changes
 from rota.core.schedule import schedule
 from rota.core.state import RUNNING, dump_snapshot, load_snapshot
-from rota.core.testing import Harness
+from harness import Harness
 
 from reference import check_capacity, fits, usage_plan
 
@@ -280,7 +281,7 @@ def test_changes_name_every_job_and_node_the_events_changed(cfg, ops, cut):
 DETERMINISM_SCRIPT = textwrap.dedent("""
     import hashlib, random, sys
     from rota.core import events as ev
-    from rota.core.testing import Harness, make_cluster
+    from harness import Harness, make_cluster
     from rota.core.state import dump_snapshot
     rng = random.Random(7)
     h = Harness(make_cluster(nodes=6, gpus=4))
@@ -308,7 +309,7 @@ def test_same_stream_same_state_and_decisions_under_any_hash_seed():
     digests = set()
     for seed in ("0", "1", "4242"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        res = subprocess.run([sys.executable, "-c", DETERMINISM_SCRIPT], env=env,
+        res = subprocess.run([sys.executable, "-c", DETERMINISM_SCRIPT], env=env, cwd=Path(__file__).parent,
                              capture_output=True, text=True, check=True)
         digests.add(res.stdout.strip())
     assert len(digests) == 1, digests

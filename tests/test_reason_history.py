@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 from rota.core import events as ev
 from rota.core.reason_history import spans_of
 from rota.core.state import PENDING, RUNNING
-from rota.core.testing import Harness, make_cluster
+from harness import Harness, make_cluster
 from rota.core.timetravel import why
 
 OPS = st.lists(st.tuples(st.sampled_from(["submit", "submit", "submit", "cycle", "cycle", "advance", "finish",

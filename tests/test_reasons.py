@@ -4,7 +4,7 @@ import pytest
 from rota.core import events as ev
 from rota.core.commands import Rejected
 from rota.core.schedule import REQ_NODE_NOT_AVAIL_ALL
-from rota.core.testing import Harness, make_cluster
+from harness import Harness, make_cluster
 
 
 def reason(h, jid):

@@ -8,7 +8,7 @@ from rota.core import commands, events as ev
 from rota.core.auth import ADMIN, OPERATOR, USER, Caller, caller, level_of
 from rota.core.commands import Rejected
 from rota.core.limits import MAX_SCRIPT, MAX_TIME
-from rota.core.testing import Harness, make_cluster
+from harness import Harness, make_cluster
 
 ALICE = Caller(1001, 1001, "alice")
 BOB = Caller(1002, 1002, "bob")

@@ -1,7 +1,7 @@
 """Placement and the three policies, on small clusters whose answers are known."""
 from rota.core import events as ev
 from rota.core.schedule import schedule
-from rota.core.testing import Harness, make_cluster
+from harness import Harness, make_cluster
 
 
 def started(d):

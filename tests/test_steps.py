@@ -15,7 +15,7 @@ from rota.core.schedule import schedule
 from rota.core.signals import parse_warning
 from rota.core.state import dump_snapshot, load_snapshot
 from rota.core.steps import StepAsk, StepRefused, layout
-from rota.core.testing import Harness, make_cluster
+from harness import Harness, make_cluster
 
 FIELDS = {"name": "t", "argv": ("true",)}
 

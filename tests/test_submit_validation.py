@@ -3,7 +3,7 @@ import pytest
 
 from rota.core import commands
 from rota.core import events as ev
-from rota.core.testing import Harness, make_cluster
+from harness import Harness, make_cluster
 
 
 def rejected(h, **spec):
@@ -36,6 +36,17 @@ def test_enforce_part_limits_no_accepts_and_all_rejects():
     strict = Harness(make_cluster(enforce_part_limits="ALL"))
     assert rejected(strict, time_limit=7200) == ("Requested time limit is invalid (missing or exceeds some limit)",)
     assert rejected(strict, nodes=5, nodes_given=True) == ("Node count specification invalid",)
+
+
+def test_the_partitions_node_limits_are_one_rule_at_submit_and_while_waiting():
+    """MinNodes and MaxNodes: refused at submit under EnforcePartLimits, PartitionNodeLimit under NO."""
+    wide = ev.PartitionConfig(name="wide", nodes=("gpu01", "gpu02", "gpu03", "gpu04"), min_nodes=2, max_nodes=3)
+    strict = Harness(make_cluster(enforce_part_limits="ALL", extra_partitions=(wide,)))
+    for n in (1, 4):
+        assert rejected(strict, nodes=n, nodes_given=True, partitions=("wide",)) == ("Node count specification invalid",)
+    lax = Harness(make_cluster(extra_partitions=(wide,)))
+    job = lax.submit(nodes=1, partitions=("wide",))
+    assert lax.cycle().pending_of(job).reason == "PartitionNodeLimit"
 
 
 def test_drain_without_reason_is_refused(h):

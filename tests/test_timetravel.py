@@ -5,7 +5,7 @@ import sys
 
 from rota.core import events as ev
 from rota.core.sim import Simulator, TraceJob
-from rota.core.testing import Harness, make_cluster
+from harness import Harness, make_cluster
 from rota.core.timetravel import replay_to, verify, why
 from rota.core.whatif import whatif
 
