@@ -46,6 +46,28 @@ def submit(state: State, spec: ev.JobSpec, job_id: int, caller: Caller = ROOT) -
     cfg = state.config
     if cfg is None:
         raise Rejected("the cluster has no configuration yet", code="unconfigured")
+    _check_request(spec, caller)
+    names = _partition_names(cfg, spec)
+    _check_forms(state, cfg, spec)
+    enforce = cfg.scheduler.enforce_part_limits
+    parts_by_name = {p.name: p for p in cfg.partitions}
+    refusals: list[Rejected] = []
+    for n in names:
+        try:
+            _check_partition(state, spec, parts_by_name[n], enforce)
+        except Rejected as r:
+            refusals.append(r)
+    if refusals and (enforce == "ALL" or len(refusals) == len(names)):
+        raise refusals[0]
+    if accounting.enforced(state):
+        spec = _with_account_and_qos(state, spec)
+        _submit_limit(state, spec)
+    _job_count_limits(state, spec, cfg.scheduler)
+    return ev.JobSubmitted(job_id=job_id, spec=spec)
+
+
+def _check_request(spec: ev.JobSpec, caller: Caller) -> None:
+    """What is wrong with the request itself, or with who asks for it."""
     problems = spec_problems(spec)
     if problems:
         raise Rejected(*problems, code="invalid")
@@ -54,17 +76,26 @@ def submit(state: State, spec: ev.JobSpec, job_id: int, caller: Caller = ROOT) -
     if spec.nice < 0 and not caller.operator:
         raise Rejected("Access/permission denied: only operators and administrators may set a negative nice",
                        code="permission")
-    parts_by_name = {p.name: p for p in cfg.partitions}
+
+
+def _partition_names(cfg: ev.ClusterConfig, spec: ev.JobSpec) -> list[str]:
+    """The partitions the job asks for (the default one when it names none), each of them known."""
     names = list(spec.partitions)
     if not names:
         dp = cfg.default_partition()
         if dp is None:
             raise Rejected("No partition specified or system default partition", code="partition")
         names = [dp.name]
+    known = {p.name for p in cfg.partitions}
     for n in names:
-        if n not in parts_by_name:
+        if n not in known:
             raise Rejected(f"invalid partition specified: {n}", "Invalid partition name specified",
                            code="partition")
+    return names
+
+
+def _check_forms(state: State, cfg: ev.ClusterConfig, spec: ev.JobSpec) -> None:
+    """The array, the dependency and the GPU type, each of a form that can be met."""
     if spec.array:
         try:
             parse_array(spec.array, cfg.scheduler.max_array_size)
@@ -80,25 +111,17 @@ def submit(state: State, spec: ev.JobSpec, job_id: int, caller: Caller = ROOT) -
                 raise Rejected("Job dependency problem", code="dependency")
     if spec.gpu_type is not None and spec.gpu_type == "":
         raise Rejected("Invalid generic resource (gres) specification", code="gres")
-    enforce = cfg.scheduler.enforce_part_limits
-    refusals: list[Rejected] = []
-    for n in names:
-        try:
-            _check_partition(state, spec, parts_by_name[n], enforce)
-        except Rejected as r:
-            refusals.append(r)
-    if refusals and (enforce == "ALL" or len(refusals) == len(names)):
-        raise refusals[0]
-    if accounting.enforced(state):
-        try:
-            account, qos = accounting.check_submit(state, spec.user, spec.account, spec.qos, spec.qos_given)
-        except accounting.AccountingError as exc:
-            raise Rejected(str(exc), code="account" if str(exc) == accounting.INVALID_ACCOUNT else "qos") from None
-        if (account, qos) != (spec.account, spec.qos):
-            spec = spec.model_copy(update={"account": account, "qos": qos})
-        _submit_limit(state, spec)
-    _job_count_limits(state, spec, cfg.scheduler)
-    return ev.JobSubmitted(job_id=job_id, spec=spec)
+
+
+def _with_account_and_qos(state: State, spec: ev.JobSpec) -> ev.JobSpec:
+    """The job under the account and QOS the associations give it (AccountingStorageEnforce)."""
+    try:
+        account, qos = accounting.check_submit(state, spec.user, spec.account, spec.qos, spec.qos_given)
+    except accounting.AccountingError as exc:
+        raise Rejected(str(exc), code="account" if str(exc) == accounting.INVALID_ACCOUNT else "qos") from None
+    if (account, qos) != (spec.account, spec.qos):
+        spec = spec.model_copy(update={"account": account, "qos": qos})
+    return spec
 
 
 def count_limits_refusal(state: State, spec: ev.JobSpec) -> Rejected | None:
@@ -181,6 +204,7 @@ def _gpus_of(node, gpu_type: str | None) -> int:
 
 
 def _check_partition(state: State, spec: ev.JobSpec, part: ev.PartitionConfig, enforce: str) -> None:
+    """Why ``part`` can never run the job (raises), under the partition limits ``enforce`` says to apply."""
     if part.state in ("DRAIN", "INACTIVE"):
         raise Rejected("Required partition not available (inactive or drain)", code="partition")
     if spec.account and "ALL" not in part.allow_accounts and spec.account not in part.allow_accounts:
@@ -198,6 +222,11 @@ def _check_partition(state: State, spec: ev.JobSpec, part: ev.PartitionConfig, e
             raise Rejected("Requested time limit is invalid (missing or exceeds some limit)", code="time")
         if over_node_limits(part, req.nnodes, shape.count):
             raise Rejected("Node count specification invalid", code="nodes")
+    _check_nodes(state, spec, req, nodes)
+
+
+def _check_nodes(state: State, spec: ev.JobSpec, req: Any, nodes: list) -> None:
+    """Why none of ``nodes`` (a partition's, or one of each kind) can ever hold the request (raises)."""
     if spec.constraint and not any(constraint_matches(spec.constraint, n.features) for n in nodes):
         raise Rejected("Invalid feature specification", code="constraint")
     if spec.nodelist:

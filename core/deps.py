@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .state import COMPLETED, PENDING, RUNNING, TERMINAL_STATES, State
+from .state import COMPLETED, PENDING, RUNNING, TERMINAL_STATES, Job, State
 
 DEP_TYPES = ("after", "afterany", "afterok", "afternotok", "singleton", "aftercorr")
 
@@ -53,17 +53,7 @@ def parse_dependency(text: str) -> Dependency:
 
 def _term_status(state: State, term: DepTerm, job_id: int, now: int) -> str:
     if term.kind == "singleton":
-        me = state.jobs.get(job_id)
-        if me is None:
-            return OK     # it is gone: nothing of its own waits
-        for other_id in list(state.running) + list(state.pending):
-            if other_id == job_id:
-                continue
-            o = state.jobs[other_id]
-            if o.spec.user == me.spec.user and o.spec.name == me.spec.name:
-                if o.state == RUNNING or o.submit_seq < me.submit_seq:
-                    return WAIT
-        return OK
+        return _singleton_status(state, job_id)
     members = state.counted_members(term.job_id)
     if members is None:
         ended = state.ended.get(term.job_id)
@@ -75,32 +65,39 @@ def _term_status(state: State, term: DepTerm, job_id: int, now: int) -> str:
         if term.kind == "afternotok":
             return NEVER if good else OK
         return OK
-    statuses = []
-    for m in members:
-        pending_tasks = m.array_pending is not None and len(m.array_pending) > 0
-        if term.kind == "after":
-            if m.state == PENDING or pending_tasks:
-                statuses.append(WAIT)
-            elif m.state == RUNNING and now < m.start_time + term.delay:
-                statuses.append(WAIT)
-            else:
-                statuses.append(OK)
+    statuses = {_member_status(m, term, now) for m in members}
+    return NEVER if NEVER in statuses else WAIT if WAIT in statuses else OK
+
+
+def _singleton_status(state: State, job_id: int) -> str:
+    """``singleton``: no other job of the same user and name running, nor submitted before this one and waiting."""
+    me = state.jobs.get(job_id)
+    if me is None:
+        return OK     # it is gone: nothing of its own waits
+    for other_id in list(state.running) + list(state.pending):
+        if other_id == job_id:
             continue
-        if m.state not in TERMINAL_STATES or pending_tasks:
-            statuses.append(WAIT)
-            continue
-        good = m.state == COMPLETED and m.exit_code == 0
-        if term.kind in ("afterany", "aftercorr"):
-            statuses.append(OK)
-        elif term.kind == "afterok":
-            statuses.append(OK if good else NEVER)
-        else:  # afternotok
-            statuses.append(NEVER if good else OK)
-    if NEVER in statuses:
-        return NEVER
-    if WAIT in statuses:
-        return WAIT
+        o = state.jobs[other_id]
+        if o.spec.user == me.spec.user and o.spec.name == me.spec.name:
+            if o.state == RUNNING or o.submit_seq < me.submit_seq:
+                return WAIT
     return OK
+
+
+def _member_status(m: Job, term: DepTerm, now: int) -> str:
+    """One job (or array task) a term waits on: has it done what the term waits for, can it still?"""
+    pending_tasks = m.array_pending is not None and len(m.array_pending) > 0
+    if term.kind == "after":
+        waiting = m.state == PENDING or pending_tasks or (m.state == RUNNING and now < m.start_time + term.delay)
+        return WAIT if waiting else OK
+    if m.state not in TERMINAL_STATES or pending_tasks:
+        return WAIT
+    good = m.state == COMPLETED and m.exit_code == 0
+    if term.kind in ("afterany", "aftercorr"):
+        return OK
+    if term.kind == "afterok":
+        return OK if good else NEVER
+    return NEVER if good else OK       # afternotok
 
 
 def dependency_status(state: State, dep: Dependency, job_id: int, now: int) -> str:

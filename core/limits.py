@@ -92,6 +92,11 @@ def spec_problems(spec: JobSpec) -> list[str]:
     """What is out of range in ``spec``, each as one line naming the option and the allowed range."""
     if _plainly_fine(spec):
         return []
+    return _option_problems(spec) + _payload_problems(spec)
+
+
+def _option_problems(spec: JobSpec) -> list[str]:
+    """Numbers out of range, names and paths too long or with control characters."""
     out: list[str] = []
     for field, lo, hi in _RANGES:
         value = getattr(spec, field)
@@ -110,6 +115,12 @@ def spec_problems(spec: JobSpec) -> list[str]:
         if len(values) > MAX_LIST or any(len(v) > MAX_NAME or not control_free(v) for v in values):
             out.append(f"Invalid {_OPTION[field]} value: at most {MAX_LIST} names of at most {MAX_NAME} "
                        "characters, no control characters")
+    return out
+
+
+def _payload_problems(spec: JobSpec) -> list[str]:
+    """The script, environment, arguments and submit line (sizes, NULs, text that is not Unicode), and --signal."""
+    out: list[str] = []
     script_bytes = len(spec.script.encode("utf-8", "surrogatepass"))
     if script_bytes > MAX_SCRIPT:
         out.append(f"Batch script is too large ({script_bytes:,} bytes; the limit is {MAX_SCRIPT:,}, Slurm's "

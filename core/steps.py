@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .events import StepAlloc
+from .events import NodeAlloc, StepAlloc
 from .state import Job
 
 STEP_STATE_RANK = {"COMPLETED": 0, "FAILED": 1, "TIMEOUT": 2, "CANCELLED": 3, "OUT_OF_MEMORY": 4, "NODE_FAIL": 5}
@@ -54,68 +54,80 @@ def layout(job: Job, ask: StepAsk) -> tuple[tuple[StepAlloc, ...], list[str]]:
     """The step's share of each node it uses, and any warnings ``srun`` prints (Slurm's); raises
     :class:`StepRefused`."""
     alloc = list(job.alloc)
-    spec = job.spec
     if ask.nodelist:
         unknown = [n for n in ask.nodelist if n not in {a.node for a in alloc}]
         if unknown:
             raise StepRefused("Requested node configuration is not available")
         alloc = [a for a in alloc if a.node in ask.nodelist]
-    warnings: list[str] = []
     if ask.nodes is not None and ask.nodes > len(alloc):
         raise StepRefused(f"Only allocated {len(alloc)} nodes asked for {ask.nodes}")
-    cpt = ask.cpus_per_task or (spec.cpus_per_task if spec.cpus_per_task_given else 1)
+    warnings: list[str] = []
+    ntasks, nnodes = _task_and_node_counts(job, ask, len(alloc), warnings)
+    counts = _tasks_per_node(ask, ntasks, nnodes)
+    cpt = ask.cpus_per_task or (job.spec.cpus_per_task if job.spec.cpus_per_task_given else 1)
+    busy_cpus, busy_gpus = _in_use(job, ask.overlap)
+    out: list[StepAlloc] = []
+    rank = 0
+    for a, n in zip(alloc[:nnodes], counts):
+        if n:
+            gpus = _share_of(a, ask, n * cpt, n, busy_cpus.get(a.node, 0), busy_gpus.get(a.node, set()))
+            out.append(StepAlloc(node=a.node, tasks=tuple(range(rank, rank + n)), cpus=n * cpt, mem=ask.mem or 0,
+                                 gpus=gpus, gpus_per_task=ask.gpus_per_task or 0))
+            rank += n
+    return tuple(out), warnings
+
+
+def _task_and_node_counts(job: Job, ask: StepAsk, allocated: int, warnings: list[str]) -> tuple[int, int]:
+    """How many tasks the step runs, on how many of the job's ``allocated`` nodes (srun's defaults)."""
     nnodes = ask.nodes
     ntasks = ask.ntasks
     if ntasks is None:
         if ask.ntasks_per_node:
-            ntasks = ask.ntasks_per_node * (nnodes or len(alloc))
+            ntasks = ask.ntasks_per_node * (nnodes or allocated)
         elif nnodes is not None:
             ntasks = nnodes
         else:
             ntasks = job_tasks(job)
     if nnodes is None:
-        nnodes = min(len(alloc), ntasks)
+        nnodes = min(allocated, ntasks)
     elif ntasks < nnodes:
         warnings.append(f"can't run {ntasks} processes on {nnodes} nodes, setting nnodes to {ntasks}")
         nnodes = ntasks
-    alloc = alloc[:nnodes]
-    if ask.ntasks_per_node:
-        if ntasks > ask.ntasks_per_node * nnodes:
-            raise StepRefused("Requested node configuration is not available")
-        counts, left = [], ntasks
-        for _ in alloc:
-            counts.append(min(ask.ntasks_per_node, left))
-            left -= counts[-1]
-    else:
+    return ntasks, nnodes
+
+
+def _tasks_per_node(ask: StepAsk, ntasks: int, nnodes: int) -> list[int]:
+    """The tasks on each of the step's nodes: filled up to --ntasks-per-node in order, else spread evenly."""
+    if not ask.ntasks_per_node:
         base, extra = divmod(ntasks, nnodes)
-        counts = [base + (1 if i < extra else 0) for i in range(nnodes)]
-    busy_cpus, busy_gpus = _in_use(job, ask.overlap)
-    out: list[StepAlloc] = []
-    rank = 0
-    for a, n in zip(alloc, counts):
-        if n == 0:
-            continue
-        cpus = n * cpt
-        if cpus > a.cpus:
-            raise StepRefused("More processors requested than permitted")
-        if ask.mem is not None and a.mem and ask.mem > a.mem:
-            raise StepRefused("Memory required by task is not available")
-        want_gpus = n * ask.gpus_per_task if ask.gpus_per_task else ask.gpus_per_node
-        if want_gpus is not None and want_gpus > len(a.gpus):
-            raise StepRefused("Invalid generic resource (gres) specification")
-        if cpus > a.cpus - busy_cpus.get(a.node, 0):
-            raise StepRefused("Requested nodes are busy", busy=True)
-        if want_gpus is None:
-            gpus = a.gpus
-        else:
-            free = [g for g in a.gpus if g not in busy_gpus.get(a.node, ())]
-            if len(free) < want_gpus:
-                raise StepRefused("Requested nodes are busy", busy=True)
-            gpus = tuple(free[:want_gpus])
-        out.append(StepAlloc(node=a.node, tasks=tuple(range(rank, rank + n)), cpus=cpus, mem=ask.mem or 0,
-                             gpus=gpus, gpus_per_task=ask.gpus_per_task or 0))
-        rank += n
-    return tuple(out), warnings
+        return [base + (1 if i < extra else 0) for i in range(nnodes)]
+    if ntasks > ask.ntasks_per_node * nnodes:
+        raise StepRefused("Requested node configuration is not available")
+    counts, left = [], ntasks
+    for _ in range(nnodes):
+        counts.append(min(ask.ntasks_per_node, left))
+        left -= counts[-1]
+    return counts
+
+
+def _share_of(a: NodeAlloc, ask: StepAsk, cpus: int, ntasks: int, busy_cpus: int, busy_gpus: set[int]
+              ) -> tuple[int, ...]:
+    """The GPUs the step gets on one of the job's nodes, once its CPUs, memory and GPUs are known to fit there."""
+    if cpus > a.cpus:
+        raise StepRefused("More processors requested than permitted")
+    if ask.mem is not None and a.mem and ask.mem > a.mem:
+        raise StepRefused("Memory required by task is not available")
+    want_gpus = ntasks * ask.gpus_per_task if ask.gpus_per_task else ask.gpus_per_node
+    if want_gpus is not None and want_gpus > len(a.gpus):
+        raise StepRefused("Invalid generic resource (gres) specification")
+    if cpus > a.cpus - busy_cpus:
+        raise StepRefused("Requested nodes are busy", busy=True)
+    if want_gpus is None:
+        return a.gpus
+    free = [g for g in a.gpus if g not in busy_gpus]
+    if len(free) < want_gpus:
+        raise StepRefused("Requested nodes are busy", busy=True)
+    return tuple(free[:want_gpus])
 
 
 def _in_use(job: Job, overlap: bool) -> tuple[dict[str, int], dict[str, set[int]]]:
