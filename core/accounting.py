@@ -8,6 +8,8 @@ account must be one of its user's, and its QOS one the association allows.
 """
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from . import events as ev
 from .limits import MAX_NAME
 from .state import State
@@ -193,40 +195,51 @@ def _assoc(state: State, assoc: ev.Association, v: dict[str, str]) -> ev.Associa
 def _qos(state: State, record: ev.QosRecord, v: dict[str, str]) -> ev.QosRecord:
     fields: dict = {}
     for key, value in v.items():
-        if key == "priority":
-            fields["priority"] = _number(key, value, 0)
-        elif key == "description":
-            fields["description"] = value[:MAX_NAME]
-        elif key in ("maxjobsperuser", "maxjobspu"):
-            fields["max_jobs_per_user"] = _limit(key, value)
-        elif key in ("maxsubmitjobsperuser", "maxsubmitjobspu", "maxsubmitpu"):
-            fields["max_submit_jobs_per_user"] = _limit(key, value)
-        elif key in ("maxtresperuser", "maxtrespu"):
-            fields["max_tres_per_user"] = _tres(value)
-        elif key == "maxwall":
-            if value in ("-1", ""):
-                fields["max_wall"] = None
-            else:
-                try:
-                    fields["max_wall"] = parse_time_limit(value)
-                except TimeSpecError:
-                    raise AccountingError(f"MaxWall={value}: not a time (minutes, MM:SS, HH:MM:SS or D-HH)") from None
-        elif key == "preempt":
-            names = tuple(q for q in value.split(",") if q)
-            missing = [q for q in names if q not in state.qos and q != record.name and q != "normal"]
-            if missing:
-                raise AccountingError(f"Preempt={value}: qos {missing[0]} does not exist")
-            fields["preempt"] = names
-        elif key == "preemptmode":
-            if value.lower() not in ("cluster", "off", "cancel", "requeue"):
-                raise AccountingError(f"PreemptMode={value}: use cluster, off, cancel or requeue")
-            fields["preempt_mode"] = value.lower()
-        elif key == "gracetime":
-            fields["grace_time"] = _number(key, value, 0)
+        option = _QOS_OPTIONS.get(key)
+        if option is not None:
+            fields[option[0]] = option[1](state, record, key, value)
         elif key != "name":
             raise AccountingError(f"unknown qos option {key!r}: Priority, MaxJobsPerUser, MaxSubmitJobsPerUser, "
                                   "MaxTRESPerUser, MaxWall, Preempt, PreemptMode, GraceTime, Description")
     return record.model_copy(update=fields)
+
+
+def _max_wall(state: State, record: ev.QosRecord, key: str, value: str) -> int | None:
+    if value in ("-1", ""):
+        return None
+    try:
+        return parse_time_limit(value)
+    except TimeSpecError:
+        raise AccountingError(f"MaxWall={value}: not a time (minutes, MM:SS, HH:MM:SS or D-HH)") from None
+
+
+def _preempt(state: State, record: ev.QosRecord, key: str, value: str) -> tuple[str, ...]:
+    names = tuple(q for q in value.split(",") if q)
+    missing = [q for q in names if q not in state.qos and q != record.name and q != "normal"]
+    if missing:
+        raise AccountingError(f"Preempt={value}: qos {missing[0]} does not exist")
+    return names
+
+
+def _preempt_mode(state: State, record: ev.QosRecord, key: str, value: str) -> str:
+    if value.lower() not in ("cluster", "off", "cancel", "requeue"):
+        raise AccountingError(f"PreemptMode={value}: use cluster, off, cancel or requeue")
+    return value.lower()
+
+
+# sacctmgr's QOS options (lower case) -> (the record's field, how the value reads: state, record, key, value)
+_QOS_OPTIONS: dict[str, tuple[str, Callable[[State, ev.QosRecord, str, str], Any]]] = {
+    "priority": ("priority", lambda _s, _r, k, v: _number(k, v, 0)),
+    "description": ("description", lambda _s, _r, _k, v: v[:MAX_NAME]),
+    "maxwall": ("max_wall", _max_wall),
+    "preempt": ("preempt", _preempt),
+    "preemptmode": ("preempt_mode", _preempt_mode),
+    "gracetime": ("grace_time", lambda _s, _r, k, v: _number(k, v, 0)),
+    **{k: ("max_jobs_per_user", lambda _s, _r, k, v: _limit(k, v)) for k in ("maxjobsperuser", "maxjobspu")},
+    **{k: ("max_submit_jobs_per_user", lambda _s, _r, k, v: _limit(k, v))
+       for k in ("maxsubmitjobsperuser", "maxsubmitjobspu", "maxsubmitpu")},
+    **{k: ("max_tres_per_user", lambda _s, _r, _k, v: _tres(v)) for k in ("maxtresperuser", "maxtrespu")},
+}
 
 
 def _number(key: str, value: str, low: int) -> int:

@@ -211,35 +211,52 @@ def parse_config(text: str, file: str = "slurm.conf", gres_text: str | None = No
     return cfg
 
 
-def check_config(text: str, file: str = "slurm.conf", gres_text: str | None = None,
-                 gres_file: str = "gres.conf") -> tuple[ev.ClusterConfig | None, list[Diagnostic]]:
-    """Parse and diagnose: the config (None when it has errors) and every diagnostic."""
-    ctx = _Ctx(file)
-    global_vals: dict[str, tuple[int, str]] = {}
-    controllers: list[str] = []          # SlurmctldHost lines: the first leads when all run, the others stand by
-    node_lines: list[tuple[int, list[tuple[str, str, str]]]] = []
-    part_lines: list[tuple[int, list[tuple[str, str, str]]]] = []
+@dataclass
+class _Lines:
+    """A slurm.conf's lines by what they define."""
+
+    globals: dict[str, tuple[int, str]] = field(default_factory=dict)    # key -> (line, value)
+    controllers: list[str] = field(default_factory=list)    # SlurmctldHost lines: the first leads when all run
+    nodes: list[tuple[int, list[tuple[str, str, str]]]] = field(default_factory=list)
+    partitions: list[tuple[int, list[tuple[str, str, str]]]] = field(default_factory=list)
+
+
+def _sort_lines(ctx: _Ctx, text: str) -> _Lines:
+    out = _Lines()
     for lineno, line in _lines(text):
         pairs = _pairs(ctx, lineno, line)
         if not pairs:
             continue
         first = pairs[0][1]
         if first == "nodename":
-            node_lines.append((lineno, pairs))
+            out.nodes.append((lineno, pairs))
         elif first == "partitionname":
-            part_lines.append((lineno, pairs))
+            out.partitions.append((lineno, pairs))
         else:
             for key, low, value in pairs:
-                if low in ("slurmctldhost", "controlmachine"):      # one line per controller, in order
-                    name = value.split("(", 1)[0].strip()
-                    if name and name not in controllers:
-                        controllers.append(name)
-                elif low in GLOBAL_KEYS:
-                    global_vals[low] = (lineno, value)
-                elif low in IGNORED_KEYS:
-                    ctx.ignored(lineno, key)
-                elif low not in SHELL_KEYS and low not in ("nodename", "partitionname"):
-                    ctx.err(lineno, f"unknown key {key!r}", _suggest(key, GLOBAL_KEYS | IGNORED_KEYS | set(SHELL_KEYS)))
+                _sort_global(ctx, out, lineno, key, low, value)
+    return out
+
+
+def _sort_global(ctx: _Ctx, out: _Lines, lineno: int, key: str, low: str, value: str) -> None:
+    if low in ("slurmctldhost", "controlmachine"):      # one line per controller, in order
+        name = value.split("(", 1)[0].strip()
+        if name and name not in out.controllers:
+            out.controllers.append(name)
+    elif low in GLOBAL_KEYS:
+        out.globals[low] = (lineno, value)
+    elif low in IGNORED_KEYS:
+        ctx.ignored(lineno, key)
+    elif low not in SHELL_KEYS and low not in ("nodename", "partitionname"):
+        ctx.err(lineno, f"unknown key {key!r}", _suggest(key, GLOBAL_KEYS | IGNORED_KEYS | set(SHELL_KEYS)))
+
+
+def check_config(text: str, file: str = "slurm.conf", gres_text: str | None = None,
+                 gres_file: str = "gres.conf") -> tuple[ev.ClusterConfig | None, list[Diagnostic]]:
+    """Parse and diagnose: the config (None when it has errors) and every diagnostic."""
+    ctx = _Ctx(file)
+    lines = _sort_lines(ctx, text)
+    global_vals, controllers, node_lines, part_lines = lines.globals, lines.controllers, lines.nodes, lines.partitions
     gres_types = None
     if "grestypes" in global_vals:
         gres_types = {g.strip() for g in global_vals["grestypes"][1].split(",") if g.strip()}
@@ -628,6 +645,23 @@ def shell_settings(text: str) -> dict:
     return out
 
 
+def _gres_line(gctx: _Ctx, lineno: int, vals: dict[str, str], nodes: dict[str, ev.NodeConfig]
+               ) -> tuple[list[str], int] | None:
+    """One Name=gpu line of gres.conf: the nodes it is about and how many GPUs it gives each (None: refused)."""
+    try:
+        targets = expand(vals["nodename"]) if "nodename" in vals else list(nodes)
+    except HostlistError as exc:
+        gctx.err(lineno, f"bad hostlist NodeName={vals['nodename']}: {exc}")
+        return None
+    if "file" not in vals:
+        return targets, int(vals.get("count", "1")) if vals.get("count", "1").isdecimal() else 1
+    try:
+        return targets, len(expand(vals["file"]))
+    except HostlistError as exc:
+        gctx.err(lineno, f"bad File={vals['file']}: {exc}", "write File=/dev/nvidia[0-3]")
+        return None
+
+
 def _apply_gres_conf(ctx: _Ctx, text: str, file: str, nodes: dict[str, ev.NodeConfig]) -> dict[str, ev.NodeConfig]:
     """Check gres.conf against the nodes' Gres counts (File= device ranges, Count=, AutoDetect)."""
     gctx = _Ctx(file)
@@ -643,19 +677,10 @@ def _apply_gres_conf(ctx: _Ctx, text: str, file: str, nodes: dict[str, ev.NodeCo
             if "name" not in vals:
                 gctx.err(lineno, "gres.conf line without Name=", "start lines with Name=gpu")
             continue
-        try:
-            targets = expand(vals["nodename"]) if "nodename" in vals else list(nodes)
-        except HostlistError as exc:
-            gctx.err(lineno, f"bad hostlist NodeName={vals['nodename']}: {exc}")
+        line_gpus = _gres_line(gctx, lineno, vals, nodes)
+        if line_gpus is None:
             continue
-        if "file" in vals:
-            try:
-                n = len(expand(vals["file"]))
-            except HostlistError as exc:
-                gctx.err(lineno, f"bad File={vals['file']}: {exc}", "write File=/dev/nvidia[0-3]")
-                continue
-        else:
-            n = int(vals.get("count", "1")) if vals.get("count", "1").isdecimal() else 1
+        targets, n = line_gpus
         for t in targets:
             if t not in nodes:
                 gctx.err(lineno, f"gres.conf names unknown node {t}")

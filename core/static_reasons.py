@@ -85,27 +85,37 @@ def static_reason(cy: Cycle, job: Job, parts: Sequence[str]) -> Reason | None:
     """
     if job.hold is not None:
         return _HELD_BY_ADMIN if job.hold == "admin" else _HELD_BY_USER
-    if len(parts) == 1:
-        why = partition_reason(cy, job, parts[0])
-        if why is not None:
-            return why
-    else:
-        refused: list[Reason] = []
-        usable_parts = []
-        for pname in parts:
-            why = partition_reason(cy, job, pname)
-            if why is None:
-                usable_parts.append(pname)
-            else:
-                refused.append(why)
-        if not usable_parts:
-            return most_severe(refused)
-        assert isinstance(parts, list)    # several partitions come as a list of the job's own
-        parts[:] = usable_parts
+    why = _narrow_partitions(cy, job, parts)
+    if why is not None:
+        return why
     if cy.limit_use is not None:
         why = wall_reason(cy.state, job, effective_time_limit(job.time_limit, cy.parts[parts[0]]))
         if why is not None:
             return why
+    return _waiting_reason(cy, job)
+
+
+def _narrow_partitions(cy: Cycle, job: Job, parts: Sequence[str]) -> Reason | None:
+    """Narrow ``parts`` to those the job can use; the most severe reason when there is none."""
+    if len(parts) == 1:
+        return partition_reason(cy, job, parts[0])
+    refused: list[Reason] = []
+    usable_parts = []
+    for pname in parts:
+        why = partition_reason(cy, job, pname)
+        if why is None:
+            usable_parts.append(pname)
+        else:
+            refused.append(why)
+    if not usable_parts:
+        return most_severe(refused)
+    assert isinstance(parts, list)    # several partitions come as a list of the job's own
+    parts[:] = usable_parts
+    return None
+
+
+def _waiting_reason(cy: Cycle, job: Job) -> Reason | None:
+    """What the job waits for besides nodes: its dependency, its begin time, its array's throttle."""
     spec = job.spec
     if spec.dependency:
         try:
