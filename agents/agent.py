@@ -270,22 +270,27 @@ class Agent:
     async def act(self, order: Order) -> None:
         """Carry out one order: launch a job, or kill, update or signal one of its runs."""
         if isinstance(order, Launch):
-            key = (order.job_id, order.restarts)
-            running = self.runs.get(order.job_id)
-            if key in self.seen or (running is not None and running.restarts >= order.restarts):
-                return   # a re-sent order: it runs (or ran) here already
-            self.seen.add(key)
-            if running is not None:
-                self.next_runs[order.job_id] = order   # a requeued job's new run: once its old run has ended
-                return
-            await self._launch(order)
-            return
-        if isinstance(order, StepLaunch):
+            await self._accept_launch(order)
+        elif isinstance(order, StepLaunch):
             self.steps.launch(order)
-            return
-        if isinstance(order, StepKill):
+        elif isinstance(order, StepKill):
             self.steps.kill(order.job_id, order.restarts, order.step_id, order.signal)
+        else:
+            self._to_run(order)
+
+    async def _accept_launch(self, order: Launch) -> None:
+        key = (order.job_id, order.restarts)
+        running = self.runs.get(order.job_id)
+        if key in self.seen or (running is not None and running.restarts >= order.restarts):
+            return   # a re-sent order: it runs (or ran) here already
+        self.seen.add(key)
+        if running is not None:
+            self.next_runs[order.job_id] = order   # a requeued job's new run: once its old run has ended
             return
+        await self._launch(order)
+
+    def _to_run(self, order: Kill | Update | Signal) -> None:
+        """A kill, an update or a signal for a job's run here (and a kill or signal for its steps)."""
         if isinstance(order, Signal) and order.steps:
             self.steps.send_signal(order.job_id, order.restarts, order.signal, order.step_id)
         run = self.runs.get(order.job_id)
@@ -295,13 +300,12 @@ class Agent:
                 self.steps.end_job(order.job_id, order.restarts, remove_cgroup=True)
         if run is None or (order.restarts is not None and order.restarts != run.restarts):
             return   # not here, or meant for an earlier run of a requeued job
-        if isinstance(order, Signal) and not order.batch:
-            return
         if isinstance(order, Signal):
-            self._signal_batch(run, order.signal)
+            if order.batch:
+                self._signal_batch(run, order.signal)
         elif isinstance(order, Update):
             run.time_limit = order.time_limit
-        elif isinstance(order, Kill) and run.kill_reason is None:
+        elif run.kill_reason is None:
             run.kill_reason = order.reason
             self._signal(run, signal.SIGCONT)
             self._signal(run, order.signal or signal.SIGTERM)

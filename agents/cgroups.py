@@ -54,40 +54,46 @@ def detect(node: str, root: Path = ROOT, all_tasks: int = 0) -> tuple[Cgroups | 
     if (root / "cgroup.controllers").exists():
         controllers = (root / "cgroup.controllers").read_text().split()
         if "memory" in controllers:
-            wanted = "+memory +cpuset" + (" +pids" if "pids" in controllers else "")
-            try:
-                base = root / "rota"
-                base.mkdir(exist_ok=True)
-                (root / "cgroup.subtree_control").write_text(wanted)
-                (base / "cgroup.subtree_control").write_text(wanted)
-                (base / node).mkdir(exist_ok=True)
-                (base / node / "cgroup.subtree_control").write_text(wanted)
-                pids = "pids" in controllers
-                if pids and all_tasks:
-                    _try_write(base / node / "pids.max", str(all_tasks))
-                return Cgroups(2, node, root, pids), "cgroup v2 (memory, cpuset" + (", pids)" if pids else ")")
-            except OSError as exc:
-                return None, f"cgroup v2 not writable ({exc}): memory enforced by polling RSS"
-    mem = root / "memory"
-    if (mem / "memory.limit_in_bytes").exists():
-        try:
-            (mem / "rota" / node).mkdir(parents=True, exist_ok=True)
-            cpuset = root / "cpuset"
-            if (cpuset / "cpuset.cpus").exists():
-                for d in (cpuset / "rota", cpuset / "rota" / node):
-                    d.mkdir(exist_ok=True)
-                    for f in ("cpuset.cpus", "cpuset.mems"):
-                        if not (d / f).read_text().strip():
-                            (d / f).write_text((d.parent / f).read_text())
-            pids = (root / "pids" / "cgroup.procs").exists()
-            if pids:
-                (root / "pids" / "rota" / node).mkdir(parents=True, exist_ok=True)
-                if all_tasks:
-                    _try_write(root / "pids" / "rota" / node / "pids.max", str(all_tasks))
-            return Cgroups(1, node, root, pids), "cgroup v1 (memory, cpuset" + (", pids)" if pids else ")")
-        except OSError as exc:
-            return None, f"cgroup v1 not writable ({exc}): memory enforced by polling RSS"
+            return _v2(node, root, "pids" in controllers, all_tasks)
+    if (root / "memory" / "memory.limit_in_bytes").exists():
+        return _v1(node, root, all_tasks)
     return None, "no cgroup memory controller: memory enforced by polling RSS"
+
+
+def _v2(node: str, root: Path, pids: bool, all_tasks: int) -> tuple[Cgroups | None, str]:
+    wanted = "+memory +cpuset" + (" +pids" if pids else "")
+    try:
+        base = root / "rota"
+        base.mkdir(exist_ok=True)
+        (root / "cgroup.subtree_control").write_text(wanted)
+        (base / "cgroup.subtree_control").write_text(wanted)
+        (base / node).mkdir(exist_ok=True)
+        (base / node / "cgroup.subtree_control").write_text(wanted)
+        if pids and all_tasks:
+            _try_write(base / node / "pids.max", str(all_tasks))
+        return Cgroups(2, node, root, pids), "cgroup v2 (memory, cpuset" + (", pids)" if pids else ")")
+    except OSError as exc:
+        return None, f"cgroup v2 not writable ({exc}): memory enforced by polling RSS"
+
+
+def _v1(node: str, root: Path, all_tasks: int) -> tuple[Cgroups | None, str]:
+    try:
+        (root / "memory" / "rota" / node).mkdir(parents=True, exist_ok=True)
+        cpuset = root / "cpuset"
+        if (cpuset / "cpuset.cpus").exists():
+            for d in (cpuset / "rota", cpuset / "rota" / node):
+                d.mkdir(exist_ok=True)
+                for f in ("cpuset.cpus", "cpuset.mems"):
+                    if not (d / f).read_text().strip():
+                        (d / f).write_text((d.parent / f).read_text())
+        pids = (root / "pids" / "cgroup.procs").exists()
+        if pids:
+            (root / "pids" / "rota" / node).mkdir(parents=True, exist_ok=True)
+            if all_tasks:
+                _try_write(root / "pids" / "rota" / node / "pids.max", str(all_tasks))
+        return Cgroups(1, node, root, pids), "cgroup v1 (memory, cpuset" + (", pids)" if pids else ")")
+    except OSError as exc:
+        return None, f"cgroup v1 not writable ({exc}): memory enforced by polling RSS"
 
 
 class JobCgroup:

@@ -109,6 +109,20 @@ def timed(cmd: list[str], env: dict) -> float:
     return elapsed
 
 
+def _rebuild(tmp: Path, env: dict[str, str], total: int) -> Figure:
+    """The projector alone, from zero: `rota projections rebuild`, median of 3."""
+    rates = []
+    for i in range(3):
+        r = subprocess.run([str(BIN / "rota"), "projections", "rebuild", "--db", str(tmp / f"re{i}.sqlite")],
+                           env=env, capture_output=True, text=True, check=True)
+        m = re.search(r"\(([\d,]+) events/s\)", r.stdout)
+        assert m is not None, r.stdout
+        rates.append(int(m.group(1).replace(",", "")))
+    catch_up = statistics.median(rates)
+    return Figure(f"projection catch-up from zero, {total:,} events", catch_up, "events/s", ">= 20,000",
+                  catch_up >= 20_000, "python -m rota.bench.cli_bench", "rota projections rebuild, median of 3")
+
+
 def run(finished: int, pending: int, runs: int) -> list[Figure]:
     figures: list[Figure] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -135,17 +149,7 @@ def run(finished: int, pending: int, runs: int) -> list[Figure]:
                                   "controller load and projector share one process"))
             while not (Path(tmp) / "state" / "cluster.json").exists():
                 time.sleep(0.05)
-            rates = []
-            for i in range(3):   # the projector alone, from zero: `rota projections rebuild`
-                r = subprocess.run([str(BIN / "rota"), "projections", "rebuild", "--db", str(Path(tmp) / f"re{i}.sqlite")],
-                                   env=env, capture_output=True, text=True, check=True)
-                m = re.search(r"\(([\d,]+) events/s\)", r.stdout)
-                assert m is not None, r.stdout
-                rates.append(int(m.group(1).replace(",", "")))
-            catch_up = statistics.median(rates)
-            figures.append(Figure(f"projection catch-up from zero, {total:,} events", catch_up, "events/s",
-                                  ">= 20,000", catch_up >= 20_000, "python -m rota.bench.cli_bench",
-                                  "rota projections rebuild, median of 3"))
+            figures.append(_rebuild(Path(tmp), env, total))
             compile_package()
             floor_cmd = [sys.executable, "-c", "pass"]
             floors: list[float] = []

@@ -13,6 +13,7 @@ Every figure is a process started and waited for, as a shell or a workflow engin
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 import os
 import shutil
 import signal
@@ -150,6 +151,27 @@ def start_agents(base: Path, env: dict) -> list[subprocess.Popen]:
     raise RuntimeError("the four nodes did not come up idle")
 
 
+@dataclass
+class _Sides:
+    """What one run compares: rota's commands (and Slurm's, with ``slurm``) and how each is reached."""
+
+    env: dict[str, str]
+    slurm: bool
+    runs: int
+    cmd: str
+    slurm_env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+
+    def bins(self) -> dict[str, tuple[str, dict[str, str]]]:
+        return {"native": (str(BIN), self.env), **({"Slurm": ("/usr/bin", self.slurm_env)} if self.slurm else {})}
+
+    def cancel_all(self) -> None:
+        for b, e in self.bins().values():
+            subprocess.run([f"{b}/scancel", "-u", "root"], env=e, check=False, cwd="/tmp")
+
+
+HELD = ["--parsable", "--hold", "-o", "/dev/null", "--wrap=true"]
+
+
 def run(runs: int, loop: int, slurm: bool, e2e: int = 200, array: int = 500) -> list[Figure]:
     if not (BIN / "sbatch").is_symlink():
         raise SystemExit("the native client is not installed here: run `rota install-commands` first")
@@ -161,101 +183,19 @@ def run(runs: int, loop: int, slurm: bool, e2e: int = 200, array: int = 500) -> 
                            "--no-agent"],
                           env=env, stdout=open(base / "up.log", "w"), stderr=subprocess.STDOUT)
     agents: list[subprocess.Popen] = []
-    figures = []
-    cmd = f"python -m rota.bench.thin_bench --runs {runs} --loop {loop}" + (" --slurm" if slurm else "")
-    slurm_env = dict(os.environ)
+    sides = _Sides(env, slurm, runs, f"python -m rota.bench.thin_bench --runs {runs} --loop {loop}"
+                   + (" --slurm" if slurm else ""))
     try:
         for _ in range(300):
             if (base / "state" / "run" / "commands.sock").exists() and (base / "state" / "cluster.json").exists():
                 break
             time.sleep(0.1)
         agents = start_agents(base, env)
-        direct = dict(env, ROTA_THIN="0")
-        py_entry = [sys.executable, "-c", "from rota.cli.thin import sbatch; sbatch()"]
-        held = ["--parsable", "--hold", "-o", "/dev/null", "--wrap=true"]
-        ways = {"native": [str(BIN / "sbatch"), *held], "python entry point": [*py_entry, *held],
-                "in its own process": [*py_entry, *held], "python -c pass": [sys.executable, "-c", "pass"],
-                "python -I -S -c pass": [sys.executable, "-I", "-S", "-c", "pass"]}
-        envs = {k: direct if k == "in its own process" else env for k in ways}
-        if slurm:
-            ways["Slurm"] = ["/usr/bin/sbatch", *held]
-            envs["Slurm"] = slurm_env
-        times = alternate(ways, envs, runs)
-        for k, ts in times.items():
-            med = statistics.median(ts)
-            note, met, tgt = "", None, ""
-            if slurm and k != "Slurm":
-                ratio = statistics.median([a / b for a, b in zip(ts, times["Slurm"])])
-                note = f"{ratio:.2f} x Slurm's time"
-                if k == "native":
-                    tgt, met = "<= 1.0 x Slurm", ratio <= 1.0
-            figures.append(Figure(f"one held sbatch: {k}" if "pass" not in k else k, med * 1000, "ms", tgt, met,
-                                  cmd, note))
-        subprocess.run([str(BIN / "sbatch"), "--hold", "-o", "/dev/null", "--array=0-1999", "--wrap=true"], env=env,
-                       check=True, stdout=subprocess.DEVNULL, cwd="/tmp")
-        sq = {"native": [str(BIN / "squeue"), "-r"]}
-        sq_envs = {"native": env}
-        if slurm:
-            subprocess.run(["/usr/bin/sbatch", "--hold", "-o", "/dev/null", "--array=0-1999", "--wrap=true"],
-                           check=True, stdout=subprocess.DEVNULL, cwd="/tmp")
-            sq["Slurm"] = ["/usr/bin/squeue", "-r"]
-            sq_envs["Slurm"] = slurm_env
-        times = alternate(sq, sq_envs, runs)
-        lines = {k: subprocess.run(a, env=sq_envs[k], capture_output=True, text=True).stdout.count("\n")
-                 for k, a in sq.items()}
-        for k, ts in times.items():
-            note, met, tgt = f"{lines[k]} lines", None, ""
-            if slurm and k != "Slurm":
-                ratio = statistics.median([a / b for a, b in zip(ts, times["Slurm"])])
-                note += f"; {ratio:.2f} x Slurm's time"
-                tgt, met = "<= 1.0 x Slurm", ratio <= 1.0
-            figures.append(Figure(f"squeue -r, 2,000 pending array tasks: {k}", statistics.median(ts) * 1000, "ms",
-                                  tgt, met, cmd, note))
-        # the held jobs go: the loops and the runs below start from an empty queue
-        subprocess.run([str(BIN / "scancel"), "-u", "root"], env=env, check=False, cwd="/tmp")
-        if slurm:
-            subprocess.run(["/usr/bin/scancel", "-u", "root"], env=slurm_env, check=False, cwd="/tmp")
-        sides = {"native": (str(BIN), env)}
-        if slurm:
-            sides["Slurm"] = ("/usr/bin", slurm_env)
-        looped = {}
-        for submitters in (1, 8):
-            measure = {k: (lambda b=b, e=e, n=submitters: loop_rate([f"{b}/sbatch", *held], e, loop, n))
-                       for k, (b, e) in sides.items()}
-            rows = side_by_side(f"{loop} held submits, {submitters} submitter(s) looping sbatch", measure, 3, cmd,
-                                True, "/s", 1.0 if submitters == 8 else None)
-            figures += rows
-            looped[submitters] = {r.name.rsplit(": ", 1)[1]: r.value for r in rows}
-            subprocess.run([str(BIN / "scancel"), "-u", "root"], env=env, check=False, cwd="/tmp")
-            if slurm:
-                subprocess.run(["/usr/bin/scancel", "-u", "root"], env=slurm_env, check=False, cwd="/tmp")
-        drained(str(BIN / "squeue"), env)
-        if slurm:
-            drained("/usr/bin/squeue", slurm_env)
-        figures += side_by_side(f"{e2e} trivial jobs submitted one by one until all ended",
-                                {k: (lambda b=b, e=e: end_to_end(b, e, e2e)) for k, (b, e) in sides.items()}, 3,
-                                cmd, True, "jobs/s", 1.5)
-        figures += side_by_side("one trivial job at a time, submit until squeue no longer lists it (median of 5)",
-                                {k: (lambda b=b, e=e: one_at_a_time(b, e, 5)) for k, (b, e) in sides.items()}, 3,
-                                cmd, False, "ms")
-        figures += side_by_side(f"job launch rate, an array of {array} trivial tasks on 4 nodes until all ended",
-                                {k: (lambda b=b, e=e: launch_rate(b, e, array)) for k, (b, e) in sides.items()}, 3,
-                                cmd, True, "jobs/s")
-        from rota.client import Client
-
-        client = Client(socket=str(base / "state" / "run" / "rota.sock"))
-        bulk = []
-        for _ in range(3):
-            t = time.perf_counter()
-            client.submit_many(["true"] * (loop * 5), options=["--hold", "-o", "/dev/null"])
-            bulk.append(loop * 5 / (time.perf_counter() - t))
-        rate = statistics.median(bulk)
-        peer = looped[8].get("Slurm")
-        figures.append(Figure(f"{loop * 5} held submits in one Client.submit_many (median of 3)", rate, "/s",
-                              ">= 5 x Slurm's 8-submitter loop" if peer else ">= 5 x the 8-submitter loop",
-                              rate >= 5 * (peer or looped[8]["native"]), cmd,
-                              f"{rate / looped[8]['native']:.1f} x rota's 8-submitter sbatch loop"
-                              + (f", {rate / peer:.1f} x Slurm's" if peer else "")))
+        figures = _one_sbatch(sides) + _squeue(sides)
+        sides.cancel_all()         # the held jobs go: the loops and the runs below start from an empty queue
+        looped, rows = _loops(sides, loop)
+        figures += rows + _ends(sides, e2e, array)
+        figures.append(_bulk(base, loop, looped, sides.cmd))
     finally:
         for p in agents:
             p.send_signal(signal.SIGINT)
@@ -269,6 +209,103 @@ def run(runs: int, loop: int, slurm: bool, e2e: int = 200, array: int = 500) -> 
             subprocess.run(["/usr/bin/scancel", "-u", "root"], check=False, cwd="/tmp")
         shutil.rmtree(base, ignore_errors=True)
     return figures
+
+
+def _one_sbatch(sides: _Sides) -> list[Figure]:
+    """One held sbatch, each way a command can start, side by side with Slurm's."""
+    direct = dict(sides.env, ROTA_THIN="0")
+    py_entry = [sys.executable, "-c", "from rota.cli.thin import sbatch; sbatch()"]
+    ways = {"native": [str(BIN / "sbatch"), *HELD], "python entry point": [*py_entry, *HELD],
+            "in its own process": [*py_entry, *HELD], "python -c pass": [sys.executable, "-c", "pass"],
+            "python -I -S -c pass": [sys.executable, "-I", "-S", "-c", "pass"]}
+    envs = {k: direct if k == "in its own process" else sides.env for k in ways}
+    if sides.slurm:
+        ways["Slurm"] = ["/usr/bin/sbatch", *HELD]
+        envs["Slurm"] = sides.slurm_env
+    times = alternate(ways, envs, sides.runs)
+    figures = []
+    for k, ts in times.items():
+        note, met, tgt = "", None, ""
+        if sides.slurm and k != "Slurm":
+            ratio = statistics.median([a / b for a, b in zip(ts, times["Slurm"])])
+            note = f"{ratio:.2f} x Slurm's time"
+            if k == "native":
+                tgt, met = "<= 1.0 x Slurm", ratio <= 1.0
+        figures.append(Figure(f"one held sbatch: {k}" if "pass" not in k else k, statistics.median(ts) * 1000, "ms",
+                              tgt, met, sides.cmd, note))
+    return figures
+
+
+def _squeue(sides: _Sides) -> list[Figure]:
+    """squeue -r over 2,000 pending array tasks, side by side."""
+    sq, sq_envs = {}, {}
+    for k, (b, e) in sides.bins().items():
+        subprocess.run([f"{b}/sbatch", "--hold", "-o", "/dev/null", "--array=0-1999", "--wrap=true"], env=e,
+                       check=True, stdout=subprocess.DEVNULL, cwd="/tmp")
+        sq[k], sq_envs[k] = [f"{b}/squeue", "-r"], e
+    times = alternate(sq, sq_envs, sides.runs)
+    lines = {k: subprocess.run(a, env=sq_envs[k], capture_output=True, text=True).stdout.count("\n")
+             for k, a in sq.items()}
+    figures = []
+    for k, ts in times.items():
+        note, met, tgt = f"{lines[k]} lines", None, ""
+        if sides.slurm and k != "Slurm":
+            ratio = statistics.median([a / b for a, b in zip(ts, times["Slurm"])])
+            note += f"; {ratio:.2f} x Slurm's time"
+            tgt, met = "<= 1.0 x Slurm", ratio <= 1.0
+        figures.append(Figure(f"squeue -r, 2,000 pending array tasks: {k}", statistics.median(ts) * 1000, "ms",
+                              tgt, met, sides.cmd, note))
+    return figures
+
+
+def _loops(sides: _Sides, loop: int) -> tuple[dict[int, dict[str, float]], list[Figure]]:
+    """Held submits by 1 and 8 submitters looping sbatch; the rates by side, and the figures."""
+    looped: dict[int, dict[str, float]] = {}
+    figures: list[Figure] = []
+    for submitters in (1, 8):
+        measure = {k: (lambda b=b, e=e, n=submitters: loop_rate([f"{b}/sbatch", *HELD], e, loop, n))
+                   for k, (b, e) in sides.bins().items()}
+        rows = side_by_side(f"{loop} held submits, {submitters} submitter(s) looping sbatch", measure, 3, sides.cmd,
+                            True, "/s", 1.0 if submitters == 8 else None)
+        figures += rows
+        looped[submitters] = {r.name.rsplit(": ", 1)[1]: r.value for r in rows}
+        sides.cancel_all()
+    return looped, figures
+
+
+def _ends(sides: _Sides, e2e: int, array: int) -> list[Figure]:
+    """Jobs that run: submitted one by one until all ended, one at a time until gone, an array's launch rate."""
+    for b, e in sides.bins().values():
+        drained(f"{b}/squeue", e)
+    bins, cmd = sides.bins(), sides.cmd
+    return (side_by_side(f"{e2e} trivial jobs submitted one by one until all ended",
+                         {k: (lambda b=b, e=e: end_to_end(b, e, e2e)) for k, (b, e) in bins.items()}, 3,
+                         cmd, True, "jobs/s", 1.5)
+            + side_by_side("one trivial job at a time, submit until squeue no longer lists it (median of 5)",
+                           {k: (lambda b=b, e=e: one_at_a_time(b, e, 5)) for k, (b, e) in bins.items()}, 3,
+                           cmd, False, "ms")
+            + side_by_side(f"job launch rate, an array of {array} trivial tasks on 4 nodes until all ended",
+                           {k: (lambda b=b, e=e: launch_rate(b, e, array)) for k, (b, e) in bins.items()}, 3,
+                           cmd, True, "jobs/s"))
+
+
+def _bulk(base: Path, loop: int, looped: dict[int, dict[str, float]], cmd: str) -> Figure:
+    """Many held submits in one Client.submit_many, against the 8-submitter loops."""
+    from rota.client import Client
+
+    client = Client(socket=str(base / "state" / "run" / "rota.sock"))
+    bulk = []
+    for _ in range(3):
+        t = time.perf_counter()
+        client.submit_many(["true"] * (loop * 5), options=["--hold", "-o", "/dev/null"])
+        bulk.append(loop * 5 / (time.perf_counter() - t))
+    rate = statistics.median(bulk)
+    peer = looped[8].get("Slurm")
+    return Figure(f"{loop * 5} held submits in one Client.submit_many (median of 3)", rate, "/s",
+                  ">= 5 x Slurm's 8-submitter loop" if peer else ">= 5 x the 8-submitter loop",
+                  rate >= 5 * (peer or looped[8]["native"]), cmd,
+                  f"{rate / looped[8]['native']:.1f} x rota's 8-submitter sbatch loop"
+                  + (f", {rate / peer:.1f} x Slurm's" if peer else ""))
 
 
 def main() -> None:

@@ -383,35 +383,10 @@ def _jobs_started(state: State, env: ev.Envelope, e: ev.JobsStarted, ch: Changes
             state.set_aside.append((env.seq, f"jobs.started: job {jid} cannot start there: {misfit}"))
             continue
         if s.array_job_id is not None:
-            master = jobs.get(s.array_job_id)
-            if master is None or master.array_pending is None or s.array_task_id not in master.array_pending:
-                ch.ignored(f"array task {s.array_job_id}_{s.array_task_id} is not pending")
+            task = _array_task_started(state, s, ch)
+            if task is None:
                 continue
-            if jid != master.job_id and jid in jobs:
-                ch.ignored(f"array task {s.array_job_id}_{s.array_task_id}: job id {jid} is taken")
-                continue
-            ch.job(master)
-            before = job_weight(master)
-            master.array_pending.remove(s.array_task_id)
-            if jid == master.job_id:
-                job = master
-                job.array_pending = None
-                state.recount(job, before)      # its last task: it counts 1, running, from here
-            else:
-                state.recount(master, before)
-                job = Job(job_id=jid, spec=master.spec, submit_seq=master.submit_seq,
-                          submit_time=master.submit_time, nice=master.nice,
-                          priority_override=master.priority_override,
-                          eligible_time=master.eligible_time, array_job_id=master.job_id,
-                          array_throttle=master.array_throttle, partition=master.partition,
-                          req=master.req)
-                jobs[jid] = job
-                state.recount(job, 0)         # the task it takes left its remainder's count
-                ch.new_job(job)
-            job.array_task_id = s.array_task_id
-            insort(state.array_tasks.setdefault(s.array_job_id, []), jid)   # by id, as a rebuild lists them
-            if jid >= state.next_job_id:
-                state.next_job_id = jid + 1
+            job = task
         else:
             found = jobs.get(jid)
             if found is None or found.state != PENDING:
@@ -438,6 +413,42 @@ def _jobs_started(state: State, env: ev.Envelope, e: ev.JobsStarted, ch: Changes
         state.pending.pop(jid, None)
         state.running[jid] = None
     state.cycle = e.cycle
+
+
+def _array_task_started(state: State, s: ev.Start, ch: Changes) -> Job | None:
+    """The job an array task starts as: the array's own record for its last task, else a new job taking the
+    task from the array's remainder (None: the task is not pending, or its id is taken)."""
+    jobs, jid = state.jobs, s.job_id
+    master = jobs.get(s.array_job_id) if s.array_job_id is not None else None
+    if master is None or master.array_pending is None or s.array_task_id not in master.array_pending:
+        ch.ignored(f"array task {s.array_job_id}_{s.array_task_id} is not pending")
+        return None
+    if jid != master.job_id and jid in jobs:
+        ch.ignored(f"array task {s.array_job_id}_{s.array_task_id}: job id {jid} is taken")
+        return None
+    ch.job(master)
+    before = job_weight(master)
+    master.array_pending.remove(s.array_task_id)
+    if jid == master.job_id:
+        job = master
+        job.array_pending = None
+        state.recount(job, before)      # its last task: it counts 1, running, from here
+    else:
+        state.recount(master, before)
+        job = Job(job_id=jid, spec=master.spec, submit_seq=master.submit_seq,
+                  submit_time=master.submit_time, nice=master.nice,
+                  priority_override=master.priority_override,
+                  eligible_time=master.eligible_time, array_job_id=master.job_id,
+                  array_throttle=master.array_throttle, partition=master.partition,
+                  req=master.req)
+        jobs[jid] = job
+        state.recount(job, 0)         # the task it takes left its remainder's count
+        ch.new_job(job)
+    job.array_task_id = s.array_task_id
+    insort(state.array_tasks.setdefault(master.job_id, []), jid)   # by id, as a rebuild lists them
+    if jid >= state.next_job_id:
+        state.next_job_id = jid + 1
+    return job
 
 
 def _job_exited(state: State, env: ev.Envelope, e: ev.JobExited, ch: Changes) -> None:
@@ -533,13 +544,7 @@ def _node_registered(state: State, env: ev.Envelope, e: ev.NodeRegistered, ch: C
     if node.down and node.reason == "Not responding":
         node.down = False
         node.reason = node.reason_by = None
-    problems: list[str] = []
-    if len(e.gpus) < node.gpu_count:
-        problems.append(f"gres/gpu count reported lower than configured ({len(e.gpus)} < {node.gpu_count})")
-    if e.memory < node.memory:
-        problems.append(f"Low RealMemory (reported:{e.memory} < 100.00% of configured:{node.memory})")
-    if e.cpus < node.cpus:
-        problems.append("Low CPUs")
+    problems = _registration_problems(node, e)
     if problems:
         node.invalid_reg = True
         if not node.drain:
@@ -548,15 +553,31 @@ def _node_registered(state: State, env: ev.Envelope, e: ev.NodeRegistered, ch: C
     else:
         node.invalid_reg = False
     if e.running is not None:
-        reported = set(e.running)
-        for jid in list(node.jobs):
-            if jid not in reported:
-                job = state.jobs.get(jid)
-                if job is not None and job.state == RUNNING:
-                    if job.spec.requeue:
-                        _requeue(state, job, env.ts, ch, hold=False)
-                    else:
-                        _finish(state, job, NODE_FAIL, env.ts, ch)
+        _lost_jobs(state, node, set(e.running), env.ts, ch)
+
+
+def _registration_problems(node: Node, e: ev.NodeRegistered) -> list[str]:
+    """Where a node's agent reports less than the configuration says it has (slurmctld's words)."""
+    problems: list[str] = []
+    if len(e.gpus) < node.gpu_count:
+        problems.append(f"gres/gpu count reported lower than configured ({len(e.gpus)} < {node.gpu_count})")
+    if e.memory < node.memory:
+        problems.append(f"Low RealMemory (reported:{e.memory} < 100.00% of configured:{node.memory})")
+    if e.cpus < node.cpus:
+        problems.append("Low CPUs")
+    return problems
+
+
+def _lost_jobs(state: State, node: Node, reported: set[int], ts: int, ch: Changes) -> None:
+    """Jobs the log has running on a node whose agent, registering again, does not run them: requeued, or NODE_FAIL."""
+    for jid in list(node.jobs):
+        if jid not in reported:
+            job = state.jobs.get(jid)
+            if job is not None and job.state == RUNNING:
+                if job.spec.requeue:
+                    _requeue(state, job, ts, ch, hold=False)
+                else:
+                    _finish(state, job, NODE_FAIL, ts, ch)
 
 
 def _node_drained(state: State, env: ev.Envelope, e: ev.NodeDrained, ch: Changes) -> None:

@@ -10,9 +10,9 @@ the first node of its allocation (as in Slurm).
 from __future__ import annotations
 
 from .arrays import parse_array
-from .changes import Changes
+from .changes import Before, Changes
 from .orders import Kill, Launch, Order, Signal, StepKill, StepLaunch, Update
-from .state import RUNNING, Job, State
+from .state import RUNNING, Job, State, Step
 from .steps import job_tasks
 
 
@@ -20,40 +20,55 @@ def orders(state: State, changes: Changes) -> list[tuple[str, Order]]:
     """(node, order) for every agent that must act on ``changes``, kills before launches per job."""
     out: list[tuple[str, Order]] = []
     for jid, before in changes.jobs.items():
-        job = before.job
-        ran_on = before.node if before.state == RUNNING else None
-        running = job.state == RUNNING and bool(job.alloc)
-        same_run = ran_on is not None and running and job.restarts == before.restarts
-        if ran_on is not None and not same_run and jid not in changes.reported:
-            out.append((ran_on, Kill(job_id=jid, restarts=before.restarts, reason="stopped")))
-        if ran_on is not None and not same_run:     # its other nodes hold what its steps left there
-            out.extend((n, Kill(job_id=jid, restarts=before.restarts, reason="stopped")) for n in before.nodes[1:])
-        if same_run:
-            node = job.alloc[0].node
-            signal = changes.signals.get(jid)
-            if signal is not None and job.cancel_by is not None:
-                out.append((node, Kill(job_id=jid, restarts=job.restarts, reason="cancelled", signal=signal)))
-            elif job.time_limit != before.time_limit:
-                out.append((node, Update(job_id=jid, restarts=job.restarts, time_limit=job.time_limit or 0)))
-            warn = changes.warnings.get(jid)
-            if warn is not None and job.cancel_by is None:     # preempted: told now, stopped at its new limit
-                out.extend((a.node, Signal(job_id=jid, restarts=job.restarts, signal=warn, batch=i == 0, steps=True))
-                           for i, a in enumerate(job.alloc))
-        elif running:
-            out.append((job.alloc[0].node, launch(job)))
+        _job_orders(jid, before, changes, out)
     for (jid, restarts, sid), (step, new) in changes.steps.items():
         owner = state.jobs.get(jid)
         if step.state == RUNNING and new and owner is not None and owner.state == RUNNING and owner.restarts == restarts:
-            base = launch(owner)
-            for a in step.started.alloc:
-                here = next(x for x in owner.alloc if x.node == a.node)
-                facts = base.model_copy(update={"node_index": owner.alloc.index(here), "cpus": here.cpus,
-                                                "mem": here.mem, "gpus": here.gpus})
-                out.append((a.node, StepLaunch(job_id=jid, restarts=restarts, step_id=sid, job=facts,
-                                               step=step.started)))
+            out.extend(_step_launches(owner, restarts, sid, step))
         elif step.state != RUNNING and not new:
             out.extend((n, StepKill(job_id=jid, restarts=restarts, step_id=sid)) for n in step.nodes
                        if n not in step.ended)
+    return out
+
+
+def _job_orders(jid: int, before: Before, changes: Changes, out: list[tuple[str, Order]]) -> None:
+    """What one changed job's agents must do: stop a run that ended, launch a new one, pass on a cancel's
+    signal, a new time limit or a preemption's warning."""
+    job = before.job
+    ran_on = before.node if before.state == RUNNING else None
+    running = job.state == RUNNING and bool(job.alloc)
+    same_run = ran_on is not None and running and job.restarts == before.restarts
+    if ran_on is not None and not same_run:
+        stop = Kill(job_id=jid, restarts=before.restarts, reason="stopped")
+        if jid not in changes.reported:
+            out.append((ran_on, stop))
+        out.extend((n, stop) for n in before.nodes[1:])     # its other nodes hold what its steps left there
+    if not same_run:
+        if running:
+            out.append((job.alloc[0].node, launch(job)))
+        return
+    node = job.alloc[0].node
+    signal = changes.signals.get(jid)
+    if signal is not None and job.cancel_by is not None:
+        out.append((node, Kill(job_id=jid, restarts=job.restarts, reason="cancelled", signal=signal)))
+    elif job.time_limit != before.time_limit:
+        out.append((node, Update(job_id=jid, restarts=job.restarts, time_limit=job.time_limit or 0)))
+    warn = changes.warnings.get(jid)
+    if warn is not None and job.cancel_by is None:     # preempted: told now, stopped at its new limit
+        out.extend((a.node, Signal(job_id=jid, restarts=job.restarts, signal=warn, batch=i == 0, steps=True))
+                   for i, a in enumerate(job.alloc))
+
+
+def _step_launches(owner: Job, restarts: int, sid: int, step: Step) -> list[tuple[str, Order]]:
+    """A new step's launch on each of its nodes, with the job's facts there."""
+    base = launch(owner)
+    out: list[tuple[str, Order]] = []
+    for a in step.started.alloc:
+        here = next(x for x in owner.alloc if x.node == a.node)
+        facts = base.model_copy(update={"node_index": owner.alloc.index(here), "cpus": here.cpus,
+                                        "mem": here.mem, "gpus": here.gpus})
+        out.append((a.node, StepLaunch(job_id=owner.job_id, restarts=restarts, step_id=sid, job=facts,
+                                       step=step.started)))
     return out
 
 

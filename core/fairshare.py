@@ -68,9 +68,6 @@ def share_rows(state: State, now: int) -> list[ShareRow]:
     root = ShareRow(ROOT, "", 0, 0, Fraction(1), total, Fraction(1) if total else Fraction(0), Fraction(1))
     rows = [root]
 
-    def norm(used: int) -> Fraction:
-        return Fraction(used, total) if total else Fraction(0)
-
     def level(parent: ShareRow, account: str, depth: int) -> list[ShareRow]:
         """The rows below ``account`` (whose own row is ``parent``), depth first."""
         members: list[tuple[str, str, int, int]] = []      # (account, user, raw shares, usage)
@@ -79,32 +76,37 @@ def share_rows(state: State, now: int) -> list[ShareRow]:
                             value_at(state.assoc_usage.get((user, account)), now, half_life)[0]))
         for sub in kids.get(account, ()):
             members.append((sub, "", state.accounts[sub].fairshare, accounts.get(sub, (0, 0))[0]))
-        shares_sum = sum(m[2] for m in members)
-        usage_sum = sum(m[3] for m in members)
+        sums = (sum(m[2] for m in members), sum(m[3] for m in members))
         out: list[ShareRow] = []
-        for acct, user, shares, used in members:
-            s_level = Fraction(shares, shares_sum) if shares_sum else Fraction(0)
-            u = norm(used)
-            if account == ROOT:
-                effective = u
-            else:
-                effective = u + (parent.effective_usage - u) * s_level
-            row = ShareRow(acct, user, depth, shares, parent.norm_shares * s_level, used, u, effective)
-            u_level = Fraction(used, usage_sum) if usage_sum else Fraction(0)
-            row.level_fs = s_level / u_level if u_level else None
-            if fair_tree:
-                row.effective_usage = u_level
-            elif user:
-                row.factor = _exp2_neg(effective / row.norm_shares) if row.norm_shares else 0
+        for member in members:
+            row = _member_row(parent, account == ROOT, member, sums, total, depth, fair_tree)
             out.append(row)
-            if not user:
-                out.extend(level(row, acct, depth + 1))
+            if not row.user:
+                out.extend(level(row, row.account, depth + 1))
         return out
 
     rows.extend(level(root, ROOT, 1))
     if fair_tree:
         _rank(rows)
     return rows
+
+
+def _member_row(parent: ShareRow, under_root: bool, member: tuple[str, str, int, int], sums: tuple[int, int],
+                total: int, depth: int, fair_tree: bool) -> ShareRow:
+    """One account's or association's row among its siblings (``sums``: their raw shares and usage)."""
+    acct, user, shares, used = member
+    shares_sum, usage_sum = sums
+    s_level = Fraction(shares, shares_sum) if shares_sum else Fraction(0)
+    u = Fraction(used, total) if total else Fraction(0)
+    effective = u if under_root else u + (parent.effective_usage - u) * s_level
+    row = ShareRow(acct, user, depth, shares, parent.norm_shares * s_level, used, u, effective)
+    u_level = Fraction(used, usage_sum) if usage_sum else Fraction(0)
+    row.level_fs = s_level / u_level if u_level else None
+    if fair_tree:
+        row.effective_usage = u_level
+    elif user:
+        row.factor = _exp2_neg(effective / row.norm_shares) if row.norm_shares else 0
+    return row
 
 
 def _rank(rows: list[ShareRow]) -> None:

@@ -240,24 +240,7 @@ class ShapeSearch:
             if t > tmax:
                 break
             if t > soonest:
-                still = []
-                soonest = INF
-                for e, until in keep:
-                    if t > until:
-                        tl = tls[e[5]]
-                        c, m, g = self._req(tl)
-                        garr = tl.gpu_array(gtype)
-                        t2 = tl.earliest(c, m, g, garr, d, t, tmax)
-                        if t2 > t:
-                            heappush(retry, self._entry(tl, e[5], t2, c, g))
-                            continue
-                        if t2 < 0:
-                            continue
-                        until = tl.fits_until(c, m, g, garr, d, t)
-                    still.append((e, until))
-                    if until < soonest:
-                        soonest = until
-                keep = still
+                keep, soonest = self._recheck(keep, t, retry)
             tl = tls[entry[5]]
             c, m, g = self._req(tl)
             until = tl.fits_until(c, m, g, tl.gpu_array(gtype), d, t)
@@ -265,22 +248,46 @@ class ShapeSearch:
             if until < soonest:
                 soonest = until
             if len(keep) >= k:
-                if k == 1:
-                    result = (t, [tls[entry[5]]])
-                else:
-                    ranked = []
-                    for e, _until in keep:
-                        tl = tls[e[5]]
-                        c, _m, g = self._req(tl)
-                        ranked.append(self._entry(tl, e[5], t, c, g))
-                    ranked.sort()
-                    result = (t, [tls[e[5]] for e in ranked[:k]])
+                result = (t, [tls[entry[5]]] if k == 1 else self._best(keep, t))
                 break
         for e in popped:
             heappush(self.heap, e)
         if result is None:
             self.exhausted = True
         return result
+
+    def _recheck(self, keep: list[tuple[tuple, int]], t: int, retry: list[tuple]) -> tuple[list[tuple[tuple, int]], int]:
+        """The candidate start moved past a kept node's bound: check those nodes again at ``t`` (one that no
+        longer fits goes to ``retry`` at its next possible start); the nodes kept and their smallest bound."""
+        tls, gtype, d, tmax = self.tls, self.gtype, self.d, self.tmax
+        still = []
+        soonest = INF
+        for e, until in keep:
+            if t > until:
+                tl = tls[e[5]]
+                c, m, g = self._req(tl)
+                garr = tl.gpu_array(gtype)
+                t2 = tl.earliest(c, m, g, garr, d, t, tmax)
+                if t2 > t:
+                    heappush(retry, self._entry(tl, e[5], t2, c, g))
+                    continue
+                if t2 < 0:
+                    continue
+                until = tl.fits_until(c, m, g, garr, d, t)
+            still.append((e, until))
+            if until < soonest:
+                soonest = until
+        return still, soonest
+
+    def _best(self, keep: list[tuple[tuple, int]], t: int) -> list[Timeline]:
+        """The ``k`` best of the nodes that fit at ``t``, by the search's order."""
+        ranked = []
+        for e, _until in keep:
+            tl = self.tls[e[5]]
+            c, _m, g = self._req(tl)
+            ranked.append(self._entry(tl, e[5], t, c, g))
+        ranked.sort()
+        return [self.tls[e[5]] for e in ranked[:self.k]]
 
     def placed(self, t: int) -> None:
         """Record that a job of this shape was placed at ``t`` (a lower bound for the next)."""

@@ -271,13 +271,7 @@ def _walk(cy: Cycle, decision: Decision, ready: list, policy: Policy) -> None:
         if not policy.considers(parts):
             decision.pending[jid] = Pending(_BEHIND, rank=rank, priority=prio)
             continue
-        tasks: list[int | None]
-        if job.array_pending is not None:
-            tasks = list(job.array_pending)
-            running_tasks = sum(1 for t in state.array_tasks.get(jid, ()) if state.jobs[t].state == RUNNING)
-        else:
-            tasks = [None]
-            running_tasks = 0
+        tasks, running_tasks = _tasks_of(state, job)
         for ti, task in enumerate(tasks):
             if job.array_throttle and running_tasks >= job.array_throttle:
                 decision.pending[jid] = Pending(Reason("JobArrayTaskLimit", asked=running_tasks,
@@ -296,21 +290,36 @@ def _walk(cy: Cycle, decision: Decision, ready: list, policy: Policy) -> None:
                     cy.limit_use.add(job, cy.request(job, best.partition), best.limit)
                 running_tasks += 1
                 continue
-            if cy.preempter is not None and cy.focus is None and cy.preempter.may_preempt(job):
-                _preempt(cy, decision, job, parts)
-            why = _RESOURCES
-            if parts[0] in resources_given or (len(parts) > 1 and not resources_given.isdisjoint(parts)):
-                why = _PRIORITY
-            else:
-                resources_given.update(parts)
-            pend = Pending(why, rank=rank, priority=prio)
-            if policy.blocked(parts, best.start if best is not None else None, jid) and best is not None:
-                # the focus job is the last walked: nothing is placed after it, its nodes need no booking
-                pend.start = _reserve(decision, jid, task, best, book=cy.focus != jid and policy.book).start
-            if cy.explain and cy.focus in (None, jid):
-                _explain_pending(cy, job, parts, pend, decision.reservations.get(jid))
-            decision.pending[jid] = pend
+            decision.pending[jid] = _blocked(cy, decision, job, parts, task, best, policy, resources_given,
+                                             Pending(_RESOURCES, rank=rank, priority=prio))
             break
+
+
+def _tasks_of(state: State, job: Job) -> tuple[list[int | None], int]:
+    """What of the job may start (its pending array tasks, else itself) and how many of its tasks run."""
+    if job.array_pending is None:
+        return [None], 0
+    return list(job.array_pending), sum(1 for t in state.array_tasks.get(job.job_id, ())
+                                        if state.jobs[t].state == RUNNING)
+
+
+def _blocked(cy: Cycle, decision: Decision, job: Job, parts: list[str], task: int | None, best: _Place | None,
+             policy: Policy, resources_given: set[str], pend: Pending) -> Pending:
+    """A job that cannot start now: preempt for it where it may, say Resources (the first blocked in its
+    partitions) or Priority, and reserve its earliest start where the policy books one."""
+    jid = job.job_id
+    if cy.preempter is not None and cy.focus is None and cy.preempter.may_preempt(job):
+        _preempt(cy, decision, job, parts)
+    if parts[0] in resources_given or (len(parts) > 1 and not resources_given.isdisjoint(parts)):
+        pend.why = _PRIORITY
+    else:
+        resources_given.update(parts)
+    if policy.blocked(parts, best.start if best is not None else None, jid) and best is not None:
+        # the focus job is the last walked: nothing is placed after it, its nodes need no booking
+        pend.start = _reserve(decision, jid, task, best, book=cy.focus != jid and policy.book).start
+    if cy.explain and cy.focus in (None, jid):
+        _explain_pending(cy, job, parts, pend, decision.reservations.get(jid))
+    return pend
 
 
 def _not_tested(decision: Decision, ready: list, first: int) -> None:

@@ -54,31 +54,9 @@ def read_swf(lines: Iterable[str], *, source: str = "trace") -> SwfTrace:
             if colon:
                 header[key.strip()] = value.strip()
             continue
-        f = s.split()
-        if len(f) < 18:
-            raise TraceFormatError(f"{source}:{lineno}: expected 18 SWF fields, found {len(f)}")
-        try:
-            jid, submit, run = int(f[0]), int(float(f[1])), int(float(f[3]))
-            procs = max(int(f[4]), int(f[7]))
-            req_time = int(float(f[8]))
-            user = int(f[11])
-        except ValueError as exc:
-            raise TraceFormatError(f"{source}:{lineno}: {exc}") from None
-        if run == 0:
-            _note(notes, NO_RUNTIME)
-            continue
-        if run < 0:
-            _note(notes, NEGATIVE_RUNTIME)
-            run = 10
-        if procs <= 0:
-            _note(notes, NO_PROCESSORS)
-            continue
-        estimate = req_time if req_time > 0 else run
-        if estimate < run:
-            _note(notes, SHORT_ESTIMATE)
-        spec = JobSpec(name=f"swf{jid}", user=f"u{user}" if user >= 0 else "u0", uid=max(user, 0),
-                       ntasks=procs, ntasks_given=True, time_limit=estimate, mem_per_node=None)
-        jobs.append(TraceJob(submit=submit, spec=spec, runtime=run, trace_id=jid))
+        job = _swf_job(s.split(), f"{source}:{lineno}", notes)
+        if job is not None:
+            jobs.append(job)
     procs_s = header.get("MaxProcs") or header.get("MaxNodes")
     if procs_s is None:
         max_procs = max((j.spec.ntasks for j in jobs), default=1)
@@ -88,6 +66,34 @@ def read_swf(lines: Iterable[str], *, source: str = "trace") -> SwfTrace:
     if too_big:
         notes[TOO_BIG] = too_big
     return SwfTrace(max_procs, jobs, header, notes)
+
+
+def _swf_job(f: list[str], where: str, notes: dict[str, int]) -> TraceJob | None:
+    """One SWF record as a job (None: dropped, and noted why)."""
+    if len(f) < 18:
+        raise TraceFormatError(f"{where}: expected 18 SWF fields, found {len(f)}")
+    try:
+        jid, submit, run = int(f[0]), int(float(f[1])), int(float(f[3]))
+        procs = max(int(f[4]), int(f[7]))
+        req_time = int(float(f[8]))
+        user = int(f[11])
+    except ValueError as exc:
+        raise TraceFormatError(f"{where}: {exc}") from None
+    if run == 0:
+        _note(notes, NO_RUNTIME)
+        return None
+    if run < 0:
+        _note(notes, NEGATIVE_RUNTIME)
+        run = 10
+    if procs <= 0:
+        _note(notes, NO_PROCESSORS)
+        return None
+    estimate = req_time if req_time > 0 else run
+    if estimate < run:
+        _note(notes, SHORT_ESTIMATE)
+    spec = JobSpec(name=f"swf{jid}", user=f"u{user}" if user >= 0 else "u0", uid=max(user, 0),
+                   ntasks=procs, ntasks_given=True, time_limit=estimate, mem_per_node=None)
+    return TraceJob(submit=submit, spec=spec, runtime=run, trace_id=jid)
 
 
 def swf_cluster(max_procs: int, params: SchedulerParams | None = None) -> ClusterConfig:

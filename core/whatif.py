@@ -89,21 +89,27 @@ def recorded_inputs(envelopes: Iterable[ev.Envelope]) -> Recorded:
             counts[e.type] = counts.get(e.type, 0) + 1
             last_input = env.ts
         apply(st, env)
-        if isinstance(e, ev.JobSubmitted):
-            outcomes[(e.job_id, None)] = [env.ts, -1, -1]
-        elif isinstance(e, (ev.JobsStarted, ev.JobExited)):
-            for job in _touched(st, e):
-                out = outcomes.setdefault(key_of(job), [job.submit_time, -1, -1])
-                if isinstance(e, ev.JobsStarted) and out[1] < 0:
-                    out[1] = job.start_time
-                if isinstance(e, ev.JobExited):
-                    out[2] = env.ts
+        _record_outcome(st, env, outcomes)
     if config is None:
         raise ValueError("the log has no cluster configuration")
     # most cycles come this soon after a change: later ones add starts the history made no sooner
     latency = sorted(delays)[(len(delays) * 9) // 10] if delays else 0
     return Recorded(config, inputs, runs, {k: (v[0], v[1], v[2]) for k, v in outcomes.items()}, cycles, latency,
                     counts)
+
+
+def _record_outcome(st: State, env: ev.Envelope, outcomes: dict[Key, list[int]]) -> None:
+    """Note a job's (submit, start, end) on the log as its submit, first start and end go by."""
+    e = env.event
+    if isinstance(e, ev.JobSubmitted):
+        outcomes[(e.job_id, None)] = [env.ts, -1, -1]
+    elif isinstance(e, (ev.JobsStarted, ev.JobExited)):
+        for job in _touched(st, e):
+            out = outcomes.setdefault(key_of(job), [job.submit_time, -1, -1])
+            if isinstance(e, ev.JobsStarted) and out[1] < 0:
+                out[1] = job.start_time
+            if isinstance(e, ev.JobExited):
+                out[2] = env.ts
 
 
 def _touched(st: State, e: Any) -> list[Any]:

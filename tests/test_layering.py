@@ -68,19 +68,24 @@ def test_the_checker_sees_imports_inside_functions_and_programs_started_by_modul
 
 
 def long_functions(folder: str, limit: int = 60) -> list[str]:
-    """Functions of ``folder`` longer than ``limit`` lines, as 'path:line name (n lines)'."""
+    """Functions of ``folder`` longer than ``limit`` lines, as 'folder/file.py:name (n lines)'."""
     out = []
     for path in sorted((ROOT / folder).glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1
                 if n > limit:
-                    out.append(f"{folder}/{path.name}:{node.lineno} {node.name} ({n} lines)")
+                    out.append(f"{folder}/{path.name}:{node.name} ({n} lines)")
     return out
 
 
-def test_the_shell_is_made_of_short_functions_and_the_controller_of_small_files():
-    assert not [f for folder in ("controller", "cli", "projections") for f in long_functions(folder)]
+# functions allowed past 60 lines, each with why ("folder/file.py:name" -> why); keep it short
+LONG_ALLOWED: dict[str, str] = {}
+
+
+def test_every_function_is_short_and_the_controller_made_of_small_files():
+    long = [f for folder in ALLOWED for f in long_functions(folder) if f.split(" (")[0] not in LONG_ALLOWED]
+    assert not long, long
     big = [p.name for p in (ROOT / "controller").glob("*.py") if len(p.read_text().splitlines()) > 400]
     assert not big, big
     assert long_functions("core", limit=20)    # the checker finds long functions where there are some
