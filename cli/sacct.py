@@ -4,10 +4,11 @@ from __future__ import annotations
 import os
 import sys
 import time
+from operator import itemgetter
 
 from rota.core.timefmt import format_duration
 from rota.projections import queries
-from rota.wire.formats import memory, timestamp
+from rota.wire.formats import Column, fixed_table, memory, timestamp
 
 from .options import NO, OPTIONAL, REQUIRED, OptionError, parse, unsupported, table
 
@@ -15,24 +16,21 @@ DEFAULT_FORMAT = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
 BRIEF_FORMAT = "JobID,State,ExitCode"
 LONG_FORMAT = ("JobID,JobIDRaw,JobName,Partition,MaxRSS,AllocCPUS,Elapsed,State,ExitCode,ReqMem,Submit,Start,End,"
                "NodeList,Timelimit")
-WIDTHS = {
-    "jobid": 12, "jobidraw": 12, "jobname": 10, "partition": 10, "account": 10, "alloccpus": 10, "ncpus": 10,
-    "nnodes": 8, "ntasks": 8, "state": 10, "exitcode": 8, "derivedexitcode": 15, "maxrss": 10, "elapsed": 10,
-    "elapsedraw": 10, "reqmem": 10, "submit": 19, "eligible": 19, "start": 19, "end": 19, "nodelist": 15,
-    "timelimit": 10, "user": 9, "uid": 6, "reqtres": 10, "alloctres": 10, "reason": 22, "qos": 10,
-    "workdir": 10, "restarts": 8, "reqcpus": 8, "reqnodes": 8, "cputime": 10, "cputimeraw": 10,
-}
-NAMES = {k: v for k, v in (
-    ("jobid", "JobID"), ("jobidraw", "JobIDRaw"), ("jobname", "JobName"), ("partition", "Partition"),
-    ("account", "Account"), ("alloccpus", "AllocCPUS"), ("ncpus", "NCPUS"), ("nnodes", "NNodes"),
-    ("ntasks", "NTasks"), ("state", "State"), ("exitcode", "ExitCode"), ("derivedexitcode", "DerivedExitCode"),
-    ("maxrss", "MaxRSS"), ("elapsed", "Elapsed"), ("elapsedraw", "ElapsedRaw"), ("reqmem", "ReqMem"),
-    ("submit", "Submit"), ("eligible", "Eligible"), ("start", "Start"), ("end", "End"), ("nodelist", "NodeList"),
-    ("timelimit", "Timelimit"), ("user", "User"), ("uid", "UID"), ("reqtres", "ReqTRES"),
-    ("alloctres", "AllocTRES"), ("reason", "Reason"), ("qos", "QOS"), ("workdir", "WorkDir"),
-    ("restarts", "Restarts"), ("reqcpus", "ReqCPUS"), ("reqnodes", "ReqNodes"), ("cputime", "CPUTime"),
-    ("cputimeraw", "CPUTimeRAW"))}
-LEFT = {"jobid", "jobidraw"}
+# sacct's fields (lower case) as (its name, its default width); a row's values are built by kind (a job, an
+# earlier run, a step: see job_values) and each column shows its own
+_FIELDS = (
+    ("jobid", "JobID", 12), ("jobidraw", "JobIDRaw", 12), ("jobname", "JobName", 10), ("partition", "Partition", 10),
+    ("account", "Account", 10), ("alloccpus", "AllocCPUS", 10), ("ncpus", "NCPUS", 10), ("nnodes", "NNodes", 8),
+    ("ntasks", "NTasks", 8), ("state", "State", 10), ("exitcode", "ExitCode", 8),
+    ("derivedexitcode", "DerivedExitCode", 15), ("maxrss", "MaxRSS", 10), ("elapsed", "Elapsed", 10),
+    ("elapsedraw", "ElapsedRaw", 10), ("reqmem", "ReqMem", 10), ("submit", "Submit", 19), ("eligible", "Eligible", 19),
+    ("start", "Start", 19), ("end", "End", 19), ("nodelist", "NodeList", 15), ("timelimit", "Timelimit", 10),
+    ("user", "User", 9), ("uid", "UID", 6), ("reqtres", "ReqTRES", 10), ("alloctres", "AllocTRES", 10),
+    ("reason", "Reason", 22), ("qos", "QOS", 10), ("workdir", "WorkDir", 10), ("restarts", "Restarts", 8),
+    ("reqcpus", "ReqCPUS", 8), ("reqnodes", "ReqNodes", 8), ("cputime", "CPUTime", 10),
+    ("cputimeraw", "CPUTimeRAW", 10))
+COLUMNS: dict[str, Column] = {key: Column(name, itemgetter(key), width, left=key in ("jobid", "jobidraw"))
+                              for key, name, width in _FIELDS}
 
 
 class Usage(Exception):
@@ -45,26 +43,24 @@ def db_path() -> str:
     return projections_db()
 
 
-def parse_format(text: str) -> list[tuple[str, int, bool]]:
-    """``JobID,State%20,Reason%-30`` -> [(key, width, left-justified)]."""
+def parse_format(text: str) -> list[tuple[Column, int, bool]]:
+    """``JobID,State%20,Reason%-30`` -> [(column, width, left-justified)]."""
     out = []
     for item in text.split(","):
         item = item.strip()
         if not item:
             continue
         name, _, width = item.partition("%")
-        key = name.lower()
-        if key not in NAMES:
+        column = COLUMNS.get(name.lower())
+        if column is None:
             raise Usage(f"sacct: error: Invalid field requested: \"{name}\"")
-        left = key in LEFT
+        left, w = column.left, column.width
         if width:
             if not width.removeprefix("-").isdecimal():
                 raise Usage(f"sacct: error: Invalid field width: \"{item}\"")
             left = width.startswith("-") or left
             w = abs(int(width))
-        else:
-            w = WIDTHS[key]
-        out.append((key, w, left))
+        out.append((column, w, left))
     return out
 
 
@@ -161,29 +157,6 @@ def step_values(job: dict[str, str], r: queries.Row, s: queries.Row, now: int) -
         "cputime": format_duration(elapsed * (s["cpus"] or 0)), "cputimeraw": str(elapsed * (s["cpus"] or 0)),
     })
     return v
-
-
-def render(fields, rows, header: bool, parsable: str | None) -> list[str]:
-    lines = []
-    if parsable is not None:
-        delim, trailing = parsable[0], parsable[1:] == "+"
-        if header:
-            lines.append(delim.join(NAMES[k] for k, _, _ in fields) + (delim if trailing else ""))
-        for v in rows:
-            lines.append(delim.join(v[k] for k, _, _ in fields) + (delim if trailing else ""))
-        return lines
-
-    def cell(text: str, w: int, left: bool) -> str:
-        if len(text) > w:
-            text = text[: w - 1] + "+"
-        return text.ljust(w) if left else text.rjust(w)
-
-    if header:
-        lines.append("".join(cell(NAMES[k], w, left) + " " for k, w, left in fields))
-        lines.append("".join("-" * w + " " for _k, w, _l in fields))
-    for v in rows:
-        lines.append("".join(cell(v[k], w, left) + " " for k, w, left in fields))
-    return lines
 
 
 def parse_time(text: str, now: float) -> int:
@@ -295,7 +268,7 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
         parsable = ns.delimiter or "|"
     elif ns.parsable:
         parsable = (ns.delimiter or "|") + "+"
-    for line in render(fields, rows, not ns.noheader, parsable):
+    for line in fixed_table(fields, rows, not ns.noheader, parsable):
         out.write(line + "\n")
     return 0
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
+from rota.wire.formats import Column, fixed_table
+
 OPS = {"add": "add", "create": "add", "modify": "modify", "update": "modify", "delete": "delete",
        "remove": "delete", "show": "show", "list": "show"}
 ENTITIES = {"account": "account", "accounts": "account", "user": "user", "users": "user", "qos": "qos",
@@ -32,35 +34,44 @@ def _tres(v: dict) -> str:
     return ",".join(f"{k}={n}" for k, n in sorted(v.items()))
 
 
-Field = tuple[str, int, Callable[[dict], str]]
-FIELDS: dict[str, dict[str, Field]] = {
-    "account": {"account": ("Account", 10, lambda r: r["name"]), "descr": ("Descr", 20, lambda r: r["description"]),
-                "description": ("Descr", 20, lambda r: r["description"]),
-                "org": ("Org", 20, lambda r: r["organization"]), "organization": ("Org", 20, lambda r: r["organization"]),
-                "parentname": ("Par Name", 10, lambda r: r["parent"]), "parent": ("Par Name", 10, lambda r: r["parent"]),
-                "share": ("Share", 9, lambda r: str(r["fairshare"])), "fairshare": ("Share", 9, lambda r: str(r["fairshare"]))},
-    "user": {"user": ("User", 10, lambda r: r["user"]), "defaultaccount": ("Def Acct", 10, lambda r: r["default"]),
-             "defacct": ("Def Acct", 10, lambda r: r["default"]), "admin": ("Admin", 9, lambda r: "None")},
-    "qos": {"name": ("Name", 10, lambda r: r["name"]), "priority": ("Priority", 10, lambda r: str(r["priority"])),
-            "maxwall": ("MaxWall", 11, lambda r: _wall(r["max_wall"])),
-            "maxtrespu": ("MaxTRESPU", 13, lambda r: _tres(r["max_tres_per_user"])),
-            "maxtresperuser": ("MaxTRESPU", 13, lambda r: _tres(r["max_tres_per_user"])),
-            "maxjobspu": ("MaxJobsPU", 9, lambda r: _limit(r["max_jobs_per_user"])),
-            "maxjobsperuser": ("MaxJobsPU", 9, lambda r: _limit(r["max_jobs_per_user"])),
-            "maxsubmitpu": ("MaxSubmitPU", 11, lambda r: _limit(r["max_submit_jobs_per_user"])),
-            "maxsubmitjobsperuser": ("MaxSubmitPU", 11, lambda r: _limit(r["max_submit_jobs_per_user"])),
-            "preempt": ("Preempt", 10, lambda r: ",".join(r["preempt"])),
-            "preemptmode": ("PreemptMode", 11, lambda r: r["preempt_mode"]),
-            "gracetime": ("GraceTime", 10, lambda r: _wall(r.get("grace_time", 0))),
-            "descr": ("Descr", 11, lambda r: r["description"]), "description": ("Descr", 11, lambda r: r["description"])},
-    "assoc": {"cluster": ("Cluster", 10, lambda r: r["cluster"]), "account": ("Account", 10, lambda r: r["account"]),
-              "user": ("User", 10, lambda r: r["user"]), "share": ("Share", 9, lambda r: str(r["fairshare"])),
-              "fairshare": ("Share", 9, lambda r: str(r["fairshare"])),
-              "maxjobs": ("MaxJobs", 7, lambda r: _limit(r["max_jobs"])),
-              "maxsubmit": ("MaxSubmit", 9, lambda r: _limit(r["max_submit_jobs"])),
-              "maxsubmitjobs": ("MaxSubmit", 9, lambda r: _limit(r["max_submit_jobs"])),
-              "qos": ("QOS", 20, lambda r: ",".join(r["qos"])), "defaultqos": ("Def QOS", 9, lambda r: r["default_qos"]),
-              "defqos": ("Def QOS", 9, lambda r: r["default_qos"])},
+def _columns(*fields: tuple[tuple[str, ...], Column]) -> dict[str, Column]:
+    """Each field's names (lower case: its own and sacctmgr's short ones) -> its column."""
+    return {name: column for names, column in fields for name in names}
+
+
+def _get(key: str) -> Callable[[dict], str]:
+    return lambda r: str(r[key])
+
+
+# each entity's fields as columns over its records
+COLUMNS: dict[str, dict[str, Column]] = {
+    "account": _columns((("account",), Column("Account", _get("name"), 10)),
+                        (("descr", "description"), Column("Descr", _get("description"), 20)),
+                        (("org", "organization"), Column("Org", _get("organization"), 20)),
+                        (("parentname", "parent"), Column("Par Name", _get("parent"), 10)),
+                        (("share", "fairshare"), Column("Share", _get("fairshare"), 9))),
+    "user": _columns((("user",), Column("User", _get("user"), 10)),
+                     (("defaultaccount", "defacct"), Column("Def Acct", _get("default"), 10)),
+                     (("admin",), Column("Admin", lambda r: "None", 9))),
+    "qos": _columns((("name",), Column("Name", _get("name"), 10)),
+                    (("priority",), Column("Priority", _get("priority"), 10)),
+                    (("maxwall",), Column("MaxWall", lambda r: _wall(r["max_wall"]), 11)),
+                    (("maxtrespu", "maxtresperuser"), Column("MaxTRESPU", lambda r: _tres(r["max_tres_per_user"]), 13)),
+                    (("maxjobspu", "maxjobsperuser"), Column("MaxJobsPU", lambda r: _limit(r["max_jobs_per_user"]), 9)),
+                    (("maxsubmitpu", "maxsubmitjobsperuser"),
+                     Column("MaxSubmitPU", lambda r: _limit(r["max_submit_jobs_per_user"]), 11)),
+                    (("preempt",), Column("Preempt", lambda r: ",".join(r["preempt"]), 10)),
+                    (("preemptmode",), Column("PreemptMode", _get("preempt_mode"), 11)),
+                    (("gracetime",), Column("GraceTime", lambda r: _wall(r.get("grace_time", 0)), 10)),
+                    (("descr", "description"), Column("Descr", _get("description"), 11))),
+    "assoc": _columns((("cluster",), Column("Cluster", _get("cluster"), 10)),
+                      (("account",), Column("Account", _get("account"), 10)),
+                      (("user",), Column("User", _get("user"), 10)),
+                      (("share", "fairshare"), Column("Share", _get("fairshare"), 9)),
+                      (("maxjobs",), Column("MaxJobs", lambda r: _limit(r["max_jobs"]), 7)),
+                      (("maxsubmit", "maxsubmitjobs"), Column("MaxSubmit", lambda r: _limit(r["max_submit_jobs"]), 9)),
+                      (("qos",), Column("QOS", lambda r: ",".join(r["qos"]), 20)),
+                      (("defaultqos", "defqos"), Column("Def QOS", _get("default_qos"), 9))),
 }
 DEFAULT_FORMAT = {"account": "account,descr,org", "user": "user,defaultaccount,admin",
                   "qos": "name,priority,gracetime,preempt,preemptmode,maxwall,maxtrespu,maxjobspu,maxsubmitpu",
@@ -204,35 +215,17 @@ def show(reply: dict, entity: str, names: list[str], where: dict[str, str], fmt:
         rows = [{**a, "cluster": reply["cluster"]} for a in sorted(reply["associations"],
                                                                   key=lambda a: (a["account"], a["user"]))
                 if (not in_accounts or a["account"] in in_accounts) and (not of_users or a["user"] in of_users)]
-    table = FIELDS[entity]
-    fields: list[Field] = []
+    table = COLUMNS[entity]
+    fields: list[tuple[Column, int, bool]] = []
     for item in (fmt or DEFAULT_FORMAT[entity]).split(","):
         name, _, width = item.strip().partition("%")
-        field = table.get(name.lower())
-        if field is None:
+        column = table.get(name.lower())
+        if column is None:
             raise Usage(f"sacctmgr: error: Unknown field '{name}' (one of: {', '.join(sorted(table))})")
-        if width:
-            if not width.isdecimal():
-                raise Usage(f"sacctmgr: error: bad width in {item!r}")
-            field = (field[0], int(width), field[2])
-        fields.append(field)
-    out: list[str] = []
-    parsable = flags["parsable"]
-    if parsable is not None:
-        tail = "|" if parsable == "|+" else ""
-        if not flags["noheader"]:
-            out.append("|".join(f[0] for f in fields) + tail)
-        out += ["|".join(f[2](r) for f in fields) + tail for r in rows]
-        return out
-
-    def cell(text: str, w: int) -> str:
-        return (text[: w - 1] + "+" if len(text) > w else text).rjust(w)
-
-    if not flags["noheader"]:
-        out.append(" ".join(cell(f[0], f[1]) for f in fields) + " ")
-        out.append(" ".join("-" * f[1] for f in fields) + " ")
-    out += [" ".join(cell(f[2](r), f[1]) for f in fields) + " " for r in rows]
-    return out
+        if width and not width.isdecimal():
+            raise Usage(f"sacctmgr: error: bad width in {item!r}")
+        fields.append((column, int(width) if width else column.width, False))
+    return fixed_table(fields, rows, not flags["noheader"], flags["parsable"])
 
 
 def main_exit() -> None:

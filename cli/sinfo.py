@@ -12,7 +12,7 @@ from rota.projections import queries
 
 from .options import NO, REQUIRED, OptionError, unsupported, table
 from .options import parse as read_options
-from rota.wire.formats import time_limit, timestamp
+from rota.wire.formats import Column, time_limit, timestamp
 
 DEFAULT = "%#P %.5a %.10l %.6D %.6t %N"
 NODE_DEFAULT = "%#N %.6D %#P %6t"
@@ -25,11 +25,6 @@ NODE_LONG = "%#N %.6D %#P %11T %.4c %.8z %.6m %.8d %.6w %.8f %20E"
 BASE_VALUE = {"UNKNOWN": 0, "DOWN": 1, "IDLE": 2, "ALLOCATED": 3, "MIXED": 5}
 SHORT = {"UNKNOWN": "unk", "DOWN": "down", "IDLE": "idle", "ALLOCATED": "alloc", "MIXED": "mix"}
 LONG_NAMES = {"UNKNOWN": "unknown", "DOWN": "down", "IDLE": "idle", "ALLOCATED": "allocated", "MIXED": "mixed"}
-HEADERS = {"P": "PARTITION", "a": "AVAIL", "l": "TIMELIMIT", "D": "NODES", "t": "STATE", "T": "STATE",
-           "N": "NODELIST", "E": "REASON", "u": "USER", "H": "TIMESTAMP", "G": "GRES", "c": "CPUS",
-           "m": "MEMORY", "f": "AVAIL_FEATURES", "z": "S:C:T", "d": "TMP_DISK", "w": "WEIGHT", "s": "JOB_SIZE",
-           "r": "ROOT", "h": "OVERSUBSCRIBE", "g": "GROUPS", "C": "CPUS(A/I/O/T)", "O": "CPU_LOAD", "n": "HOSTNAMES",
-           "e": "FREE_MEM", "R": "PARTITION", "F": "NODES(A/I/O/T)"}
 _SPEC = re.compile(r"%(#?)(\.?)(\d*)([A-Za-z])")
 
 
@@ -60,65 +55,69 @@ def state_value(n: queries.Row) -> int:
     return BASE_VALUE.get(n["base"], 0) + (0x200 if n["drain"] else 0) + (0x800 if n["not_responding"] else 0)
 
 
-def field(code: str, part: queries.Row | None, nodes: list[queries.Row], node_oriented: bool) -> str:
-    n = nodes[0]
-    if code in ("P", "R"):
+def _partition(code: str) -> Any:
+    """%P (the default partition starred) and %R: the group's partition, or n/a."""
+    def value(part: queries.Row | None, nodes: list[queries.Row]) -> str:
         if part is None:
             return "n/a"
         return part["name"] + ("*" if part["is_default"] and code == "P" else "")
-    if code == "a":
-        return {"UP": "up", "DOWN": "down", "DRAIN": "drain", "INACTIVE": "inact"}.get(part["state"], "up") \
-            if part is not None else "n/a"
-    if code == "l":
-        return time_limit(part["max_time"]) if part is not None else "n/a"
-    if code == "D":
-        return str(len(nodes))
-    if code == "t":
-        return state_short(n)
-    if code == "T":
-        return state_long(n)
-    if code in ("N", "n"):
-        return compress([x["name"] for x in nodes])
-    if code == "E":
-        return n["reason"] or "none"
-    if code == "u":
-        return n["reason_by"] or "Unknown"
-    if code == "H":
-        return timestamp(n["reason_time"]) if n["reason"] else "Unknown"
-    if code == "G":
-        return n["gres"] or "(null)"
-    if code == "c":
-        return str(n["cpus"])
-    if code == "F":      # nodes allocated (or mixed) / idle / other (down, drained, unknown) / total
-        alloc = sum(1 for x in nodes if x["base"] in ("ALLOCATED", "MIXED"))
-        idle = sum(1 for x in nodes if x["base"] == "IDLE" and not x["drain"])
-        return f"{alloc}/{idle}/{len(nodes) - alloc - idle}/{len(nodes)}"
-    if code == "C":
-        alloc = sum(x["alloc_cpus"] for x in nodes)
-        total = sum(x["cpus"] for x in nodes)
-        other = sum(x["cpus"] for x in nodes if x["drain"] or x["base"] == "DOWN")
-        return f"{alloc}/{total - alloc - other}/{other}/{total}"
-    if code == "m":
-        return str(n["memory"])
-    if code == "e":
-        return str(max(0, n["memory"] - n["alloc_mem"]))
-    if code == "f":
-        return n["features"] or "(null)"
-    if code == "z":
-        return f"1:{n['cpus']}:1"
-    if code == "d":
-        return "0"
-    if code == "w":
-        return str(n["weight"] or 1)
-    if code == "s":
-        return "1-infinite"
-    if code in ("r", "g"):
-        return "no" if code == "r" else "all"
-    if code == "h":
-        return "NO"
-    if code == "O":
-        return "N/A"
-    raise Usage(f"sinfo: error: Invalid node format specification: %{code}")
+    return value
+
+
+def _avail(part: queries.Row | None, nodes: list[queries.Row]) -> str:
+    if part is None:
+        return "n/a"
+    return {"UP": "up", "DOWN": "down", "DRAIN": "drain", "INACTIVE": "inact"}.get(part["state"], "up")
+
+
+def _node_counts(part: queries.Row | None, nodes: list[queries.Row]) -> str:
+    """%F: nodes allocated (or mixed) / idle / other (down, drained, unknown) / total."""
+    alloc = sum(1 for x in nodes if x["base"] in ("ALLOCATED", "MIXED"))
+    idle = sum(1 for x in nodes if x["base"] == "IDLE" and not x["drain"])
+    return f"{alloc}/{idle}/{len(nodes) - alloc - idle}/{len(nodes)}"
+
+
+def _cpu_counts(part: queries.Row | None, nodes: list[queries.Row]) -> str:
+    """%C: CPUs allocated / idle / other / total."""
+    alloc = sum(x["alloc_cpus"] for x in nodes)
+    total = sum(x["cpus"] for x in nodes)
+    other = sum(x["cpus"] for x in nodes if x["drain"] or x["base"] == "DOWN")
+    return f"{alloc}/{total - alloc - other}/{other}/{total}"
+
+
+def _first(text: Any) -> Any:
+    """A column from a group's first node (the nodes of a group agree on what it shows)."""
+    return lambda part, nodes: text(nodes[0])
+
+
+def _names(part: queries.Row | None, nodes: list[queries.Row]) -> str:
+    return compress([x["name"] for x in nodes])
+
+
+# sinfo's -o specifiers: a column over one group (a partition, or none, and the nodes that show alike in it)
+COLUMNS: dict[str, Column] = {
+    "P": Column("PARTITION", _partition("P")), "R": Column("PARTITION", _partition("R")),
+    "a": Column("AVAIL", _avail),
+    "l": Column("TIMELIMIT", lambda part, nodes: time_limit(part["max_time"]) if part is not None else "n/a"),
+    "D": Column("NODES", lambda part, nodes: str(len(nodes))),
+    "t": Column("STATE", _first(state_short)), "T": Column("STATE", _first(state_long)),
+    "N": Column("NODELIST", _names), "n": Column("HOSTNAMES", _names),
+    "E": Column("REASON", _first(lambda n: n["reason"] or "none")),
+    "u": Column("USER", _first(lambda n: n["reason_by"] or "Unknown")),
+    "H": Column("TIMESTAMP", _first(lambda n: timestamp(n["reason_time"]) if n["reason"] else "Unknown")),
+    "G": Column("GRES", _first(lambda n: n["gres"] or "(null)")),
+    "c": Column("CPUS", _first(lambda n: str(n["cpus"]))),
+    "F": Column("NODES(A/I/O/T)", _node_counts), "C": Column("CPUS(A/I/O/T)", _cpu_counts),
+    "m": Column("MEMORY", _first(lambda n: str(n["memory"]))),
+    "e": Column("FREE_MEM", _first(lambda n: str(max(0, n["memory"] - n["alloc_mem"])))),
+    "f": Column("AVAIL_FEATURES", _first(lambda n: n["features"] or "(null)")),
+    "z": Column("S:C:T", _first(lambda n: f"1:{n['cpus']}:1")),
+    "d": Column("TMP_DISK", lambda part, nodes: "0"),
+    "w": Column("WEIGHT", _first(lambda n: str(n["weight"] or 1))),
+    "s": Column("JOB_SIZE", lambda part, nodes: "1-infinite"),
+    "r": Column("ROOT", lambda part, nodes: "no"), "g": Column("GROUPS", lambda part, nodes: "all"),
+    "h": Column("OVERSUBSCRIBE", lambda part, nodes: "NO"), "O": Column("CPU_LOAD", lambda part, nodes: "N/A"),
+}
 
 
 def parse(fmt: str) -> list[tuple[str, Any]]:
@@ -129,7 +128,7 @@ def parse(fmt: str) -> list[tuple[str, Any]]:
         if m.start() > pos:
             out.append(("lit", fmt[pos:m.start()]))
         hash_, dot, width, code = m.groups()
-        if code not in HEADERS:
+        if code not in COLUMNS:
             raise Usage(f"sinfo: error: Invalid node format specification: {m.group(0)}")
         out.append(("spec", (code, int(width) if width else None, bool(dot), bool(hash_))))
         pos = m.end()
@@ -138,8 +137,8 @@ def parse(fmt: str) -> list[tuple[str, Any]]:
     return out
 
 
-def render(spec, groups: list[tuple[queries.Row | None, list[queries.Row]]], header: bool, node_oriented: bool) -> list[str]:
-    values = [[field(s[0], part, nodes, node_oriented) if kind == "spec" else s for kind, s in spec]
+def render(spec, groups: list[tuple[queries.Row | None, list[queries.Row]]], header: bool) -> list[str]:
+    values = [[COLUMNS[s[0]].value(part, nodes) if kind == "spec" else s for kind, s in spec]
               for part, nodes in groups]
     # %#X: width of the longest value (and header)
     widths: list[int | None] = []
@@ -149,7 +148,7 @@ def render(spec, groups: list[tuple[queries.Row | None, list[queries.Row]]], hea
             continue
         code, width, _right, natural = s
         if natural:
-            width = max([len(HEADERS[code])] + [len(v[i]) for v in values])
+            width = max([len(COLUMNS[code].header)] + [len(v[i]) for v in values])
         widths.append(width)
 
     def line(cells: list[str]) -> str:
@@ -167,7 +166,7 @@ def render(spec, groups: list[tuple[queries.Row | None, list[queries.Row]]], hea
 
     lines = []
     if header:
-        lines.append(line([HEADERS[s[0]] if kind == "spec" else s for kind, s in spec]))
+        lines.append(line([COLUMNS[s[0]].header if kind == "spec" else s for kind, s in spec]))
     lines += [line(v) for v in values]
     return lines
 
@@ -268,7 +267,7 @@ def _reasons(ns: _Options, nodes: list) -> list[str]:
     for n in nodes:
         if n["reason"] and (n["drain"] or n["base"] == "DOWN"):
             groups.setdefault((n["reason"], n["reason_by"], n["reason_time"]), []).append(n)
-    return render(spec, [(None, g) for g in groups.values()], not ns.noheader, True)
+    return render(spec, [(None, g) for g in groups.values()], not ns.noheader)
 
 
 def _by_node(ns: _Options, nodes: list, parts: list) -> list[str]:
@@ -277,7 +276,7 @@ def _by_node(ns: _Options, nodes: list, parts: list) -> list[str]:
     by_name = {n["name"]: n for n in nodes}
     rows = [(p, [by_name[name]]) for name in by_name for p in parts if name in (p["nodes"] or "").split(",")]
     rows.sort(key=lambda pn: pn[1][0]["idx"])
-    lines = render(spec, rows, not ns.noheader, True)
+    lines = render(spec, rows, not ns.noheader)
     if ns.long and not ns.format:
         lines.insert(0, time.strftime("%a %b %d %H:%M:%S %Y"))
     return lines
@@ -299,7 +298,7 @@ def _by_partition(ns: _Options, nodes: list, parts: list) -> list[str]:
                                    []).append(n)
         for g in sorted(grouped.values(), key=lambda g: -state_value(g[0])):
             rows.append((p, g))
-    lines = render(spec, rows, not ns.noheader, False)
+    lines = render(spec, rows, not ns.noheader)
     if ns.long and not ns.format:
         lines.insert(0, time.strftime("%a %b %d %H:%M:%S %Y"))
     return lines

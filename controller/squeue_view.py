@@ -12,7 +12,7 @@ from typing import Any
 from rota.core.arrays import format_indices
 from rota.core.states import STATE_CODES
 from rota.core.timefmt import format_limit, format_squeue_time
-from rota.wire.formats import timestamp
+from rota.wire.formats import Column, timestamp
 
 
 def _when(t: int | None) -> str:
@@ -20,11 +20,6 @@ def _when(t: int | None) -> str:
 
 DEFAULT_FORMAT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
 LONG_FORMAT = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R"
-HEADERS = {"i": "JOBID", "A": "JOBID", "P": "PARTITION", "j": "NAME", "u": "USER", "t": "ST",
-           "T": "STATE", "M": "TIME", "l": "TIME_LIMIT", "D": "NODES", "R": "NODELIST(REASON)",
-           "r": "REASON", "N": "NODELIST", "C": "CPUS", "S": "START_TIME", "V": "SUBMIT_TIME",
-           "L": "TIME_LEFT", "F": "ARRAY_JOB_ID", "K": "ARRAY_TASK_ID", "Y": "SCHEDNODES", "a": "ACCOUNT",
-           "U": "UID", "Q": "PRIORITY", "p": "PRIORITY", "q": "QOS"}
 START_FORMAT = "%.18i %.9P %.8j %.8u %.2t %.19S %.6D %20Y %R"
 # -O/--Format names and the specifier each one stands for (width 20 unless given: Name[:[.]width])
 FORMAT_NAMES = {"jobid": "A", "jobarrayid": "i", "arrayjobid": "F", "arraytaskid": "K", "partition": "P",
@@ -65,34 +60,39 @@ def _time_left(job: dict, now: int) -> str:
     return format_squeue_time(max(0, job["time_limit"] - used))
 
 
-# specifier -> its text for one job at ``now``
-FIELDS = {
-    "i": lambda j, now: job_id_text(j),
-    "A": lambda j, now: str(j["job_id"]),
-    "P": lambda j, now: j["partition"],
-    "j": lambda j, now: j["name"],
-    "u": lambda j, now: j["user"],
-    "t": lambda j, now: STATE_CODES.get(j["state"], j["state"][:2]),
-    "T": lambda j, now: j["state"],
-    "M": lambda j, now: format_squeue_time(now - j["start_time"]) if _running(j) else
-    format_squeue_time(j["end_time"] - j["start_time"]) if j.get("end_time") and j["start_time"] else "0:00",
-    "l": lambda j, now: format_limit(j["time_limit"]),
-    "L": _time_left,
-    "D": lambda j, now: str(j["num_nodes"]),
-    "C": lambda j, now: str(j["cpus"]),
-    "N": lambda j, now: _hostlist(j["nodes"]) if j["nodes"] else "",
-    "R": lambda j, now: _hostlist(j["nodes"]) if _running(j) else f"({j['reason']})",
-    "r": lambda j, now: "None" if _running(j) else j["reason"],
-    "S": lambda j, now: _when(j["start_time"] if _running(j) else j.get("expected_start")),
-    "V": lambda j, now: _when(j["submit_time"]),
-    "F": lambda j, now: str(j["array_job_id"] or j["job_id"]),
-    "K": lambda j, now: str(j["array_task_id"]) if j["array_task_id"] is not None else "N/A",
-    "Y": lambda j, now: _hostlist(j["sched_nodes"]) if j.get("sched_nodes") else "(null)",
-    "a": lambda j, now: j.get("account") or "(null)",
-    "U": lambda j, now: str(j.get("uid", 0)),
-    "Q": lambda j, now: str(j.get("priority", 0)),
-    "p": lambda j, now: str(j.get("priority", 0)),
-    "q": lambda j, now: j.get("qos") or "normal",
+def _time_used(j: dict, now: int) -> str:
+    if _running(j):
+        return format_squeue_time(now - j["start_time"])
+    return format_squeue_time(j["end_time"] - j["start_time"]) if j.get("end_time") and j["start_time"] else "0:00"
+
+
+# squeue's -o specifiers: a column over one job (a row of the queue view) at ``now``
+COLUMNS: dict[str, Column] = {
+    "i": Column("JOBID", lambda j, now: job_id_text(j)),
+    "A": Column("JOBID", lambda j, now: str(j["job_id"])),
+    "P": Column("PARTITION", lambda j, now: j["partition"]),
+    "j": Column("NAME", lambda j, now: j["name"]),
+    "u": Column("USER", lambda j, now: j["user"]),
+    "t": Column("ST", lambda j, now: STATE_CODES.get(j["state"], j["state"][:2])),
+    "T": Column("STATE", lambda j, now: j["state"]),
+    "M": Column("TIME", _time_used),
+    "l": Column("TIME_LIMIT", lambda j, now: format_limit(j["time_limit"])),
+    "L": Column("TIME_LEFT", _time_left),
+    "D": Column("NODES", lambda j, now: str(j["num_nodes"])),
+    "C": Column("CPUS", lambda j, now: str(j["cpus"])),
+    "N": Column("NODELIST", lambda j, now: _hostlist(j["nodes"]) if j["nodes"] else ""),
+    "R": Column("NODELIST(REASON)", lambda j, now: _hostlist(j["nodes"]) if _running(j) else f"({j['reason']})"),
+    "r": Column("REASON", lambda j, now: "None" if _running(j) else j["reason"]),
+    "S": Column("START_TIME", lambda j, now: _when(j["start_time"] if _running(j) else j.get("expected_start"))),
+    "V": Column("SUBMIT_TIME", lambda j, now: _when(j["submit_time"])),
+    "F": Column("ARRAY_JOB_ID", lambda j, now: str(j["array_job_id"] or j["job_id"])),
+    "K": Column("ARRAY_TASK_ID", lambda j, now: str(j["array_task_id"]) if j["array_task_id"] is not None else "N/A"),
+    "Y": Column("SCHEDNODES", lambda j, now: _hostlist(j["sched_nodes"]) if j.get("sched_nodes") else "(null)"),
+    "a": Column("ACCOUNT", lambda j, now: j.get("account") or "(null)"),
+    "U": Column("UID", lambda j, now: str(j.get("uid", 0))),
+    "Q": Column("PRIORITY", lambda j, now: str(j.get("priority", 0))),
+    "p": Column("PRIORITY", lambda j, now: str(j.get("priority", 0))),
+    "q": Column("QOS", lambda j, now: j.get("qos") or "normal"),
 }
 NOW_DEPENDENT = frozenset("ML")   # specifiers whose text for a running job changes every second
 
@@ -105,7 +105,7 @@ def compile_format(fmt: str) -> tuple[str, list[str]]:
     pos = 0
     for m in SPEC.finditer(fmt):
         code = m.group(3)
-        if code not in HEADERS:
+        if code not in COLUMNS:
             raise FormatError(f"Invalid job format specification: {code}")
         template.append(fmt[pos:m.start()].replace("{", "{{").replace("}", "}}"))
         size = m.group(2)
@@ -124,11 +124,11 @@ def compile_format(fmt: str) -> tuple[str, list[str]]:
 def render(fmt: str, jobs: list[dict], now: int, header: bool = True) -> list[str]:
     """Apply a ``-o`` format to ``jobs`` (rows without trailing blanks, as Slurm prints them)."""
     template, codes = compile_format(fmt)
-    getters = [FIELDS[c] for c in codes]
+    getters = [COLUMNS[c].value for c in codes]
     fill = template.format
     rows = []
     if header:
-        rows.append(fill(*(HEADERS[c] for c in codes)).rstrip())
+        rows.append(fill(*(COLUMNS[c].header for c in codes)).rstrip())
     for job in jobs:
         rows.append(fill(*[g(job, now) for g in getters]).rstrip())
     return rows
