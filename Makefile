@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up demo test test-slow lint bench bench-vs-slurm install clean
+.PHONY: up demo test test-fast test-slow lint bench bench-vs-slurm install clean
 
 $(STAMP): pyproject.toml cli/native/rota_command.c agents/native/rota_exec.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "rota needs Python 3.11 or newer")'
@@ -35,6 +35,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# the loop of seconds: the core and the front door on the in-memory log, nothing started (under 30 s)
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "fast and not slow"
 
 # a real Slurm on this host (ops/slurm/setup.sh, as root) and rota, the same workloads in one run, alternating
 bench-vs-slurm: $(STAMP)

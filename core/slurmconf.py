@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from . import events as ev
 from .hostlist import HostlistError, expand
+from .policies import POLICIES
 from .timefmt import TimeSpecError, parse_time_limit
 
 
@@ -518,7 +519,6 @@ def _enforce(ctx: _Ctx, lineno: int, key: str, value: str) -> str | None:
     return _choice({"NO": "NO", "ANY": "ANY", "ALL": "ALL"}, "is not valid", "use NO, ANY or ALL")(ctx, lineno, key, v)
 
 
-POLICIES = {p: p for p in ("fifo", "easy", "easy_strict", "conservative")}
 # slurm.conf key (lower case) -> (its spelling, scheduler or priority, the field it sets, how its value reads)
 GLOBAL_SETTINGS: dict[str, tuple[str, str, str, Reader]] = {
     "schedulertype": ("SchedulerType", "sched", "policy", _choice(
@@ -544,7 +544,7 @@ SCHEDULER_PARAMETERS: dict[str, tuple[str, Reader]] = {
     "bf_resolution": ("bf_resolution", _count(1)),
     "bf_max_job_test": ("bf_max_job_test", _count(0)),
     "rota_max_submit_per_user": ("max_submit_per_user", _count(1)),
-    "rota_policy": ("policy", _choice(POLICIES, "is not a policy", "use fifo, easy or conservative")),
+    "rota_policy": ("policy", _choice({p: p for p in POLICIES}, "is not a policy", "use fifo, easy or conservative")),
 }
 
 

@@ -12,6 +12,8 @@ from rota.core.state import dump_snapshot, load_snapshot
 from harness import Harness, make_cluster
 from rota.core.usage import value_at
 
+pytestmark = pytest.mark.fast    # make test-fast: the core and the front door, no process started
+
 ALICE = Caller(1001, 1001, "alice")
 
 

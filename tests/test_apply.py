@@ -9,6 +9,8 @@ from rota.core.commands import Rejected
 from rota.core.state import dump_snapshot, load_snapshot
 from harness import Harness, make_cluster
 
+pytestmark = pytest.mark.fast    # make test-fast: the core and the front door, no process started
+
 
 def test_job_life_cycle_and_gpu_slots(h):
     jid = h.submit(name="train", gpus_per_node=2, cpus_per_task=8, mem_per_node=65536)

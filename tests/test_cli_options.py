@@ -9,6 +9,8 @@ from rota.cli.timespec import MomentError, parse_moment
 
 from golden import blocks
 
+pytestmark = pytest.mark.fast    # make test-fast: the core and the front door, no process started
+
 TABLE = [Option("t", "time", REQUIRED, "time"), Option(None, "time-min", REQUIRED, "time_min"),
          Option("H", "hold", NO, "hold"), Option("v", "verbose", NO, "verbose"),
          Option("j", "jobs", OPTIONAL, "jobs"), Option("u", "user uid", REQUIRED, "user", append=True)]

@@ -7,6 +7,8 @@ import pytest
 from rota.core import credentials as c
 from rota.wire import keys
 
+pytestmark = pytest.mark.fast    # make test-fast: the core and the front door, no process started
+
 CLUSTER = b"k" * 64
 T = 1_800_000_000
 

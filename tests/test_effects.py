@@ -7,6 +7,9 @@ from rota.core.orders import Kill, Launch, Update
 from rota.core.schedule import schedule
 from harness import Harness, make_cluster
 from rota.wire import orders as wire
+import pytest
+
+pytestmark = pytest.mark.fast    # make test-fast: the core and the front door, no process started
 
 
 def step(h: Harness, *events: object) -> tuple[Changes, list]:

@@ -7,6 +7,8 @@ from pydantic import ValidationError
 from rota.core import events as ev
 from harness import make_cluster
 
+pytestmark = pytest.mark.fast    # make test-fast: the core and the front door, no process started
+
 SPEC = ev.JobSpec(name="train", user="alice", uid=1001, partitions=("short",), nodes=2, nodes_given=True,
                   gpus_per_node=4, gpu_type="a100", time_limit=3600, env={"A": "1"}, array="0-3%2",
                   dependency="afterok:1", script="#!/bin/sh\necho hi\n")

@@ -9,6 +9,9 @@ from rota.core.priority import PriorityContext, priority_factors
 from rota.core.sim import Simulator, TraceJob
 from harness import Harness, make_cluster
 from rota.core.usage import ONE, charge, decay_factor, decayed, value_at
+import pytest
+
+pytestmark = pytest.mark.fast    # make test-fast: the core and the front door, no process started
 
 DAY = 86400
 

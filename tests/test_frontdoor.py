@@ -16,6 +16,8 @@ from rota.wire.keys import Keyring
 
 from helpers import signed_headers
 
+pytestmark = pytest.mark.fast    # make test-fast: the core and the front door, no process started
+
 KEYRING = Keyring(cluster_key=b"c" * 64)
 ALICE = Caller(65534, 65534, "nobody")
 T = 1_800_000_000

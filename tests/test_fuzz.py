@@ -7,6 +7,8 @@ import pytest
 
 from rota.bench import fuzz_bench
 
+pytestmark = pytest.mark.fast    # make test-fast: the core and the front door, no process started
+
 
 @pytest.mark.parametrize("surface", sorted(fuzz_bench.SURFACES))
 def test_fuzzed_inputs_never_end_in_a_traceback(surface, monkeypatch):

@@ -10,6 +10,9 @@ import re
 from pathlib import Path
 
 import rota.core
+import pytest
+
+pytestmark = pytest.mark.fast    # make test-fast: the core and the front door, no process started
 
 ROOT = Path(rota.core.__file__).resolve().parent.parent
 ALLOWED = {

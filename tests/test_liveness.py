@@ -8,6 +8,9 @@ from harness import Harness, make_cluster
 from rota.core.timetravel import verify
 
 from test_timetravel import random_history
+import pytest
+
+pytestmark = pytest.mark.fast    # make test-fast: the core and the front door, no process started
 
 
 class SkipsAStart(Simulator):

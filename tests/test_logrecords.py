@@ -16,6 +16,8 @@ from harness import make_cluster
 from rota.projections.projector import Projector
 from rota.wire.keys import Keyring
 
+pytestmark = pytest.mark.fast    # make test-fast: the core and the front door, no process started
+
 KEYRING = Keyring(cluster_key=b"L" * 64)
 CFG = make_cluster(nodes=2, gpus=4)
 ALICE = Caller(1001, 1001, "alice")

@@ -6,6 +6,8 @@ from rota.core.deps import DependencySpecError, parse_dependency
 from rota.core.hostlist import HostlistError, compress, expand
 from rota.core.timefmt import TimeSpecError, format_duration, format_squeue_time, parse_time_limit
 
+pytestmark = pytest.mark.fast    # make test-fast: the core and the front door, no process started
+
 
 @pytest.mark.parametrize("text,seconds", [
     ("5", 300), ("0:30", 60), ("1:00:00", 3600), ("2-00:00:00", 172800), ("1-2", 93600),

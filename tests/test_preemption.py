@@ -8,6 +8,9 @@ from rota.core.orders import Signal, Update
 from rota.core.schedule import schedule
 from harness import Harness, make_cluster
 from rota.core.timetravel import verify
+import pytest
+
+pytestmark = pytest.mark.fast    # make test-fast: the core and the front door, no process started
 
 
 def harness(low_mode: str = "requeue", grace: int = 0, nodes: int = 1, cluster_mode: str = "cancel") -> Harness:

@@ -20,6 +20,9 @@ from rota.core.state import RUNNING, dump_snapshot, load_snapshot
 from harness import Harness
 
 from reference import check_capacity, fits, usage_plan
+import pytest
+
+pytestmark = pytest.mark.fast    # make test-fast: the core and the front door, no process started
 
 GPU_TYPES = ("a100", "h100")
 

@@ -1,10 +1,13 @@
-"""rota.core stays pure: no I/O, clock, randomness or service libraries (DESIGN.md section 2)."""
+"""rota.core stays pure: no I/O, clock, randomness or service libraries (ARCHITECTURE.md, "The floors")."""
 import ast
 from pathlib import Path
 
 import pkgutil
 
 import rota.core
+import pytest
+
+pytestmark = pytest.mark.fast    # make test-fast: the core and the front door, no process started
 
 CORE = Path(rota.core.__file__).parent
 FORBIDDEN_MODULES = {"asyncio", "nats", "aiosqlite", "pyarrow", "typer", "time", "random", "os",

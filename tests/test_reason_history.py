@@ -7,6 +7,9 @@ from rota.core.reason_history import spans_of
 from rota.core.state import PENDING, RUNNING
 from harness import Harness, make_cluster
 from rota.core.timetravel import why
+import pytest
+
+pytestmark = pytest.mark.fast    # make test-fast: the core and the front door, no process started
 
 OPS = st.lists(st.tuples(st.sampled_from(["submit", "submit", "submit", "cycle", "cycle", "advance", "finish",
                                           "cancel", "hold", "release", "drain", "resume", "big"]),

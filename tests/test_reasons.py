@@ -6,6 +6,8 @@ from rota.core.commands import Rejected
 from rota.core.schedule import REQ_NODE_NOT_AVAIL_ALL
 from harness import Harness, make_cluster
 
+pytestmark = pytest.mark.fast    # make test-fast: the core and the front door, no process started
+
 
 def reason(h, jid):
     return h.cycle().pending[jid].reason

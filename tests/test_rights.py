@@ -10,6 +10,8 @@ from rota.core.commands import Rejected
 from rota.core.limits import MAX_SCRIPT, MAX_TIME
 from harness import Harness, make_cluster
 
+pytestmark = pytest.mark.fast    # make test-fast: the core and the front door, no process started
+
 ALICE = Caller(1001, 1001, "alice")
 BOB = Caller(1002, 1002, "bob")
 OP = Caller(1003, 1003, "olga", OPERATOR)

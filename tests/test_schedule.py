@@ -2,6 +2,9 @@
 from rota.core import events as ev
 from rota.core.schedule import schedule
 from harness import Harness, make_cluster
+import pytest
+
+pytestmark = pytest.mark.fast    # make test-fast: the core and the front door, no process started
 
 
 def started(d):

@@ -5,6 +5,8 @@ import pytest
 
 from rota.core.slurmconf import ConfigError, check_config, parse_config
 
+pytestmark = pytest.mark.fast    # make test-fast: the core and the front door, no process started
+
 OPS = Path(__file__).resolve().parents[1] / "ops"
 GOOD = """
 GresTypes=gpu

@@ -17,6 +17,8 @@ from rota.core.state import dump_snapshot, load_snapshot
 from rota.core.steps import StepAsk, StepRefused, layout
 from harness import Harness, make_cluster
 
+pytestmark = pytest.mark.fast    # make test-fast: the core and the front door, no process started
+
 FIELDS = {"name": "t", "argv": ("true",)}
 
 

@@ -5,6 +5,8 @@ from rota.core import commands
 from rota.core import events as ev
 from harness import Harness, make_cluster
 
+pytestmark = pytest.mark.fast    # make test-fast: the core and the front door, no process started
+
 
 def rejected(h, **spec):
     spec.setdefault("user", "alice")
