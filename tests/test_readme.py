@@ -93,3 +93,12 @@ def test_architecture_names_only_modules_that_exist():
     paths = set(re.findall(r"`((?:core|wire|controller|agents|projections|cli|client|programs)/[\w/]+\.(?:py|c))`", text))
     assert len(paths) > 30
     assert all((ROOT / p).exists() for p in paths), sorted(p for p in paths if not (ROOT / p).exists())
+
+
+@pytest.mark.fast
+def test_the_python_example_of_the_features_page_runs():
+    text = (ROOT / "docs" / "features.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks
+    done = subprocess.run([sys.executable, "-c", blocks[0]], capture_output=True, text=True, timeout=60, cwd="/")
+    assert done.returncode == 0 and "NodeAlloc(node='gpu01'" in done.stdout, done.stderr
