@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import pwd
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -32,6 +32,9 @@ from .ratelimit import SubmitRate
 from .recent import Recent
 from .verbs import VERBS
 from .views import Raw, encode_reply, too_large
+
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
 
 log = logging.getLogger("rota.controller.api")
 
@@ -75,7 +78,7 @@ class FrontDoor:
 
     # ------------------------------------------------------------ NATS
 
-    async def on_message(self, msg: Any) -> None:
+    async def on_message(self, msg: Msg) -> None:
         """Answer one ``rota.api.<verb>`` message: one reply, always, carrying its request id."""
         if not msg.reply:
             return      # a publish, not a request: nobody to answer
@@ -154,12 +157,10 @@ class FrontDoor:
             self._results[key] = result
         return result
 
-    async def _record_denial(self, verb_name: str, caller: Caller, request: Any, r: commands.Rejected) -> None:
-        target = ""
-        if hasattr(request, "job_id"):
-            target = f"job {request.job_id}"
-        elif hasattr(request, "node"):
-            target = f"node {request.node}"
+    async def _record_denial(self, verb_name: str, caller: Caller, request: rq.Request | None,
+                             r: commands.Rejected) -> None:
+        job_id, node = getattr(request, "job_id", None), getattr(request, "node", None)
+        target = f"job {job_id}" if job_id is not None else f"node {node}" if node is not None else ""
         try:
             await self.c.append(commands.denied(caller, verb_name, target, r.lines[-1]), caller.actor())
         except Exception as exc:  # noqa: BLE001 - the refusal stands even if the log cannot take the record
