@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from rota.cli.main import app, fail
+from rota.cli.main import app, fail, main
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -157,12 +157,7 @@ def install_commands(
                    f"with ROTA_EXEC={target / launch.EXEC_HELPER}")
 
 
-def main() -> None:
-    try:
-        app()
-    except KeyboardInterrupt:
-        sys.exit(130)
-
+__all__ = ["app", "main"]      # main: cli's, which runs the app these commands joined
 
 if __name__ == "__main__":
     main()
