@@ -1,4 +1,6 @@
 """The controller against a real nats-server: submit -> cycle -> start on the log; restart; fencing."""
+import asyncio
+
 import pytest
 
 from rota.controller.eventlog import FencedError, JetStreamLog, LogUnavailable, MemoryLog
@@ -65,6 +67,25 @@ async def test_rejections_carry_slurms_message():
     assert r["error"] == ["You must specify a reason when DOWNING or DRAINING a node. Request denied"]
     r = await c.handle("submit", {"spec": {"user": "a", "gpus_per_node": "many"}})
     assert r["code"] == "bad_request"
+
+
+async def test_waiting_for_a_change_ends_when_the_next_batch_lands_or_at_its_timeout():
+    """What a busy step request waits on: the writer's signal that a batch went through the log."""
+    c = Controller(MemoryLog(), config=CFG, clock=Clock())
+    await c.start()
+    t = asyncio.get_running_loop().time()
+    assert await c.changed(0.05) is False
+    assert asyncio.get_running_loop().time() - t >= 0.05
+    waiting = asyncio.create_task(c.changed(5))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    await c.handle("submit", {"spec": spec()})
+    assert await asyncio.wait_for(waiting, 1) is True
+    seq = c.state.seq
+    both = [asyncio.create_task(c.changed(5)) for _ in range(2)]     # every waiter hears the same batch
+    await asyncio.sleep(0)
+    await c.handle("hold", {"job_id": 1})
+    assert await asyncio.wait_for(asyncio.gather(*both), 1) == [True, True] and c.state.seq == seq + 1
 
 
 async def test_two_controllers_exactly_one_writes(js):
