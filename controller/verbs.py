@@ -7,7 +7,7 @@ here, and one line in ``VERBS`` at the bottom.
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from rota.core import __version__, commands
 from rota.core import events as ev
@@ -20,7 +20,7 @@ from .leadership import controllers_of
 from .port import ControllerPort
 from .requests import Verb
 from .views import Raw
-
+from .writer import Prepare
 
 
 def _spec(spec: ev.JobSpec, caller: Caller) -> ev.JobSpec:
@@ -59,7 +59,7 @@ async def _test_submit(c: ControllerPort, caller: Caller, request: rq.Submit, ri
     return c.views.test_submit(_spec(request.spec, caller), caller)
 
 
-async def _write(c: ControllerPort, caller: Caller, rid: str, prepare: Callable) -> dict:
+async def _write(c: ControllerPort, caller: Caller, rid: str, prepare: Prepare) -> dict:
     await c.write(prepare, caller.actor(), f"{caller.uid}:{rid}" if rid else "")
     return {"ok": True}
 
