@@ -52,8 +52,8 @@ def test_the_first_session_runs_as_the_readme_says(tmp_path):
     try:
         wait_for(lambda: (base / "state" / "cluster.json").exists() and (base / "state" / "run" / "rota.sock").exists(),
                  what="rota up")
-        # one shell, as a person's: each line marked, then its exit status, a second between lines
-        script = "".join(f"echo {MARK}{i}\n{line}\necho {MARK}status $?\nsleep 1\n" for i, line in enumerate(lines))
+        # one shell, as a person's: each line marked, then its exit status, half a second between lines
+        script = "".join(f"echo {MARK}{i}\n{line}\necho {MARK}status $?\nsleep 0.5\n" for i, line in enumerate(lines))
         done = subprocess.run(["bash", "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
                               timeout=240)
     finally:
