@@ -108,7 +108,7 @@ class _Tally:
     busy_gpus: int = 0
     samples: list[tuple[int, int, int, int]] = field(default_factory=list)
 
-    def busy(self, alloc: Iterable[Any], sign: int) -> None:
+    def busy(self, alloc: Iterable[ev.NodeAlloc], sign: int) -> None:
         for a in alloc:
             self.busy_cpus += sign * a.cpus
             self.busy_gpus += sign * len(a.gpus)
@@ -209,15 +209,15 @@ class Simulator:
         if progress is not None:
             progress(tally.started, tally.total)
 
-    def _start(self, now: int, s: Any, tally: _Tally) -> None:
+    def _start(self, now: int, s: ev.Start, tally: _Tally) -> None:
         run = tally.runtimes.get(s.job_id, tally.runtimes.get(s.array_job_id or -1, 0))
         end_state: ev.JobEndState = "COMPLETED"
         if self.kill_at_limit and s.time_limit and run > s.time_limit:
             run, end_state = s.time_limit, "TIMEOUT"
         self.timeline.at(now + run, _EXIT, _Exit(s.job_id, end_state, run, self.state.jobs[s.job_id].restarts))
         o = tally.outcomes.get(s.job_id)
-        if o is None:   # a split array task
-            parent = tally.outcomes[s.array_job_id]
+        if o is None:   # a split array task: its array's outcome has its submit
+            parent = tally.outcomes[s.array_job_id if s.array_job_id is not None else s.job_id]
             o = tally.outcomes[s.job_id] = JobOutcome(s.job_id, parent.trace_id, parent.submit, runtime=parent.runtime)
         o.start, o.runtime = now, run
         o.cpus = sum(a.cpus for a in s.alloc)

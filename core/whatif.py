@@ -217,7 +217,7 @@ class _Replay:
         for s in event.starts:
             self._start(t, s)
 
-    def _start(self, t: int, s: Any) -> None:
+    def _start(self, t: int, s: ev.Start) -> None:
         job = self.timeline.state.jobs[s.job_id]
         k = self.keys[s.job_id] = key_of(job)
         runs = self.rec.runs.get(k, [])
