@@ -20,7 +20,7 @@ from rota.core import credentials as creds
 from rota.core import effects
 from rota.core import events as ev
 from rota.core.orders import Heartbeat, Kill, Launch, Order
-from rota.core.state import RUNNING
+from rota.core.state import RUNNING, Node
 from rota.wire import orders as wire_orders
 from rota.wire import subjects as sj
 from rota.wire.subjects import CRED_HEADER
@@ -260,28 +260,30 @@ class AgentLink:
             except Exception as exc:  # noqa: BLE001 - retried next time round
                 log.warning("cannot create the agents' consumers yet: %s", exc)
             now = time.monotonic()
-            st = self.c.state
-            for name, node in list(st.nodes.items()):
-                if not node.registered or node.down:
-                    continue
-                silent = now - self.last_seen.get(name, self._started)
-                try:
-                    if silent >= self.node_timeout:
-                        await self.c.write(partial(commands.silent_node_down, node=name), "rota")
-                    elif silent >= self.node_timeout / 2 and not node.not_responding:
-                        await self.c.write(partial(commands.silent_node_not_responding, node=name), "rota")
-                    elif node.reported_gpus is not None and node.reported_gpus < node.gpu_count and not node.drain:
-                        reason = (f"gres/gpu count reported lower than configured "
-                                  f"({node.reported_gpus} < {node.gpu_count})")
-                        await self.c.write(partial(commands.check_report, node=name,
-                                                   event=ev.HealthFault(node=name, reason=reason, code="gres")), "rota")
-                except (commands.Rejected, LogUnavailable):
-                    pass
-                except FencedError:
-                    return
-                for jid in self.agent_running.get(name, set()):
-                    job = st.jobs.get(jid)
-                    if job is None or job.state != RUNNING:
-                        self.send([(name, Kill(job_id=jid, reason="stopped",
-                                               restarts=job.restarts if job is not None else None))])
-                self.agent_running.pop(name, None)
+            try:
+                for name, node in list(self.c.state.nodes.items()):
+                    if node.registered and not node.down:
+                        await self._check(name, node, now - self.last_seen.get(name, self._started))
+            except FencedError:
+                return
+
+    async def _check(self, name: str, node: Node, silent: float) -> None:
+        """One registered node, ``silent`` seconds since its agent was last heard: NOT_RESPONDING, DOWN, or
+        drained again for missing GPUs; and the jobs its agent runs that the log says ended are killed."""
+        try:
+            if silent >= self.node_timeout:
+                await self.c.write(partial(commands.silent_node_down, node=name), "rota")
+            elif silent >= self.node_timeout / 2 and not node.not_responding:
+                await self.c.write(partial(commands.silent_node_not_responding, node=name), "rota")
+            elif node.reported_gpus is not None and node.reported_gpus < node.gpu_count and not node.drain:
+                reason = f"gres/gpu count reported lower than configured ({node.reported_gpus} < {node.gpu_count})"
+                await self.c.write(partial(commands.check_report, node=name,
+                                           event=ev.HealthFault(node=name, reason=reason, code="gres")), "rota")
+        except (commands.Rejected, LogUnavailable):
+            pass
+        jobs = self.c.state.jobs
+        for jid in self.agent_running.get(name, set()):
+            job = jobs.get(jid)
+            if job is None or job.state != RUNNING:
+                self.send([(name, Kill(job_id=jid, reason="stopped", restarts=job.restarts if job is not None else None))])
+        self.agent_running.pop(name, None)

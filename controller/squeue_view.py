@@ -229,65 +229,76 @@ def requested_ids(text: str) -> set[int] | str:
     return ids
 
 
+class _Refused(Exception):
+    """A request squeue refuses, in Slurm's words, with its code."""
+
+    def __init__(self, line: str, code: str) -> None:
+        super().__init__(line)
+        self.line, self.code = line, code
+
+
 def answer(jobs: list[dict], request: dict, now: int) -> dict:
     """squeue's output for ``request`` (what the command line asked) over the queue view ``jobs``.
 
     ``{"ok": True, "text": ..., "now_dependent": bool}`` (whether the text changes with the second:
     running jobs' times are shown), or ``{"ok": False, "error": [line], "code": ...}`` with Slurm's wording.
     """
+    try:
+        jobs = _in_order(_chosen(jobs, request), request)
+        if request.get("Format"):
+            fmt = format_from_names(request["Format"])
+        else:
+            fmt = request.get("format") or (START_FORMAT if request.get("start") else LONG_FORMAT if request.get("long")
+                                            else DEFAULT_FORMAT)
+        rows = render(fmt, jobs, now, header=not request.get("noheader"))
+    except _Refused as r:
+        return {"ok": False, "error": [r.line], "code": r.code}
+    except FormatError as exc:
+        return {"ok": False, "error": [f"squeue: error: {exc}"], "code": "invalid"}
+    return {"ok": True, "text": "".join(row + "\n" for row in rows),
+            "now_dependent": any(j["state"] == "RUNNING" for j in jobs) and bool(NOW_DEPENDENT & set(fmt))}
+
+
+def _chosen(jobs: list[dict], request: dict) -> list[dict]:
+    """The jobs that pass the request's filters: ids, names, nodes, users, partitions, states."""
     wanted_ids = request.get("jobs")
     if wanted_ids:
         ids = requested_ids(wanted_ids)
         if isinstance(ids, str):
-            return {"ok": False, "error": [f"squeue: error: Invalid job id: {ids}"], "code": "invalid"}
+            raise _Refused(f"squeue: error: Invalid job id: {ids}", "invalid")
         jobs = [j for j in jobs if j["job_id"] in ids or j["array_job_id"] in ids]
         # a job that has just ended (the controller still holds it) gets the header alone, as in Slurm
         if not jobs and len(ids) == 1 and not set(request.get("_ended") or ()) & ids:
-            return {"ok": False, "error": ["slurm_load_jobs error: Invalid job id specified"], "code": "no_job"}
-    if request.get("names"):
-        names = set(request["names"].split(","))
-        jobs = [j for j in jobs if j["name"] in names]
+            raise _Refused("slurm_load_jobs error: Invalid job id specified", "no_job")
     if request.get("nodelist"):
         from rota.core.hostlist import expand
 
         try:
             wanted_nodes = set(expand(request["nodelist"]))
         except ValueError as exc:
-            return {"ok": False, "error": [f"squeue: error: Invalid node name {request['nodelist']}: {exc}"],
-                    "code": "invalid"}
+            raise _Refused(f"squeue: error: Invalid node name {request['nodelist']}: {exc}", "invalid") from None
         jobs = [j for j in jobs if wanted_nodes.intersection(j["nodes"])]
-    if request.get("users"):
-        users = set(request["users"].split(","))
-        jobs = [j for j in jobs if j["user"] in users or str(j.get("uid")) in users]
-    if request.get("partitions"):
-        parts = set(request["partitions"].split(","))
-        jobs = [j for j in jobs if j["partition"] in parts]
+    for key, keep in (("names", lambda j, v: j["name"] in v),
+                      ("users", lambda j, v: j["user"] in v or str(j.get("uid")) in v),
+                      ("partitions", lambda j, v: j["partition"] in v)):
+        if request.get(key):
+            values = set(request[key].split(","))
+            jobs = [j for j in jobs if keep(j, values)]
     states = _state_filter(request.get("states"))
-    if states is not None:
-        jobs = [j for j in jobs if j["state"] in states]
+    return jobs if states is None else [j for j in jobs if j["state"] in states]
+
+
+def _in_order(jobs: list[dict], request: dict) -> list[dict]:
+    """Slurm's order (or --sort's), array tasks one per line with -r; --start: pending by expected start."""
     jobs = sorted(jobs, key=order)
     if request.get("array"):
         jobs = expand_arrays(jobs)
     if request.get("sort"):
-        try:
-            jobs = sort_jobs(jobs, request["sort"])
-        except FormatError as exc:
-            return {"ok": False, "error": [f"squeue: error: {exc}"], "code": "invalid"}
-    start = bool(request.get("start"))
-    if start:   # Slurm: --sort=S --states=PENDING
+        jobs = sort_jobs(jobs, request["sort"])
+    if request.get("start"):   # Slurm: --sort=S --states=PENDING
         jobs = [j for j in jobs if j["state"] == "PENDING"]
         jobs.sort(key=lambda j: (j.get("expected_start") or float("inf"), j["job_id"]))
-    try:
-        if request.get("Format"):
-            fmt = format_from_names(request["Format"])
-        else:
-            fmt = request.get("format") or (START_FORMAT if start else LONG_FORMAT if request.get("long")
-                                            else DEFAULT_FORMAT)
-        rows = render(fmt, jobs, now, header=not request.get("noheader"))
-    except FormatError as exc:
-        return {"ok": False, "error": [f"squeue: error: {exc}"], "code": "invalid"}
-    return {"ok": True, "text": "".join(row + "\n" for row in rows),
-            "now_dependent": any(j["state"] == "RUNNING" for j in jobs) and bool(NOW_DEPENDENT & set(fmt))}
+    return jobs
 
 
 def select_jobs(state: Any, request: dict) -> list[Any] | None:

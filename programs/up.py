@@ -271,6 +271,22 @@ class _Up:
         except FileNotFoundError:
             pass
         self.stopping = True
+        steps = self._stop_steps()
+        for what, step in steps:
+            log.info("stopping: %s", what)
+            try:
+                await asyncio.wait_for(step(), timeout=5)
+            except Exception as exc:  # noqa: BLE001 - keep stopping the rest
+                log.warning("stopping %s: %s", what, exc or type(exc).__name__)
+        if self.server is not None:
+            self.server.stop()
+        if self.agent is not None and self.agent.runs:
+            self.echo(f"rota up: {len(self.agent.runs)} job(s) still running on {self.agent.node} "
+                      f"({', '.join(map(str, sorted(self.agent.runs)[:10]))}); the next `rota up` adopts them")
+        self.echo("rota up: stopped")
+
+    def _stop_steps(self) -> list[tuple[str, Any]]:
+        """What stops, in order, for what started: each a name and a coroutine function."""
         steps: list[tuple[str, Any]] = []
         if self.controller is not None and self.controller.leader:
             steps.append(("snapshot", lambda: self.controller.maybe_snapshot(force=True)))
@@ -288,18 +304,7 @@ class _Up:
             steps.append(("agent link", lambda: self.link.stop() if self.link is not None else asyncio.sleep(0)))
         if self.eventlog is not None:
             steps.append(("event log", self.eventlog.close))
-        for what, step in steps:
-            log.info("stopping: %s", what)
-            try:
-                await asyncio.wait_for(step(), timeout=5)
-            except Exception as exc:  # noqa: BLE001 - keep stopping the rest
-                log.warning("stopping %s: %s", what, exc or type(exc).__name__)
-        if self.server is not None:
-            self.server.stop()
-        if self.agent is not None and self.agent.runs:
-            self.echo(f"rota up: {len(self.agent.runs)} job(s) still running on {self.agent.node} "
-                      f"({', '.join(map(str, sorted(self.agent.runs)[:10]))}); the next `rota up` adopts them")
-        self.echo("rota up: stopped")
+        return steps
 
 
 def _write_public(path: Path, text: str) -> None:
