@@ -255,22 +255,25 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
 
         out.write(json.dumps({"jobs": [dict(r) for r in jobs]}, indent=2) + "\n")
         return 0
-    rows = []
-    for r in jobs:
-        v = job_values(r, int(now))
-        for run in earlier.get(r["job_id"], ()):
-            rows.append(requeued_values(v, run))
-        rows.append(v)
-        for s in steps.get(r["job_id"], ()):
-            rows.append(step_values(v, r, s, int(now)))
     parsable = None
     if ns.parsable2:
         parsable = ns.delimiter or "|"
     elif ns.parsable:
         parsable = (ns.delimiter or "|") + "+"
-    for line in fixed_table(fields, rows, not ns.noheader, parsable):
+    for line in fixed_table(fields, _rows(jobs, steps, earlier, int(now)), not ns.noheader, parsable):
         out.write(line + "\n")
     return 0
+
+
+def _rows(jobs: list[queries.Row], steps: dict, earlier: dict, now: int) -> list[dict[str, str]]:
+    """Each job's values, after those of its earlier runs (-D) and followed by its steps'."""
+    rows = []
+    for r in jobs:
+        v = job_values(r, now)
+        rows += [requeued_values(v, run) for run in earlier.get(r["job_id"], ())]
+        rows.append(v)
+        rows += [step_values(v, r, s, now) for s in steps.get(r["job_id"], ())]
+    return rows
 
 
 def _command_line(argv: list[str], out, err) -> _Namespace | None:

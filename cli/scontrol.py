@@ -273,48 +273,58 @@ def _request(verb: str, body: dict) -> dict:
 def update(args: list[str]) -> list[str]:
     kv = _kv(args)
     if "nodename" in kv:
-        state = kv.get("state", "").upper()
-        reason = kv.get("reason", "")
-        if state in ("DRAIN", "DOWN", "FAIL") and not reason:
-            raise Fail("You must specify a reason when DOWNING or DRAINING a node. Request denied")
-        verb = {"DRAIN": "drain", "DOWN": "down", "FAIL": "drain", "RESUME": "resume", "UNDRAIN": "resume",
-                "IDLE": "resume"}.get(state)
-        if verb is None:
-            raise Fail(f"Invalid node state specified: {kv.get('state', '')}\nslurm_update error: Invalid node "
-                       "state specified")
-        try:
-            names = expand(kv["nodename"])
-        except ValueError:
-            raise Fail("slurm_update error: Invalid node name specified") from None
-        for name in names:
-            reply = _request(verb, {"node": name, "reason": reason})
-            if not reply.get("ok"):
-                raise Fail(f"slurm_update error: {reply['error'][0]}")
-        return []
+        return _update_nodes(kv)
     if "jobid" in kv:
         if not args[0].lower().startswith("jobid="):
             raise Fail("JobId must precede other options\nRequest aborted")
-        from rota.core.timefmt import TimeSpecError, parse_time_limit
-
-        body: dict = {"job_id": int(kv["jobid"].split("_")[0])}
-        limit = next((k for k in ("timelimit", "timelimit+", "timelimit-") if k in kv), None)
-        if limit is not None:
-            try:
-                seconds = parse_time_limit(kv[limit])
-            except TimeSpecError:
-                raise Fail(f"Invalid TimeLimit value: {kv[limit]}") from None
-            if limit != "timelimit":
-                current = _current_limit(body["job_id"])
-                seconds = current + seconds if limit.endswith("+") else max(0, current - seconds)
-            body["time_limit"] = seconds
-        if "priority" in kv:
-            body["priority"] = int(kv["priority"])
-        reply = _request("update_job", body)
-        if not reply.get("ok"):
-            raise Fail(f"{reply['error'][0]}\nslurm_update error: {reply['error'][0]}")
-        return []
+        return _update_job(kv)
     raise Fail("No valid entity in update command\nInput line must include \"NodeName\", \"PartitionName\", "
                "\"Reservation\", \"JobId\" ...")
+
+
+def _update_nodes(kv: dict[str, str]) -> list[str]:
+    """``update NodeName=... State=DRAIN|DOWN|RESUME ... Reason=...``."""
+    state = kv.get("state", "").upper()
+    reason = kv.get("reason", "")
+    if state in ("DRAIN", "DOWN", "FAIL") and not reason:
+        raise Fail("You must specify a reason when DOWNING or DRAINING a node. Request denied")
+    verb = {"DRAIN": "drain", "DOWN": "down", "FAIL": "drain", "RESUME": "resume", "UNDRAIN": "resume",
+            "IDLE": "resume"}.get(state)
+    if verb is None:
+        raise Fail(f"Invalid node state specified: {kv.get('state', '')}\nslurm_update error: Invalid node "
+                   "state specified")
+    try:
+        names = expand(kv["nodename"])
+    except ValueError:
+        raise Fail("slurm_update error: Invalid node name specified") from None
+    for name in names:
+        reply = _request(verb, {"node": name, "reason": reason})
+        if not reply.get("ok"):
+            raise Fail(f"slurm_update error: {reply['error'][0]}")
+    return []
+
+
+def _update_job(kv: dict[str, str]) -> list[str]:
+    """``update JobId=N TimeLimit=[+-]T Priority=P``."""
+    from rota.core.timefmt import TimeSpecError, parse_time_limit
+
+    body: dict = {"job_id": int(kv["jobid"].split("_")[0])}
+    limit = next((k for k in ("timelimit", "timelimit+", "timelimit-") if k in kv), None)
+    if limit is not None:
+        try:
+            seconds = parse_time_limit(kv[limit])
+        except TimeSpecError:
+            raise Fail(f"Invalid TimeLimit value: {kv[limit]}") from None
+        if limit != "timelimit":
+            current = _current_limit(body["job_id"])
+            seconds = current + seconds if limit.endswith("+") else max(0, current - seconds)
+        body["time_limit"] = seconds
+    if "priority" in kv:
+        body["priority"] = int(kv["priority"])
+    reply = _request("update_job", body)
+    if not reply.get("ok"):
+        raise Fail(f"{reply['error'][0]}\nslurm_update error: {reply['error'][0]}")
+    return []
 
 
 def _current_limit(job_id: int) -> int:
@@ -419,35 +429,8 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, db: str | None = None) 
         out.write("Usage: scontrol [-d] show job|node|partition|config|hostnames|hostlist [NAME] | update NodeName=... "
                   "State=... Reason=... | update JobId=N TimeLimit=T | hold|release|requeue IDS | reconfigure | ping\n")
         return 0
-    cmd, rest = args[0].lower(), args[1:]
     try:
-        if cmd == "show":
-            what = rest[0].lower() if rest else ""
-            names = rest[1:]
-            if what in ("node", "nodes"):
-                lines = show_node([n for arg in names for n in expand(arg)], db)
-            elif what in ("job", "jobs"):
-                lines = show_job(names, details)
-            elif what in ("config", "conf"):
-                lines = show_config()
-            elif what in ("partition", "partitions"):
-                lines = show_partition(names, db)
-            elif what == "hostnames":
-                lines = expand(names[0] if names else os.environ.get("SLURM_JOB_NODELIST", ""))
-            elif what == "hostlist":
-                lines = [compress([h for arg in names for h in arg.split(",")])]
-            else:
-                raise Fail(f"invalid entity:{what} for keyword:show")
-        elif cmd == "update":
-            lines = update(rest)
-        elif cmd in ("hold", "uhold", "release", "requeue", "requeuehold"):
-            lines = job_verb(cmd, rest)
-        elif cmd in ("reconfigure", "reconfig"):
-            lines = reconfigure()
-        elif cmd == "ping":
-            lines = ping()
-        else:
-            raise Fail(f"invalid keyword: {args[0]}")
+        lines = _lines(args[0], args[1:], db, details)
     except _Remote:   # the projection is private to the cluster's administrator: the controller shows it
         from .client import remote_command
 
@@ -461,6 +444,38 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, db: str | None = None) 
     for line in lines:
         out.write(line + "\n")
     return 0
+
+
+def _lines(word: str, rest: list[str], db: str | None, details: bool) -> list[str]:
+    """What one scontrol command prints (raises Fail with Slurm's words)."""
+    cmd = word.lower()
+    if cmd == "show":
+        return _show(rest[0].lower() if rest else "", rest[1:], db, details)
+    if cmd == "update":
+        return update(rest)
+    if cmd in ("hold", "uhold", "release", "requeue", "requeuehold"):
+        return job_verb(cmd, rest)
+    if cmd in ("reconfigure", "reconfig"):
+        return reconfigure()
+    if cmd == "ping":
+        return ping()
+    raise Fail(f"invalid keyword: {word}")
+
+
+def _show(what: str, names: list[str], db: str | None, details: bool) -> list[str]:
+    if what in ("node", "nodes"):
+        return show_node([n for arg in names for n in expand(arg)], db)
+    if what in ("job", "jobs"):
+        return show_job(names, details)
+    if what in ("config", "conf"):
+        return show_config()
+    if what in ("partition", "partitions"):
+        return show_partition(names, db)
+    if what == "hostnames":
+        return expand(names[0] if names else os.environ.get("SLURM_JOB_NODELIST", ""))
+    if what == "hostlist":
+        return [compress([h for arg in names for h in arg.split(",")])]
+    raise Fail(f"invalid entity:{what} for keyword:show")
 
 
 def main_exit() -> None:

@@ -267,25 +267,10 @@ def _dur(seconds: int) -> str:
     return "".join(parts)
 
 
-def why_text(rep: Any, users: dict[int, str]) -> list[str]:
-    if not rep.found:
-        return [f"job {rep.job_id} is not in this log (sequences {rep.log_range[0]}-{rep.log_range[1]})"]
-    out = []
-    head = f'Job {rep.job_id} "{rep.name}" (user {rep.user}, partition {rep.partition})'
-    if rep.start_time is not None:
-        waited = rep.start_time - rep.submit_time
-        out.append(f"{head} waited {_dur(waited)}: submitted {_t(rep.submit_time)}, started {_t(rep.start_time)} "
-                   f"on {compress(list(rep.nodes))}" + (" by backfill." if rep.backfilled else "."))
-    else:
-        end = rep.intervals[-1].end if rep.intervals else rep.submit_time
-        state = f" It ended {rep.end_state} without starting." if rep.end_state else " It is still pending."
-        out.append(f"{head} was submitted {_t(rep.submit_time)} and had waited {_dur(end - rep.submit_time)}"
-                   f" by the last event of the log.{state}")
-    if not rep.intervals:
-        out.append("  The first cycle after its submission started it, before anything else happened: there "
-                   "was no wait to explain." if rep.start_time is not None else
-                   "  The log ends where it was submitted: there is nothing to evaluate yet.")
-    story: list[tuple[int, int, list[str]]] = []   # (time, sequence, lines): told in log order
+def _story(rep: Any, users: dict[int, str]) -> list[tuple[int, int, list[str]]]:
+    """What happened to the job, each as (time, sequence, lines), to be told in log order: its intervals,
+    the jobs backfilled past it, administrators' actions, preemptions."""
+    story: list[tuple[int, int, list[str]]] = []
     for iv in rep.intervals:
         story.append((iv.start, iv.first_seq, _interval_lines(iv, rep, users)))
     for b in rep.backfilled_past:
@@ -308,6 +293,28 @@ def why_text(rep: Any, users: dict[int, str]) -> list[str]:
         victims = ", ".join(f"job {v['job_id']} ({v.get('user', '?')}, QOS {v.get('qos', '?')})" for v in p["victims"])
         story.append((p["time"], p["seq"], [f"  At {_t(p['time'])} it preempted {victims}, chosen from "
                                             f"{p['candidates']} candidate(s) (sequence {p['seq']})."]))
+    return story
+
+
+def why_text(rep: Any, users: dict[int, str]) -> list[str]:
+    if not rep.found:
+        return [f"job {rep.job_id} is not in this log (sequences {rep.log_range[0]}-{rep.log_range[1]})"]
+    out = []
+    head = f'Job {rep.job_id} "{rep.name}" (user {rep.user}, partition {rep.partition})'
+    if rep.start_time is not None:
+        waited = rep.start_time - rep.submit_time
+        out.append(f"{head} waited {_dur(waited)}: submitted {_t(rep.submit_time)}, started {_t(rep.start_time)} "
+                   f"on {compress(list(rep.nodes))}" + (" by backfill." if rep.backfilled else "."))
+    else:
+        end = rep.intervals[-1].end if rep.intervals else rep.submit_time
+        state = f" It ended {rep.end_state} without starting." if rep.end_state else " It is still pending."
+        out.append(f"{head} was submitted {_t(rep.submit_time)} and had waited {_dur(end - rep.submit_time)}"
+                   f" by the last event of the log.{state}")
+    if not rep.intervals:
+        out.append("  The first cycle after its submission started it, before anything else happened: there "
+                   "was no wait to explain." if rep.start_time is not None else
+                   "  The log ends where it was submitted: there is nothing to evaluate yet.")
+    story = _story(rep, users)
     for _t0, _seq, lines in sorted(story, key=lambda x: (x[0], x[1])):
         out += lines
     if len(rep.estimates) > 1:
