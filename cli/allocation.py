@@ -37,6 +37,16 @@ def allocate(prog: str, values: dict, default_name: str, err: Any = sys.stderr) 
     job_id = int(reply["job_id"])
     if prog == "salloc":
         err.write(f"salloc: Pending job allocation {job_id}\n")
+    view, waited = _wait_until_running(prog, job_id, err)
+    if waited:
+        err.write(f"{prog}: job {job_id} has been allocated resources\n")
+    if prog == "salloc":
+        err.write(f"salloc: Granted job allocation {job_id}\n")
+    return view
+
+
+def _wait_until_running(prog: str, job_id: int, err: Any) -> tuple[dict, bool]:
+    """The job's view once it runs, and whether it had to wait (said, with each new pending reason)."""
     said: str | None = None
     waited = False
     asked = time.monotonic()
@@ -69,11 +79,7 @@ def allocate(prog: str, values: dict, default_name: str, err: Any = sys.stderr) 
         raise AllocationError(f"Job allocation {job_id} has been revoked.") from None
     finally:
         signal.signal(signal.SIGINT, previous)
-    if waited:
-        err.write(f"{prog}: job {job_id} has been allocated resources\n")
-    if prog == "salloc":
-        err.write(f"salloc: Granted job allocation {job_id}\n")
-    return view
+    return view, waited
 
 
 def job_view(job_id: int) -> dict:

@@ -84,6 +84,20 @@ def step_body(values: dict, argv: list[str], job_id: int) -> dict:
         n = _count(values, key, option)
         if n is not None:
             body[key] = n
+    body.update(_resources(values))
+    for key in ("output", "error", "input"):
+        if values.get(key):
+            body[key] = values[key]
+    if values.get("job_name"):
+        body["name"] = values["job_name"]
+    if values.get("overlap"):
+        body["overlap"] = True
+    return body
+
+
+def _resources(values: dict) -> dict:
+    """--gres (GPUs per node), --mem and --nodelist, as the step request carries them."""
+    body: dict = {}
     gres = values.get("gres") or values.get("gpus_per_node")
     if gres:
         count = str(gres).rsplit(":", 1)[-1]
@@ -104,13 +118,6 @@ def step_body(values: dict, argv: list[str], job_id: int) -> dict:
             body["nodelist"] = expand(values["nodelist"])
         except HostlistError as exc:
             raise SrunError(f"srun: error: Invalid --nodelist specification: {exc}") from None
-    for key in ("output", "error", "input"):
-        if values.get(key):
-            body[key] = values[key]
-    if values.get("job_name"):
-        body["name"] = values["job_name"]
-    if values.get("overlap"):
-        body["overlap"] = True
     return body
 
 
