@@ -79,6 +79,15 @@ DEFAULT_FORMAT = {"account": "account,descr,org", "user": "user,defaultaccount,a
 TITLES = {"account": "Account(s)", "user": "User(s)", "qos": "QOS(s)"}
 
 
+# sacctmgr's flags -> (the setting it changes, its value); ("", None): accepted, changes nothing here
+FLAGS: dict[str, tuple[str, Any]] = {
+    "-i": ("immediate", True), "--immediate": ("immediate", True), "-n": ("noheader", True),
+    "--noheader": ("noheader", True), "-P": ("parsable", "|"), "--parsable2": ("parsable", "|"),
+    "-p": ("parsable", "|+"), "--parsable": ("parsable", "|+"),
+    **{q: ("", None) for q in ("-Q", "--quiet", "-v", "--verbose")},
+}
+
+
 class Usage(Exception):
     """A command line sacctmgr cannot read (the message is its error line)."""
 
@@ -88,16 +97,10 @@ def parse(argv: list[str]) -> tuple[dict, str, str, list[str], dict[str, str], d
     flags: dict[str, Any] = {"immediate": False, "noheader": False, "parsable": None}
     words: list[str] = []
     for a in argv:
-        if a in ("-i", "--immediate"):
-            flags["immediate"] = True
-        elif a in ("-n", "--noheader"):
-            flags["noheader"] = True
-        elif a in ("-P", "--parsable2"):
-            flags["parsable"] = "|"
-        elif a in ("-p", "--parsable"):
-            flags["parsable"] = "|+"
-        elif a in ("-Q", "--quiet", "-v", "--verbose"):
-            continue
+        flag = FLAGS.get(a)
+        if flag is not None:
+            if flag[0]:
+                flags[flag[0]] = flag[1]
         elif a.startswith("-") and a not in ("-1",):
             raise Usage(f"sacctmgr: error: unrecognized option '{a}'")
         else:
@@ -109,12 +112,18 @@ def parse(argv: list[str]) -> tuple[dict, str, str, list[str], dict[str, str], d
         raise Usage(f"sacctmgr: error: Unknown command: {words[0]} (add, modify, delete or show)")
     if entity is None or (entity == "assoc" and op != "show"):
         raise Usage(f"sacctmgr: error: Unknown entity: {words[1]} (account, user, qos; assoc for show)")
+    names, where, values, fmt = _operands(words[2:], op)
+    return flags, op, entity, names, where, values, fmt
+
+
+def _operands(words: list[str], op: str) -> tuple[list[str], dict[str, str], dict[str, str], str | None]:
+    """The names, ``where`` conditions, ``set`` values and ``format=`` after the command and entity."""
     names: list[str] = []
     where: dict[str, str] = {}
     values: dict[str, str] = {}
     fmt: str | None = None
     target = values if op == "add" else where
-    for w in words[2:]:
+    for w in words:
         low = w.lower()
         if low == "where":
             target = where
@@ -131,7 +140,7 @@ def parse(argv: list[str]) -> tuple[dict, str, str, list[str], dict[str, str], d
                 target[key] = value
         else:
             names.extend(n for n in w.split(",") if n)
-    return flags, op, entity, names, where, values, fmt
+    return names, where, values, fmt
 
 
 def main(argv: list[str] | None = None, out=None, err=None) -> int:

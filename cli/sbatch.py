@@ -142,30 +142,7 @@ def build_spec(argv: list[str], now: float | None = None, script: str | None = N
         name = "wrap"
         merged = cli
     else:
-        if script is not None:
-            name = "sbatch"
-        elif not operands:
-            if sys.stdin.isatty():
-                raise SbatchError("sbatch: error: Batch script is empty!")
-            script, name = _text(sys.stdin.buffer.read(MAX_SCRIPT + 1), "the batch script on standard input"), "sbatch"
-        else:
-            try:
-                with open(operands[0], "rb") as fh:
-                    data = fh.read(MAX_SCRIPT + 1)
-            except (OSError, ValueError):   # ValueError: a NUL in the name
-                raise SbatchError(f"sbatch: error: Unable to open file {operands[0]}") from None
-            if len(data) > MAX_SCRIPT:
-                _too_large()
-            script, name = _text(data, f"the batch script {operands[0]}"), os.path.basename(operands[0])
-        if not script.strip():
-            raise SbatchError("sbatch: error: Batch script is empty!")
-        if not script.startswith("#!"):
-            raise SbatchError("sbatch: error: This does not look like a batch script.  The first\n"
-                              "sbatch: error: line must start with #! followed by the path to an interpreter.\n"
-                              "sbatch: error: For instance: #!/bin/sh")
-        if "\r\n" in script:
-            raise SbatchError("sbatch: error: Batch script contains DOS line breaks (\\r\\n)\n"
-                              "sbatch: error: instead of expected UNIX line breaks (\\n).")
+        script, name = _script(operands, script)
         merged, _ = read_options(argv, directives(script))
     if len(script) > MAX_SCRIPT or len(script.encode("utf-8", "surrogateescape")) > MAX_SCRIPT:
         _too_large()
@@ -173,6 +150,36 @@ def build_spec(argv: list[str], now: float | None = None, script: str | None = N
     if merged.get("test_only"):
         spec["_test_only"] = True
     return spec, bool(merged.get("parsable"))
+
+
+def _script(operands: list[str], script: str | None) -> tuple[str, str]:
+    """The batch script's text (given, from its file, or from standard input) and the job's default name;
+    refused, in sbatch's words, when it is empty, too large, no script or written with DOS line breaks."""
+    if script is not None:
+        name = "sbatch"
+    elif not operands:
+        if sys.stdin.isatty():
+            raise SbatchError("sbatch: error: Batch script is empty!")
+        script, name = _text(sys.stdin.buffer.read(MAX_SCRIPT + 1), "the batch script on standard input"), "sbatch"
+    else:
+        try:
+            with open(operands[0], "rb") as fh:
+                data = fh.read(MAX_SCRIPT + 1)
+        except (OSError, ValueError):   # ValueError: a NUL in the name
+            raise SbatchError(f"sbatch: error: Unable to open file {operands[0]}") from None
+        if len(data) > MAX_SCRIPT:
+            _too_large()
+        script, name = _text(data, f"the batch script {operands[0]}"), os.path.basename(operands[0])
+    if not script.strip():
+        raise SbatchError("sbatch: error: Batch script is empty!")
+    if not script.startswith("#!"):
+        raise SbatchError("sbatch: error: This does not look like a batch script.  The first\n"
+                          "sbatch: error: line must start with #! followed by the path to an interpreter.\n"
+                          "sbatch: error: For instance: #!/bin/sh")
+    if "\r\n" in script:
+        raise SbatchError("sbatch: error: Batch script contains DOS line breaks (\\r\\n)\n"
+                          "sbatch: error: instead of expected UNIX line breaks (\\n).")
+    return script, name
 
 
 def _too_large() -> None:
@@ -242,17 +249,7 @@ def _memory_and_gpus(o: dict, spec: dict) -> None:
         spec["mem_per_cpu"] = parse_mem(o["mem_per_cpu"])
     if o.get("gres"):
         for item in o["gres"].split(","):
-            parts = item.split(":")
-            if parts[0] != "gpu":
-                raise SbatchError("sbatch: error: Invalid generic resource (gres) specification")
-            count = parts[-1] if len(parts) > 1 else "1"
-            if len(parts) == 3:
-                spec["gpu_type"] = parts[1]
-            elif len(parts) == 2 and not count.isdecimal():
-                spec["gpu_type"], count = parts[1], "1"
-            if not count.isdecimal():
-                raise SbatchError("sbatch: error: Invalid generic resource (gres) specification")
-            spec["gpus_per_node"], spec["gpu_given"] = int(count), True
+            _gres(item, spec)
     for attr, key in (("gpus", "gpus_total"), ("gpus_per_node", "gpus_per_node")):
         val = o.get(attr)
         if val:
@@ -262,6 +259,21 @@ def _memory_and_gpus(o: dict, spec: dict) -> None:
             spec[key] = int(count)
             if gtype:
                 spec["gpu_type"] = gtype
+
+
+def _gres(item: str, spec: dict) -> None:
+    """One --gres item: ``gpu``, ``gpu:N``, ``gpu:TYPE`` or ``gpu:TYPE:N``."""
+    parts = item.split(":")
+    if parts[0] != "gpu":
+        raise SbatchError("sbatch: error: Invalid generic resource (gres) specification")
+    count = parts[-1] if len(parts) > 1 else "1"
+    if len(parts) == 3:
+        spec["gpu_type"] = parts[1]
+    elif len(parts) == 2 and not count.isdecimal():
+        spec["gpu_type"], count = parts[1], "1"
+    if not count.isdecimal():
+        raise SbatchError("sbatch: error: Invalid generic resource (gres) specification")
+    spec["gpus_per_node"], spec["gpu_given"] = int(count), True
 
 
 def _times(o: dict, spec: dict, now: float | None) -> None:
@@ -301,6 +313,19 @@ def _lists(o: dict, spec: dict) -> None:
             spec[attr] = o[attr]
     if o.get("qos"):
         spec["qos_given"] = True
+    _signal_and_open_mode(o, spec)
+    for attr in ("nodelist", "exclude"):
+        if o.get(attr):
+            from rota.core.hostlist import HostlistError, expand
+
+            try:
+                spec[attr] = expand(o[attr])
+            except HostlistError as exc:
+                raise SbatchError(f"sbatch: error: Invalid --{attr} specification: {exc}", 255) from None
+
+
+def _signal_and_open_mode(o: dict, spec: dict) -> None:
+    """--signal (checked as Slurm reads it) and --open-mode."""
     if o.get("signal"):
         from rota.core.signals import parse_warning
 
@@ -315,14 +340,6 @@ def _lists(o: dict, spec: dict) -> None:
             raise SbatchError(f"sbatch: error: Invalid --open-mode specification: {o['open_mode']} (append or truncate)",
                               255)
         spec["open_mode"] = mode
-    for attr in ("nodelist", "exclude"):
-        if o.get(attr):
-            from rota.core.hostlist import HostlistError, expand
-
-            try:
-                spec[attr] = expand(o[attr])
-            except HostlistError as exc:
-                raise SbatchError(f"sbatch: error: Invalid --{attr} specification: {exc}", 255) from None
 
 
 def main(argv: list[str] | None = None) -> int:
