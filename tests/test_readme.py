@@ -4,7 +4,6 @@ make target, page and path it names exists."""
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import wait_for
+from helpers import stop, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -57,11 +56,7 @@ def test_the_first_session_runs_as_the_readme_says(tmp_path):
         done = subprocess.run(["bash", "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
                               timeout=240)
     finally:
-        up.send_signal(signal.SIGINT)
-        try:
-            up.wait(30)
-        except subprocess.TimeoutExpired:
-            up.kill()
+        stop(up)
         shutil.rmtree(base, ignore_errors=True)
     outputs = re.split(rf"{MARK}\d+\n", done.stdout)[1:]
     assert len(outputs) == len(lines), done.stdout + done.stderr
