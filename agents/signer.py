@@ -19,7 +19,8 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from rota.core import credentials
 from rota.wire import localsock
-from rota.wire.subjects import CRED_HEADER, RID_HEADER, api_subject, reply_prefix
+from rota.wire.seen import Mark
+from rota.wire.subjects import CRED_HEADER, RID_HEADER, api_subject, reply_prefix, reply_seq
 
 log = logging.getLogger("rota.signer")
 
@@ -56,11 +57,13 @@ class Signer:
         # the controller in this process (``rota up``): (subject, headers, payload) -> its answer, or None
         # while it does not lead
         self.local: Callable[[str, dict, bytes], Awaitable[bytes | None]] | None = None
+        self.seen: Mark | None = None  # the newest log sequence an answer here showed (read-your-writes)
 
     async def start(self) -> None:
         run_dir = os.path.dirname(self.path)
         os.makedirs(run_dir, exist_ok=True)
         os.chmod(run_dir, 0o755)
+        self.seen = Mark(self.path)
         if os.path.lexists(self.path):
             os.unlink(self.path)     # a socket left by a rota that died; we own its directory
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -141,6 +144,8 @@ class Signer:
                 reply = await self.forward(verb, rid, payload, uid, gid)
             finally:
                 self._inflight[uid] -= 1
+            if self.seen is not None:
+                self.seen.saw(reply_seq(rid, reply))
             writer.write(b"OK %d\n" % len(reply) + reply)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError) as exc:
             writer.write(_error(f"bad request to the local rota signer: {exc or type(exc).__name__}"))

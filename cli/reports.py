@@ -8,10 +8,13 @@ from rota.controller.port import ReportRunner
 
 def runner(db: str) -> ReportRunner:
     """A report runner over the projection ``db``: (command, argv, caller's uid, the only uid whose jobs
-    the caller may see or None) -> (exit status, stdout, stderr)."""
-    def run(command: str, argv: list[str], uid: int, only_uid: int | None) -> tuple[int, str, str]:
+    the caller may see or None, the log sequence its answer must include) -> (exit status, stdout, stderr)."""
+    def run(command: str, argv: list[str], uid: int, only_uid: int | None, seq: int) -> tuple[int, str, str]:
+        from rota.projections.queries import reading_at
+
         from . import sacct, scontrol, sinfo, usage_report
 
+        reading_at(seq)     # this thread's own context: the controller's state when the caller asked
         out, err = io.StringIO(), io.StringIO()
         if command == "sacct":
             code = sacct.run(argv, out, err, db=db, uid=uid, only_uid=only_uid)

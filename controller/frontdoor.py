@@ -31,7 +31,7 @@ from .port import ControllerPort
 from .ratelimit import SubmitRate
 from .recent import Recent
 from .verbs import VERBS
-from .views import Raw, encode_reply, too_large
+from .replies import Raw, encode_reply, too_large
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
@@ -115,7 +115,7 @@ class FrontDoor:
         except Exception as exc:  # one reply per request, whatever happened
             log.exception("request %s on %s failed", rid[:64], subject)
             result = {"ok": False, "error": [f"internal error: {type(exc).__name__}"], "code": "internal"}
-        return rid, pack_reply(rid, encode_reply(result, rid))
+        return rid, pack_reply(rid, encode_reply(result, rid, self.c.state.seq if rid else None))
 
     # ------------------------------------------------------------ dispatch
 

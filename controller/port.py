@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .writer import Prepare, Writer
 
 # (command, argv, caller's uid, the only uid whose jobs the caller may see or None) -> (status, stdout, stderr)
-ReportRunner = Callable[[str, list[str], int, "int | None"], tuple[int, str, str]]
+ReportRunner = Callable[[str, list[str], int, "int | None", int], tuple[int, str, str]]
 
 
 class ControllerPort(Protocol):

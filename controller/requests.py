@@ -18,7 +18,7 @@ from rota.core.limits import MAX_COUNT, MAX_LIST, MAX_NAME, MAX_NICE, MAX_PATH, 
 
 if TYPE_CHECKING:
     from .port import ControllerPort
-    from .views import Raw
+    from .replies import Raw
 
 
 class Request(BaseModel):

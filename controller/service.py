@@ -29,7 +29,8 @@ from .eventlog import EventLog, FencedError, LogUnavailable
 from .frontdoor import FrontDoor
 from .outbox import Outbox
 from .port import ReportRunner
-from .views import Views, encode_reply
+from .replies import encode_reply
+from .views import Views
 from .writer import OffLoop, Prepare, Writer
 
 log = logging.getLogger("rota.controller")

@@ -19,7 +19,7 @@ from .eventlog import FencedError, LogUnavailable
 from .leadership import controllers_of
 from .port import ControllerPort
 from .requests import Verb
-from .views import Raw
+from .replies import Raw
 from .writer import Prepare
 
 

@@ -17,41 +17,12 @@ from rota.core.auth import Caller
 from rota.core.schedule import priority_of, schedule
 from rota.core.state import TERMINAL_STATES
 
+
 if TYPE_CHECKING:
     from .port import ControllerPort
 
 log = logging.getLogger("rota.controller.views")
 LONG_QUEUE = 2000       # pending jobs beyond which a view uses the last cycle's decision instead of a fresh pass
-
-
-class Raw:
-    """A reply value that is JSON already (inserted as is by :func:`encode_reply`)."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-
-def encode_reply(result: dict | Raw, rid: str | None = None) -> bytes:
-    """A reply as JSON bytes (orjson), splicing pre-encoded values in without re-encoding them; with
-    ``rid``, the request id first (``{"rid":"...",...}``: what a signer checks before handing it back)."""
-    import orjson
-
-    if isinstance(result, Raw):
-        data = result.data
-        if rid is None or not data.startswith(b"{") or data == b"{}":
-            return data
-        return b'{"rid":"%s",%s' % (rid.encode(), data[1:])
-    body = result if rid is None else {"rid": rid, **result}
-    return orjson.dumps(body, default=lambda v: orjson.Fragment(v.data) if isinstance(v, Raw) else str(v))
-
-
-def too_large(rid: str, size: int) -> bytes:
-    """The answer sent instead of one that no message carries, even compressed."""
-    return encode_reply({"ok": False, "code": "too_large", "error": [
-        f"the answer is {size:,} bytes compressed, more than the cluster's messages carry: "
-        "ask for less (by user, partition, state or job)"]}, rid)
 
 
 def private_jobs(state: Any, caller: Caller) -> bool:
@@ -336,7 +307,7 @@ class Views:
         private_usage = command == "report" and cfg is not None and "usage" in cfg.auth.private_data \
             and not caller.operator
         only = caller.uid if private_jobs(self.c.state, caller) or private_usage else None
-        code, out, err = await asyncio.to_thread(reports, command, argv, caller.uid, only)
+        code, out, err = await asyncio.to_thread(reports, command, argv, caller.uid, only, self.c.state.seq)
         return {"ok": True, "out": out, "err": err, "code": code}
 
     async def timetravel(self, command: str, argv: list[str], caller: Caller) -> dict:

@@ -32,6 +32,8 @@ JOB_COLUMNS = ("job_id", "array_job_id", "array_task_id", "array_spec", "name", 
                "exit_code", "signal", "max_rss", "elapsed", "nodes", "alloc_nodes", "alloc_cpus", "alloc_mem",
                "alloc_gpus", "req_nodes", "req_cpus", "req_mem", "req_gpus", "gpu_type", "restarts", "workdir",
                "dependency", "hold", "priority", "submit_seq", "reason", "seq")
+BURST = 100            # events in one catch-up beyond which the next waits out the whole interval
+
 _UPSERT_JOB = (f"INSERT OR REPLACE INTO jobs ({', '.join(JOB_COLUMNS)}) "
                f"VALUES ({', '.join('?' * len(JOB_COLUMNS))})")
 
@@ -152,6 +154,7 @@ class Projector:
         loop = asyncio.get_running_loop()
         lane: asyncio.Task | None = None
         said = ""              # the last warning given (said once, not every second)
+        pace = min_interval
         try:
             while not stop.is_set():
                 started = loop.time()
@@ -159,6 +162,8 @@ class Projector:
                     if not projection_may_grow(str(self.path.parent)):
                         raise OSError("the disk is nearly full (it goes on when there is room again)")
                     n = await self.catch_up()
+                    # a trickle (a command's write, which the next read waits for) goes at once, a burst in batches
+                    pace = min_interval if n >= BURST else min_interval / 10
                     if lane is None and self.reasons is not None and n < 1000:
                         # the rows first: the history follows once they have caught up with the log
                         lane = asyncio.create_task(self.reasons.follow(stop, poll))
@@ -175,7 +180,7 @@ class Projector:
                     pass
                 if wakeup is not None:
                     wakeup.clear()
-                rest = min_interval - (loop.time() - started)
+                rest = pace - (loop.time() - started)
                 if rest > 0 and not stop.is_set():
                     await asyncio.sleep(rest)
         finally:

@@ -4,6 +4,9 @@ Light (the commands import it): the C module under ``sqlite3``, read-only connec
 """
 from __future__ import annotations
 
+import sys
+from contextvars import ContextVar
+
 try:   # the C module under ``sqlite3``: sqlite3.dbapi2 also imports datetime for adapters never used here
     import _sqlite3 as sqlite3
 except ImportError:  # pragma: no cover
@@ -13,11 +16,61 @@ Error = sqlite3.Error
 Row = sqlite3.Row
 
 
+FRESH_WAIT = 10.0      # seconds a read waits for the projection to fold what this host was last shown
+_at_least: ContextVar[int | None] = ContextVar("rota_projection_at_least", default=None)
+
+
 def connect(path: str):  # -> sqlite3.Connection
-    """A read-only connection to the projection at ``path`` whose rows read by column name."""
+    """A read-only connection to the projection at ``path`` whose rows read by column name, once the
+    projection has folded every event an answer on this host has shown (read-your-writes; bounded)."""
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     conn.row_factory = sqlite3.Row
+    target = at_least()
+    if target is None:
+        from rota.wire.seen import newest
+
+        target = newest()
+    behind = wait_until_folded(conn, target)
+    if behind:
+        sys.stderr.write(f"warning: the cluster's state at {path} is {behind:,} events behind the newest change "
+                         f"shown on this host after {FRESH_WAIT:.0f} s; what follows may be out of date\n")
     return conn
+
+
+def at_least() -> int | None:
+    """The sequence the reads of this thread of work must see, when set by :func:`reading_at`."""
+    return _at_least.get()
+
+
+def reading_at(seq: int) -> None:
+    """Make this context's reads wait for ``seq`` (the controller answering for a caller on another host:
+    the state its answer is at, any host's writes included)."""
+    _at_least.set(seq)
+
+
+def folded(conn) -> int:
+    """The last log sequence the projection has folded (0 before its first batch)."""
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'seq'").fetchone()
+    except sqlite3.Error:
+        return 0
+    return int(row[0]) if row is not None and row[0] is not None else 0
+
+
+def wait_until_folded(conn, seq: int, timeout: float = FRESH_WAIT) -> int:
+    """Wait until the projection has folded ``seq``; how many events it is still behind (0: caught up)."""
+    have = folded(conn)
+    if have >= seq:
+        return 0
+    import time
+
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while have < seq and time.monotonic() < deadline:
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
+        have = folded(conn)
+    return max(0, seq - have)
 
 
 class JobQuery:

@@ -45,7 +45,10 @@ async def controller(**kw):
 
     async def reply(subject, data):
         answer = json.loads(data)
-        replies.append((subject, answer, answer.pop("rid")))
+        rid = answer.pop("rid")
+        if rid:     # the state the answer saw follows its request id
+            assert answer.pop("seq") == c.state.seq
+        replies.append((subject, answer, rid))
 
     c.nc_reply = reply
     return c, replies
