@@ -13,6 +13,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 NO, REQUIRED, OPTIONAL = 0, 1, 2
+SLURM_VERSION = "22.05.9"          # the release whose commands these are
+VERSION_LINE = f"slurm {SLURM_VERSION}"   # what ``-V``/``--version`` prints, as Slurm's commands do
 
 
 class OptionError(Exception):
@@ -37,8 +39,7 @@ def table(*rows: tuple) -> list[Option]:
     return [Option(short or None, longs, arg, dest, *more) for short, longs, arg, dest, *more in rows]
 
 
-def read_command_line(prog: str, argv: list[str], table: list[Option], usage: str
-                      ) -> "tuple[dict[str, Any], list[str]] | int":
+def read_command_line(prog: str, argv: list[str], table: list[Option]) -> "tuple[dict[str, Any], list[str]] | int":
     """A query command's options and operands; or the exit status when the command line already settled it
     (a bad one, said on stderr as Slurm says it; ``--help``; ``--version``)."""
     import sys
@@ -48,11 +49,9 @@ def read_command_line(prog: str, argv: list[str], table: list[Option], usage: st
     except OptionError as exc:
         print(f"{exc}\nTry \"{prog} --help\" for more information", file=sys.stderr)
         return 1
-    if o.get("help"):
-        sys.stdout.write(usage)
-        return 0
-    if o.get("version"):
-        print("slurm 22.05 (rota)")
+    from .helptext import answered
+
+    if answered(prog, o, table, sys.stdout):
         return 0
     return o, operands
 

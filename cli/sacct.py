@@ -188,7 +188,7 @@ OPTIONS = table(
     ("S", "starttime", REQUIRED, "starttime", False), ("s", "state", REQUIRED, "state", True),
     ("K", "timelimit-max", REQUIRED, "!timelimit-max", False), ("k", "timelimit-min", REQUIRED, "!timelimit-min", False),
     ("T", "truncate", NO, "truncate", False), ("u", "user uid", REQUIRED, "user", True),
-    ("", "units", REQUIRED, "!units", False), ("", "usage", NO, "help", False),
+    ("", "units", REQUIRED, "!units", False), ("", "usage", NO, "usage", False),
     ("", "use-local-uid", NO, "use_local_uid", False), ("v", "verbose", NO, "verbose", False),
     ("V", "version", NO, "version", False), ("W", "wckeys", REQUIRED, "!wckeys", False),
     ("", "whole-hetjob", OPTIONAL, "whole_hetjob", False), ("j", "jobs", REQUIRED, "jobs", True),
@@ -276,6 +276,16 @@ def _rows(jobs: list[queries.Row], steps: dict, earlier: dict, now: int) -> list
     return rows
 
 
+TIME_FORMATS = """
+    Note, valid start/end time formats are...
+                   HH:MM[:SS][AM|PM]
+                   MMDD[YY][-HH:MM[:SS]]
+                   MM.DD[.YY][-HH:MM[:SS]]
+                   MM/DD[/YY][-HH:MM[:SS]]
+                   YYYY-MM-DD[THH:MM[:SS]]
+                   today, midnight, noon, now[{+|-}[seconds|minutes|hours|days|weeks]]"""
+
+
 def _command_line(argv: list[str], out, err) -> _Namespace | None:
     """The options (None: --help or --version, answered); warnings for ignored ones go to ``err``."""
     try:
@@ -283,12 +293,9 @@ def _command_line(argv: list[str], out, err) -> _Namespace | None:
     except OptionError as exc:
         raise Usage(f"{exc}\nTry \"sacct --help\" for more information") from None
     ns = _Namespace(values)
-    if ns.help:
-        out.write("Usage: sacct [-j ids] [-u users] [-s states] [-S time] [-E time] [-X] [-n] [-P|-p] "
-                  "[--format fields] [--json]\n")
-        return None
-    if ns.version:
-        out.write("slurm 22.05 (rota)\n")
+    from .helptext import answered
+
+    if answered("sacct", values, OPTIONS, out, colon=True, extra=TIME_FORMATS):
         return None
     try:
         for warning in unsupported("sacct", values):

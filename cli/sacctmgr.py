@@ -11,13 +11,46 @@ import sys
 from typing import Any, Callable
 
 from rota.wire.formats import Column, fixed_table
+from .options import VERSION_LINE
 
 OPS = {"add": "add", "create": "add", "modify": "modify", "update": "modify", "delete": "delete",
        "remove": "delete", "show": "show", "list": "show"}
 ENTITIES = {"account": "account", "accounts": "account", "user": "user", "users": "user", "qos": "qos",
             "assoc": "assoc", "association": "assoc", "associations": "assoc"}
-USAGE = ("Usage: sacctmgr [-i] [-n] [-p|-P] add|modify|delete|show account|user|qos|assoc [NAME...] "
-         "[where KEY=VALUE ...] [set KEY=VALUE ...] [format=FIELD,...]\n")
+USAGE = """\
+sacctmgr [<OPTION>] [<COMMAND>]
+    Valid <OPTION> values are:
+     -h or --help: equivalent to "help" command
+     -i or --immediate: commit changes immediately (rota: every change is committed at once)
+     -n or --noheader: no header will be added to the beginning of output
+     -p or --parsable: output will be '|' delimited with a '|' at the end
+     -P or --parsable2: output will be '|' delimited without a '|' at the end
+     -V or --version: print the version of the commands ("slurm 22.05.x")
+
+    Valid <COMMAND> values are:
+     add <ENTITY> <SPECS>     add entity (also: create)
+     delete <ENTITY> where <SPECS>
+                              delete the specified entity(s) (also: remove)
+     list <ENTITY> [<SPECS>]  display info of the specified entity (also: show)
+     modify <ENTITY> where <SPECS> set <SPECS>
+                              modify entity (also: update)
+     help                     show this page
+
+    <ENTITY> may be "account", "association", "qos" or "user".
+    rota keeps one cluster: "modify cluster" and the other cluster, coordinator, event, federation,
+    problem, reservation, resource, runawayjobs, transaction, tres and wckey entities are refused.
+
+    <SPECS> are different for each command entity pair:
+       add account     - Name=, Description=, Organization=, Parent=, and the limits below
+       add user        - Name=, Account=, DefaultAccount=, AdminLevel=, and the limits below
+       add qos         - Name=, Priority=, MaxJobsPerUser=, MaxSubmitJobsPerUser=, MaxTRESPerUser=,
+                         MaxTRESPerJob=, MaxWall=, GrpTRES=, GrpJobs=, Preempt=, PreemptMode=, GraceTime=
+       list associations - Accounts=, Users=, and Format=
+       modify account, user or qos - where <SPECS> as above, set <SPECS> as above
+       delete account, user or qos - Name= (delete qos removes it from every association)
+     limits: Fairshare=, GrpJobs=, GrpSubmitJobs=, GrpTRES=, GrpTRESMins=, MaxJobs=,
+             MaxSubmitJobs=, MaxTRES=, MaxWall=, QOS=, DefaultQOS=
+"""
 
 
 def _limit(v: Any) -> str:
@@ -147,11 +180,11 @@ def main(argv: list[str] | None = None, out=None, err=None) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
     args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] in ("-h", "--help", "help"):
+    if not args or args[0] in ("-h", "--help", "help", "--usage"):
         out.write(USAGE)
         return 0
     if args[0] in ("-V", "--version"):
-        out.write("slurm 22.05 (rota)\n")
+        out.write(VERSION_LINE + "\n")
         return 0
     from .client import NoCluster, request
 

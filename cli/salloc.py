@@ -19,12 +19,9 @@ def main(argv: list[str]) -> int:
     except OptionError as exc:
         sys.stderr.write(f"{exc}\nTry \"salloc --help\" for more information\n")
         return 1
-    if values.get("help"):
-        sys.stdout.write("Usage: salloc [-N nnodes] [-n ntasks] [-c ncpus] [--mem=MB] [--gres=gpu:N] [-t time] "
-                         "[-p partition] [command [args...]]\n")
-        return 0
-    if values.get("version"):
-        sys.stdout.write("slurm 22.05 (rota)\n")
+    from .helptext import answered
+
+    if answered("salloc", values, OPTIONS, sys.stdout, tail="[command [args...]]"):
         return 0
     from .allocation import AllocationError, allocate, allocation_env, job_view, release
     from .client import NoCluster

@@ -74,14 +74,10 @@ OPTIONS = table(
     ("", "spread-job", NO, "!spread-job"), ("", "switches", REQUIRED, "!switches"), ("", "test-only", NO, "test_only"),
     ("", "thread-spec", REQUIRED, "!thread-spec"), ("", "threads-per-core", REQUIRED, "!threads-per-core"),
     ("t", "time", REQUIRED, "time"), ("", "time-min", REQUIRED, "!time-min"), ("", "tmp", REQUIRED, "!tmp"),
-    ("", "uid", REQUIRED, "!uid"), ("", "usage", NO, "help"), ("", "use-min-nodes", NO, "!use-min-nodes"),
+    ("", "uid", REQUIRED, "!uid"), ("", "usage", NO, "usage"), ("", "use-min-nodes", NO, "!use-min-nodes"),
     ("v", "verbose", NO, "~verbose"), ("V", "version", NO, "version"), ("W", "wait", NO, "!wait"),
     ("", "wait-all-nodes", REQUIRED, "~wait-all-nodes"), ("", "wckey", REQUIRED, "~wckey"),
     ("", "wrap", REQUIRED, "wrap"))
-USAGE = ("Usage: sbatch [-N nnodes] [-n ntasks] [-c ncpus] [--mem=MB|--mem-per-cpu=MB] [--gres=gpu[:type]:N]\n"
-         "              [-t time] [-p partition] [-J jobname] [-o out] [-e err] [-a array] [-d dependency]\n"
-         "              [-b begin] [-H] [-w nodes] [-x nodes] [--wrap cmd] [--parsable] [--test-only]\n"
-         "              executable [args...]\n")
 
 
 def directives(script: str) -> list[str]:
@@ -131,10 +127,14 @@ def build_spec(argv: list[str], now: float | None = None, script: str | None = N
     """The job spec for a command line (reading its script, unless ``script`` gives its text), and whether
     ``--parsable`` was given."""
     cli, operands = read_options(argv)
-    if cli.get("help"):
-        raise SbatchError(USAGE, 0)
-    if cli.get("version"):
-        raise SbatchError("slurm 22.05 (rota)", 0)
+    if cli.get("help") or cli.get("usage") or cli.get("version"):
+        import io
+
+        from .helptext import answered
+
+        page = io.StringIO()
+        answered("sbatch", cli, OPTIONS, page, tail="executable [args...]")
+        raise SbatchError(page.getvalue().rstrip("\n"), 0)
     if cli.get("wrap") is not None:
         if operands:
             raise SbatchError("sbatch: error: Script arguments not permitted with --wrap option")

@@ -19,7 +19,7 @@ OPTIONS = table(
     ("R", "reservation", REQUIRED, "!reservation"), ("", "sibling", REQUIRED, "!sibling"),
     ("s", "signal", REQUIRED, "signal"), ("t", "state", REQUIRED, "state"), ("u", "user", REQUIRED, "user"),
     ("v", "verbose", NO, "verbose"), ("V", "version", NO, "version"), ("w", "nodelist", REQUIRED, "!nodelist"),
-    ("", "wckey", REQUIRED, "!wckey"), ("h", "help", NO, "help"), ("", "usage", NO, "help"))
+    ("", "wckey", REQUIRED, "!wckey"), ("h", "help", NO, "help"), ("", "usage", NO, "usage"))
 
 
 class _Options:
@@ -55,11 +55,9 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr) -> int:
         err.write(f"{exc}\nTry \"scancel --help\" for more information\n")
         return 1
     ns = _Options(values, operands)
-    if ns.help:
-        out.write("Usage: scancel [-u user] [-t state] [-n name] [-p partition] [-s signal] [-v] [job_id[_task]...]\n")
-        return 0
-    if ns.version:
-        out.write("slurm 22.05 (rota)\n")
+    from .helptext import answered
+
+    if answered("scancel", values, OPTIONS, out, tail="[job_id[_array_id][.step_id]]"):
         return 0
     for warning in warnings:
         err.write(warning + "\n")

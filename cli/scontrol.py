@@ -8,6 +8,7 @@ import sys
 from rota.core.hostlist import compress, expand
 from rota.projections import queries
 from rota.wire.formats import memory, timestamp
+from .options import SLURM_VERSION
 
 TYPE_CHECKING = False    # (typing's, without importing typing: the command stays light)
 if TYPE_CHECKING:
@@ -46,10 +47,39 @@ def _db(given: str | None = None) -> Any:
 SHOW_FROM_PROJECTION = ("node", "nodes", "partition", "partitions")
 
 
+FLAGS = ("-o", "--oneliner", "-d", "--details")
+HELP = """\
+scontrol [<OPTION>] [<COMMAND>]
+    Valid <OPTION> values are:
+     -d or --details: make 'show' command print more details
+     -h or --help: equivalent to "help" command
+     -o or --oneliner: equivalent to "oneliner" command: one line per record
+     -V or --version: equivalent to "version" command
+
+    Valid <COMMAND> values are:
+     help                     print this description of use.
+     hold <job_list>          prevent specified job from starting.
+     ping                     print status of slurmctld daemons.
+     reconfigure              re-read the configuration file.
+     release <job_list>       permit specified job to start.
+     requeue <job_id>         re-queue a batch job.
+     requeuehold <job_id>     re-queue and hold a batch job.
+     show <ENTITY> [<ID>]     display state of identified entity, default is all records.
+     uhold <job_list>         place a user hold on the specified job.
+     update <SPECIFICATIONS>  update job or node configuration (JobId=... TimeLimit=...,
+                              NodeName=... State=DRAIN|DOWN|RESUME Reason=...).
+     version                  display tool version number.
+
+  <ENTITY> may be "config", "hostlist", "hostnames", "job", "node" or "partition".
+  <ID> may be a job id (an array's, or ID_TASK), a node name or list, or a partition name.
+"""
+
+
 def run_show(argv: list[str], out, err, *, db: str, uid: int | None = None) -> int:
     """``scontrol show node|partition`` over the projection ``db`` (the controller runs it for callers
     who cannot read the projection; nothing but these read-only views)."""
-    if len(argv) < 2 or argv[0] != "show" or argv[1].lower() not in SHOW_FROM_PROJECTION:
+    args = [a for a in argv if a not in FLAGS]
+    if len(args) < 2 or args[0] != "show" or args[1].lower() not in SHOW_FROM_PROJECTION:
         err.write("scontrol: error: only `show node` and `show partition` can be run by the controller\n")
         return 1
     return run(argv, out, err, db=db)
@@ -101,16 +131,39 @@ END_REASONS = {"TIMEOUT": "TimeLimit", "FAILED": "NonZeroExitCode", "OUT_OF_MEMO
 
 
 def show_job(ids: list[str], details: bool = False) -> list[str]:
-    """Slurm's ``scontrol show job`` layout, from the controller's view of the job (``-d``: each node's
-    CPUs, memory and GPU indices too)."""
-    if not ids or not ids[0].split("_")[0].isdecimal():
+    """Slurm's ``scontrol show job`` layout, from the controller's view: every job it holds, or one job
+    (an array's id: all its tasks; ``ID_TASK``: that task). ``-d``: each node's CPUs, memory and GPUs too."""
+    jobs, now = _jobs_shown(ids[0] if ids else None)
+    if not jobs:
+        return ["No jobs in the system"]
+    lines: list[str] = []
+    for j in jobs:
+        d = _JobFigures(j, now)
+        lines += _job_state_lines(j, d, now) + _job_resource_lines(j, d, details)
+    return lines
+
+
+def _jobs_shown(which: str | None) -> tuple[list[dict], int]:
+    """The controller's views of the jobs ``scontrol show job [which]`` prints, and its clock."""
+    if which is None:
+        reply = _request("jobs", {})
+        return reply["jobs"], reply["now"]
+    head, _, task = which.partition("_")
+    if not head.isdecimal() or not (task.isdecimal() or not task) or len(head) > 9:
         raise Fail("slurm_load_jobs error: Invalid job id specified")
-    reply = _request("job", {"job_id": int(ids[0].split("_")[0])})
-    if not reply.get("ok"):
+    reply = _request("job", {"job_id": int(head)}) if not task else {"ok": False}
+    if reply.get("ok") and reply["job"]["array_task_id"] is None:
+        return [reply["job"]], reply["now"]
+    tasks = _request("jobs", {"array_job_id": int(head)})
+    jobs = [j for j in tasks["jobs"] if not task or j["array_task_id"] == int(task)
+            or int(task) in (j.get("array_pending") or ())]
+    if task and jobs and jobs[0]["array_task_id"] is None:
+        jobs[0]["asked_task"] = int(task)       # a pending task: the remainder, named as that task
+    if not jobs and reply.get("ok"):
+        jobs = [reply["job"]]       # a task named by its own job id
+    if not jobs:
         raise Fail("slurm_load_jobs error: Invalid job id specified")
-    j, now = reply["job"], reply["now"]
-    d = _JobFigures(j, now)
-    return _job_state_lines(j, d, now) + _job_resource_lines(j, d, details)
+    return jobs, tasks["now"]
 
 
 class _JobFigures:
@@ -148,8 +201,10 @@ def _job_state_lines(j: dict, d: _JobFigures, now: int) -> list[str]:
     spec = j["spec"]
     user, uid, gid = spec.get("user", "?"), spec.get("uid", 0), spec.get("gid", 0)
     head = f"JobId={j['job_id']} "
-    if j["array_task_id"] is not None:
-        head += f"ArrayJobId={j['array_job_id']} ArrayTaskId={j['array_task_id']} "
+    if j["array_task_id"] is not None or j.get("array_pending"):
+        head += f"ArrayJobId={j['array_job_id']} ArrayTaskId={_array_tasks(j)} "
+        if j.get("array_throttle"):
+            head += f"ArrayTaskThrottle={j['array_throttle']} "
     lines = [
         head + f"JobName={spec.get('name', '')}",
         f"   UserId={user}({uid}) GroupId={user}({gid}) MCS_label=N/A",
@@ -175,6 +230,17 @@ def _job_state_lines(j: dict, d: _JobFigures, now: int) -> list[str]:
     if j["nodes"]:
         lines.append(f"   BatchHost={j['nodes'][0]}")
     return lines
+
+
+def _array_tasks(j: dict) -> str:
+    """ArrayTaskId=: a task's index; the remainder's pending indices (``1-3%2``), or the one asked for."""
+    from rota.core.arrays import format_indices
+
+    if j["array_task_id"] is not None:
+        return str(j["array_task_id"])
+    if j.get("asked_task") is not None:
+        return str(j["asked_task"])
+    return format_indices(j["array_pending"], j.get("array_throttle") or 0)
 
 
 def _detail_lines(j: dict) -> list[str]:
@@ -364,7 +430,6 @@ def job_verb(verb: str, ids: list[str]) -> list[str]:
 
 def show_config() -> list[str]:
     """``scontrol show config``: the configuration the controller runs on, in Slurm's ``Key = Value`` layout."""
-    from rota.core import __version__
     from rota.core.timefmt import format_duration
 
     reply = _request("config", {})
@@ -388,7 +453,7 @@ def show_config() -> list[str]:
         ("SchedulerParameters", ",".join(params)),
         ("SchedulerType", "sched/builtin" if sched["policy"] == "fifo" else "sched/backfill"),
         ("RotaSchedulerPolicy", sched["policy"]), ("SelectType", "select/cons_tres"), ("SlurmUser", auth["slurm_user"]),
-        ("SLURM_VERSION", f"22.05 (rota {__version__})"),
+        ("SLURM_VERSION", SLURM_VERSION),
     ]
     return [f"Configuration data as of {_when(now)}"] + [f"{k:<23} = {v}" for k, v in sorted(pairs)] + [""]
 
@@ -424,13 +489,17 @@ def ping() -> list[str]:
 
 def run(argv: list[str], out=sys.stdout, err=sys.stderr, db: str | None = None) -> int:
     details = any(a in ("-d", "--details") for a in argv)
-    args = [a for a in argv if a not in ("-o", "--oneliner", "-d", "--details")]
-    if not args or args[0] in ("-h", "--help", "help"):
-        out.write("Usage: scontrol [-d] show job|node|partition|config|hostnames|hostlist [NAME] | update NodeName=... "
-                  "State=... Reason=... | update JobId=N TimeLimit=T | hold|release|requeue IDS | reconfigure | ping\n")
+    args = [a for a in argv if a not in FLAGS]
+    if not args or args[0] in ("-h", "--help", "help", "--usage"):
+        out.write(HELP)
+        return 0
+    if args[0] in ("-V", "--version", "version"):
+        out.write(f"slurm {SLURM_VERSION}\n")
         return 0
     try:
         lines = _lines(args[0], args[1:], db, details)
+        if any(a in ("-o", "--oneliner") for a in argv) and args[0].lower() == "show":
+            lines = one_line_each(lines)
     except _Remote:   # the projection is private to the cluster's administrator: the controller shows it
         from .client import remote_command
 
@@ -444,6 +513,19 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, db: str | None = None) 
     for line in lines:
         out.write(line + "\n")
     return 0
+
+
+def one_line_each(lines: list[str]) -> list[str]:
+    """``-o``: each record (lines up to a blank one) on one line, its fields apart by one space."""
+    out: list[str] = []
+    record: list[str] = []
+    for line in [*lines, ""]:
+        if line.strip():
+            record.append(line.strip())
+        elif record:
+            out.append(" ".join(record))
+            record = []
+    return out
 
 
 def _lines(word: str, rest: list[str], db: str | None, details: bool) -> list[str]:

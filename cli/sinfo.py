@@ -181,7 +181,7 @@ OPTIONS = table(
     ("o", "format", REQUIRED, "format"), ("O", "Format", REQUIRED, "!Format"), ("p", "partition", REQUIRED, "partition"),
     ("r", "responding", NO, "!responding"), ("R", "list-reasons", NO, "list_reasons"),
     ("s", "summarize", NO, "summarize"), ("S", "sort", REQUIRED, "!sort"), ("t", "states", REQUIRED, "states"),
-    ("T", "reservation", NO, "!reservation"), ("", "usage", NO, "help"), ("v", "verbose", NO, "verbose"),
+    ("T", "reservation", NO, "!reservation"), ("", "usage", NO, "usage"), ("v", "verbose", NO, "verbose"),
     ("V", "version", NO, "version"), ("", "yaml", NO, "!yaml"))
 
 
@@ -203,11 +203,9 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
         err.write(f"{exc}\nTry \"sinfo --help\" for more information\n")
         return 1
     ns = _Options(values)
-    if ns.help:
-        out.write("Usage: sinfo [-N] [-l] [-s] [-R] [-o format] [-h] [-p partition] [-n nodes] [-t states]\n")
-        return 0
-    if ns.version:
-        out.write("slurm 22.05 (rota)\n")
+    from .helptext import answered
+
+    if answered("sinfo", values, OPTIONS, out):
         return 0
     if operands:
         err.write(f"sinfo: error: unexpected argument '{operands[0]}'\nTry \"sinfo --help\" for more information\n")

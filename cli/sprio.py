@@ -11,9 +11,8 @@ from .options import NO, REQUIRED, read_command_line, table
 OPTIONS = table(
     ("j", "jobs", REQUIRED, "jobs"), ("u", "user", REQUIRED, "users"), ("p", "partition", REQUIRED, "partitions"),
     ("l", "long", NO, "long"), ("w", "weights", NO, "weights"), ("h", "noheader", NO, "noheader"),
-    ("", "help", NO, "help"), ("", "usage", NO, "help"), ("V", "version", NO, "version"),
+    ("", "help", NO, "help"), ("", "usage", NO, "usage"), ("V", "version", NO, "version"),
     ("v", "verbose", NO, "verbose"), ("M", "clusters", REQUIRED, "clusters"))
-USAGE = "Usage: sprio [-j jobs] [-u users] [-p partitions] [-l] [-w] [-h]\n"
 # (header, width, left-justified); factor index in the reply's factors, or a field of the row
 SHORT = (("JOBID", 15, False, "job_id"), ("PARTITION", 9, True, "partition"), ("PRIORITY", 10, False, 0),
          ("SITE", 10, False, "site"), ("AGE", 10, False, 1), ("FAIRSHARE", 10, False, 2), ("JOBSIZE", 10, False, 3),
@@ -65,7 +64,7 @@ def render(reply: dict, o: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    read = read_command_line("sprio", sys.argv[1:] if argv is None else argv, OPTIONS, USAGE)
+    read = read_command_line("sprio", sys.argv[1:] if argv is None else argv, OPTIONS)
     if isinstance(read, int):
         return read
     o, _operands = read

@@ -20,14 +20,12 @@ OPTIONS = table(
     ("P", "priority", NO, "!priority"), ("q", "qos", REQUIRED, "!qos"), ("R", "reservation", REQUIRED, "!reservation"),
     ("", "sibling", NO, "~sibling"), ("S", "sort", REQUIRED, "sort"), ("", "start", NO, "start"),
     ("t", "states", REQUIRED, "states"), ("s", "steps", OPTIONAL, "!steps"), ("u", "user", REQUIRED, "users"),
-    ("", "usage", NO, "help"), ("v", "verbose", NO, "verbose"), ("V", "version", NO, "version"),
+    ("", "usage", NO, "usage"), ("v", "verbose", NO, "verbose"), ("V", "version", NO, "version"),
     ("", "json", NO, "!json"), ("", "yaml", NO, "!yaml"))
-USAGE = ("Usage: squeue [-j jobs] [-u users|--me] [-p partitions] [-t states|all] [-n names] [-w nodes]\n"
-         "              [-o format|-O fields] [-S sort] [-r] [-l] [-h] [--start]\n")
 
 
 def main(argv: list[str] | None = None) -> int:
-    read = read_command_line("squeue", sys.argv[1:] if argv is None else argv, OPTIONS, USAGE)
+    read = read_command_line("squeue", sys.argv[1:] if argv is None else argv, OPTIONS)
     if isinstance(read, int):
         return read
     o, operands = read

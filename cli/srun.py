@@ -40,11 +40,9 @@ OPTIONS = table(
     ("", "propagate", REQUIRED, "~propagate"), ("", "pty", NO, "!pty"), ("q", "qos", REQUIRED, "qos"),
     ("Q", "quiet", NO, "quiet"), ("", "quit-on-interrupt", NO, "quit_on_interrupt"),
     ("t", "time", REQUIRED, "time"), ("u", "unbuffered", NO, "unbuffered"), ("v", "verbose", NO, "~verbose"),
-    ("V", "version", NO, "version"), ("W", "wait", REQUIRED, "~wait"), ("X", "disable-status", NO, "~disable-status"),
+    ("", "usage", NO, "usage"), ("V", "version", NO, "version"), ("W", "wait", REQUIRED, "~wait"),
+    ("X", "disable-status", NO, "~disable-status"),
 )
-USAGE = ("Usage: srun [-N nnodes] [-n ntasks] [-c ncpus] [--ntasks-per-node=n] [--gpus-per-task=n] [--mem=MB]\n"
-         "            [-o out] [-e err] [-i in] [-l] [-u] [--overlap] [--jobid=id] [-p partition] [-t time]\n"
-         "            executable [args...]\n")
 BUSY_RETRY = 1.0
 CONNECT_TIMEOUT = 60.0
 HELLO_WAIT = 5.0          # seconds a connection has to prove it is one of the step's nodes
@@ -133,11 +131,9 @@ def main(argv: list[str], out=None, err=None) -> int:
     except OptionError as exc:
         err.write(f"{exc}\nTry \"srun --help\" for more information\n")
         return 1
-    if values.get("help"):
-        sys.stdout.write(USAGE)
-        return 0
-    if values.get("version"):
-        sys.stdout.write("slurm 22.05 (rota)\n")
+    from .helptext import answered
+
+    if answered("srun", values, OPTIONS, sys.stdout, tail="executable [args...]"):
         return 0
     if not command:
         err.write("srun: fatal: No command given to execute.\n")

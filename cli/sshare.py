@@ -11,9 +11,8 @@ from .options import NO, REQUIRED, read_command_line, table
 OPTIONS = table(
     ("a", "all", NO, "all"), ("l", "long", NO, "long"), ("A", "accounts", REQUIRED, "accounts"),
     ("u", "users", REQUIRED, "users"), ("n", "noheader", NO, "noheader"), ("P", "parsable2", NO, "parsable2"),
-    ("p", "parsable", NO, "parsable"), ("h", "help", NO, "help"), ("", "usage", NO, "help"),
+    ("p", "parsable", NO, "parsable"), ("h", "help", NO, "help"), ("", "usage", NO, "usage"),
     ("V", "version", NO, "version"), ("v", "verbose", NO, "verbose"), ("M", "clusters", REQUIRED, "clusters"))
-USAGE = "Usage: sshare [-a] [-l] [-A accounts] [-u users] [-n] [-P|-p]\n"
 # (header, width, left-justified values)
 COLUMNS = {"account": ("Account", 20, True), "user": ("User", 10, False), "raw_shares": ("RawShares", 10, False),
            "norm_shares": ("NormShares", 11, False), "raw_usage": ("RawUsage", 11, False),
@@ -85,7 +84,7 @@ def render(reply: dict, o: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    read = read_command_line("sshare", sys.argv[1:] if argv is None else argv, OPTIONS, USAGE)
+    read = read_command_line("sshare", sys.argv[1:] if argv is None else argv, OPTIONS)
     if isinstance(read, int):
         return read
     o, _operands = read

@@ -73,6 +73,10 @@ class JobOnly(Request):
     job_id: JobId
 
 
+class Jobs(Request):
+    array_job_id: JobId | None = None   # only this array's tasks (``scontrol show job`` of an array's id)
+
+
 class Cancel(Request):
     job_id: JobId
     tasks: tuple[Annotated[int, Field(ge=0, le=MAX_COUNT)], ...] | None = Field(None, max_length=MAX_LIST)

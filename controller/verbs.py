@@ -202,6 +202,10 @@ async def _job(c: ControllerPort, caller: Caller, r: rq.JobOnly, rid: str) -> di
     return {"ok": True, "job": c.views.job(r.job_id, caller), "now": c.now()}
 
 
+async def _jobs(c: ControllerPort, caller: Caller, r: rq.Jobs, rid: str) -> dict:
+    return {"ok": True, "jobs": c.views.jobs(caller, r.array_job_id), "now": c.now()}
+
+
 async def _queue(c: ControllerPort, caller: Caller, r: rq.NoArgs, rid: str) -> dict:
     return {"ok": True, "jobs": Raw(c.views.queue_json(caller)), "now": c.now()}
 
@@ -275,6 +279,7 @@ VERBS: dict[str, Verb] = {v.name: v for v in (
     Verb("down", rq.NodeChange, _down, writes=True),
     Verb("resume", rq.NodeChange, _resume, writes=True),
     Verb("job", rq.JobOnly, _job),
+    Verb("jobs", rq.Jobs, _jobs),
     Verb("queue", rq.NoArgs, _queue),
     Verb("squeue", rq.Squeue, _squeue),
     Verb("nodes", rq.NoArgs, _nodes),

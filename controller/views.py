@@ -227,6 +227,7 @@ class Views:
         req = job.req
         return {
             "job_id": job.job_id, "array_job_id": job.array_job_id, "array_task_id": job.array_task_id,
+            "array_pending": job.array_pending, "array_throttle": job.array_throttle,
             "spec": job.spec.model_dump(mode="json", exclude={"script", "env"}), "state": job.state,
             "reason": p.reason if p is not None else None, "expected_start": p.start if p is not None else None,
             "priority": (p.priority or priority_of(state, int(max(self.c.now(), state.now)), job_id)) if p is not None
@@ -238,6 +239,15 @@ class Views:
             "req": list(req) if req is not None else None, "backfilled": job.backfilled, "nice": job.nice,
             "steps": sorted(job.steps or ()), "alloc": self._alloc_details(job),
         }
+
+    def jobs(self, caller: Caller, array_job_id: int | None = None) -> list[dict]:
+        """:meth:`job` for every job the controller holds that the caller may see (of one array, when given),
+        by job id."""
+        state = self.c.state
+        private = private_jobs(state, caller)
+        return [self.job(job_id, caller) for job_id in sorted(state.jobs)
+                if not (private and state.jobs[job_id].spec.uid != caller.uid)
+                and (array_job_id is None or state.jobs[job_id].array_job_id == array_job_id)]
 
     def _alloc_details(self, job: Any) -> list[list]:
         """Each node of a running job: [node, CPU ids, MiB, GPU indices, GPU type]. The CPU ids are the node's CPUs

@@ -55,7 +55,7 @@ def test_every_drain_and_resume_is_seen_by_the_next_sinfo(up):
 
 def test_every_submit_and_cancel_is_seen_by_the_next_sacct_and_squeue(up):
     stale = []
-    for i in range(ROUNDS // 2):
+    for _ in range(ROUNDS // 2):
         job = run(up, "sbatch", "--parsable", "--hold", "--wrap", "true").stdout.strip()
         assert job.isdigit()
         row = run(up, "sacct", "-n", "-X", "-P", "-j", job, "--format=JobID,State").stdout
