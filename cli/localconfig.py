@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rota.core import events as ev
 from rota.core.slurmconf import auto_config, parse_config
-from rota.wire.paths import read_text
+from rota.wire.paths import read_slurm_conf, read_text
 
 
 def machine_config(fake_gpus: str | None) -> ev.ClusterConfig:
@@ -35,7 +35,7 @@ def load_config(path: str | None, fake_gpus: str | None) -> ev.ClusterConfig:
     if path is None:
         cfg = machine_config(fake_gpus)
     else:
-        text = read_text(path)
+        text, origin = read_slurm_conf(path)
         gres = Path(path).with_name("gres.conf")
-        cfg = parse_config(text, path, read_text(str(gres)) if gres.exists() else None, str(gres))
+        cfg = parse_config(text, path, read_text(str(gres)) if gres.exists() else None, str(gres), origin=origin)
     return cfg.model_copy(update={"agents": True})

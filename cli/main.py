@@ -217,23 +217,24 @@ def config_check(
 ) -> None:
     """Diagnose a configuration: every problem with file:line, what is wrong and how to fix it."""
     from rota.core.slurmconf import check_config
-    from rota.wire.paths import read_text
+    from rota.wire.paths import read_slurm_conf, read_text
 
     try:
-        text = read_text(file)
+        text, origin = read_slurm_conf(file)
         gres_text = read_text(gres) if gres else None
     except OSError as exc:
         fail(f"cannot read {exc.filename}: {exc.strerror}")
     except ValueError as exc:
         fail(str(exc))
-    cfg, diags = check_config(text, file, gres_text, gres or "gres.conf")
+    cfg, diags = check_config(text, file, gres_text, gres or "gres.conf", origin)
     for d in diags:
         if d.severity != "ignored":
             typer.echo(str(d), err=True)
     ignored = [d for d in diags if d.severity == "ignored"]
     if ignored:
         typer.echo(f"{file}: {len(ignored)} Slurm setting(s) rota does not use, ignored: "
-                   + ", ".join(f"{d.message.split()[0]} (line {d.line})" for d in ignored), err=True)
+                   + ", ".join(f"{d.message.split()[0]} (line {d.line}{'' if d.file == file else ' of ' + d.file})"
+                              for d in ignored), err=True)
     if cfg is None:
         errors = sum(1 for d in diags if d.severity == "error")
         typer.echo(f"{file}: {errors} error(s); the configuration was not accepted", err=True)

@@ -10,6 +10,7 @@ from rota.core.timefmt import format_duration
 from rota.projections import queries
 from rota.wire.formats import Column, fixed_table, memory, timestamp
 
+from rota.wire.clusters import unknown
 from .options import NO, OPTIONAL, REQUIRED, OptionError, parse, unsupported, table
 
 DEFAULT_FORMAT = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
@@ -173,7 +174,7 @@ OPTIONS = table(
     ("A", "accounts", REQUIRED, "!accounts", False), ("X", "allocations", NO, "allocations", False),
     ("L", "allclusters", NO, "allclusters", False), ("a", "allusers", NO, "allusers", False),
     ("", "array", NO, "!array", False), ("x", "associations", REQUIRED, "!associations", False),
-    ("b", "brief", NO, "brief", False), ("M", "clusters", REQUIRED, "!clusters", False),
+    ("b", "brief", NO, "brief", False), ("M", "clusters", REQUIRED, "clusters", False),
     ("c", "completion", NO, "!completion", False), ("C", "constraints", REQUIRED, "!constraints", False),
     ("", "delimiter", REQUIRED, "delimiter", False), ("D", "duplicates", NO, "duplicates", False),
     ("E", "endtime", REQUIRED, "endtime", False), ("", "env-vars", NO, "!env-vars", False),
@@ -245,6 +246,8 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
     try:
         conn = queries.connect(path)
         jobs = queries.jobs(conn, query)
+        if ns.clusters and unknown(ns.clusters, queries.cluster_name(conn)):
+            jobs = []     # Slurm's sacct shows no jobs of a cluster it does not keep
         steps = {} if ns.allocations else queries.steps(conn, [r["job_id"] for r in jobs])
         earlier = queries.runs(conn, [r["job_id"] for r in jobs if r["restarts"]]) if ns.duplicates else {}
     except queries.Error as exc:

@@ -201,12 +201,14 @@ def spec_from_options(o: dict, script: str, default_name: str, now: float | None
         raise SbatchError("sbatch: fatal: --mem, --mem-per-cpu, and --mem-per-gpu are mutually exclusive.", 1)
     if o.get("mem_per_gpu") is not None:
         raise SbatchError("sbatch: error: --mem-per-gpu is not supported by rota; use --mem or --mem-per-cpu", 1)
-    export = o.get("export")
-    if export is not None and export.split(",")[0].upper() != "ALL":
-        raise SbatchError("sbatch: error: rota supports only --export=ALL (the submitting environment)", 1)
+    from .environment import ExportError, exported
+
+    try:
+        env = exported(o.get("export") or os.environ.get("SBATCH_EXPORT"), dict(os.environ))
+    except ExportError as exc:
+        raise SbatchError(f"sbatch: error: {exc}", 1) from None
     umask = os.umask(0o022)
     os.umask(umask)
-    env = dict(os.environ)
     env["SLURM_UMASK"] = f"{umask:04o}"   # the job runs with the submitter's umask, as in Slurm
     spec: dict = {"name": o.get("job_name") or default_name, "script": script,
                   "workdir": o.get("chdir") or os.getcwd(),

@@ -176,7 +176,7 @@ OPTIONS = table(
     ("a", "all", NO, "all"), ("d", "dead", NO, "!dead"), ("e", "exact", NO, "~exact"),
     ("", "federation", NO, "~federation"), ("h", "noheader", NO, "noheader"), ("", "help", NO, "help"),
     ("", "hide", NO, "~hide"), ("i", "iterate", REQUIRED, "!iterate"), ("", "json", NO, "!json"),
-    ("l", "long", NO, "long"), ("", "local", NO, "local"), ("M", "clusters", REQUIRED, "!clusters"),
+    ("l", "long", NO, "long"), ("", "local", NO, "local"), ("M", "clusters", REQUIRED, "clusters"),
     ("n", "nodes", REQUIRED, "nodes"), ("", "noconvert", NO, "noconvert"), ("N", "Node", NO, "Node"),
     ("o", "format", REQUIRED, "format"), ("O", "Format", REQUIRED, "!Format"), ("p", "partition", REQUIRED, "partition"),
     ("r", "responding", NO, "!responding"), ("R", "list-reasons", NO, "list_reasons"),
@@ -226,18 +226,32 @@ def run(argv: list[str], out=sys.stdout, err=sys.stderr, *, db: str | None = Non
     conn = queries.connect(path)
     try:
         nodes, parts = _selected(ns, queries.nodes(conn), queries.partitions(conn))
-        if ns.list_reasons:
-            lines = _reasons(ns, nodes)
-        elif ns.Node:
-            lines = _by_node(ns, nodes, parts)
+        if ns.clusters:
+            lines = _cluster_heading(ns, queries.cluster_name(conn))
         else:
-            lines = _by_partition(ns, nodes, parts)
+            lines = []
+        if ns.list_reasons:
+            lines += _reasons(ns, nodes)
+        elif ns.Node:
+            lines += _by_node(ns, nodes, parts)
+        else:
+            lines += _by_partition(ns, nodes, parts)
     except Usage as exc:
         err.write(f"{exc}\n")
         return 1
     for line in lines:
         out.write(line + "\n")
     return 0
+
+
+def _cluster_heading(ns: _Options, name: str) -> list[str]:
+    """``-M``: this cluster's heading, or Slurm's refusal of a cluster that is not this one."""
+    from rota.wire.clusters import heading, refusal, unknown
+
+    bad = unknown(ns.clusters, name)
+    if bad:
+        raise Usage(refusal("sinfo", bad))
+    return [] if ns.noheader else [heading(name)]
 
 
 def _selected(ns: _Options, nodes: list, parts: list) -> tuple[list, list]:

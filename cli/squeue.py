@@ -14,7 +14,7 @@ OPTIONS = table(
     ("", "array-unique", NO, "!array-unique"), ("", "federation", NO, "~federation"), ("h", "noheader", NO, "noheader"),
     ("", "help", NO, "help"), ("", "hide", NO, "~hide"), ("i", "iterate", REQUIRED, "!iterate"),
     ("j", "jobs", OPTIONAL, "jobs"), ("", "local", NO, "local"), ("l", "long", NO, "long"),
-    ("L", "licenses", REQUIRED, "!licenses"), ("M", "clusters", REQUIRED, "!clusters"), ("", "me", NO, "me"),
+    ("L", "licenses", REQUIRED, "!licenses"), ("M", "clusters", REQUIRED, "clusters"), ("", "me", NO, "me"),
     ("n", "name", REQUIRED, "names"), ("", "noconvert", NO, "noconvert"), ("w", "nodelist", REQUIRED, "nodelist"),
     ("o", "format", REQUIRED, "format"), ("O", "Format", REQUIRED, "Format"), ("p", "partition", REQUIRED, "partitions"),
     ("P", "priority", NO, "!priority"), ("q", "qos", REQUIRED, "!qos"), ("R", "reservation", REQUIRED, "!reservation"),
@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     if o.get("jobs") is True:
         o.pop("jobs")
     request = {k: v for k, v in o.items() if k in ("jobs", "users", "partitions", "states", "format", "Format",
-                                                   "noheader", "long", "start", "me", "names", "nodelist", "array", "sort")}
+                                                   "noheader", "long", "start", "me", "names", "nodelist", "array", "sort",
+                                                   "clusters")}
     from .client import NoCluster, request as send
 
     try:

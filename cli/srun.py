@@ -75,8 +75,14 @@ def _count(values: dict, key: str, option: str) -> int | None:
 
 def step_body(values: dict, argv: list[str], job_id: int) -> dict:
     """The ``step_create`` request for these options."""
+    from .environment import ExportError, exported
+
+    try:
+        env = exported(values.get("export") or os.environ.get("SRUN_EXPORT_ENV"), dict(os.environ))
+    except ExportError as exc:
+        raise SrunError(f"srun: error: {exc}") from None
     body: dict = {"job_id": job_id, "argv": argv, "workdir": values.get("chdir") or os.getcwd(),
-                  "env": {k: v for k, v in os.environ.items() if "\0" not in v}, "label": bool(values.get("label"))}
+                  "env": {k: v for k, v in env.items() if "\0" not in v}, "label": bool(values.get("label"))}
     for key, option in (("ntasks", "--ntasks"), ("nodes", "--nodes"), ("ntasks_per_node", "--ntasks-per-node"),
                         ("cpus_per_task", "--cpus-per-task"), ("gpus_per_task", "--gpus-per-task")):
         n = _count(values, key, option)

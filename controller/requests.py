@@ -184,6 +184,7 @@ class Squeue(Request):
     nodelist: Filter | None = None   # -w: jobs running on any of these nodes (a hostlist)
     array: bool = False              # -r: an array's pending tasks one per line
     sort: Filter | None = None       # -S: sort fields
+    clusters: Filter | None = None   # -M: this cluster's name, or all
 
 
 class Accounting(Request):

@@ -12,7 +12,7 @@ from typing import Any
 from rota.core.arrays import format_indices
 from rota.core.states import STATE_CODES
 from rota.core.timefmt import format_limit, format_squeue_time
-from rota.wire.formats import Column, timestamp
+from rota.wire.formats import Column, memory, timestamp
 
 
 def _when(t: int | None) -> str:
@@ -66,6 +66,14 @@ def _time_used(j: dict, now: int) -> str:
     return format_squeue_time(j["end_time"] - j["start_time"]) if j.get("end_time") and j["start_time"] else "0:00"
 
 
+def _end(j: dict) -> int | None:
+    """When a job ends or ended: its end, or its start plus its limit once it has one."""
+    if j.get("end_time"):
+        return int(j["end_time"])
+    start = j["start_time"] if _running(j) else j.get("expected_start")
+    return start + j["time_limit"] if start and j.get("time_limit") else None
+
+
 # squeue's -o specifiers: a column over one job (a row of the queue view) at ``now``
 COLUMNS: dict[str, Column] = {
     "i": Column("JOBID", lambda j, now: job_id_text(j)),
@@ -93,6 +101,15 @@ COLUMNS: dict[str, Column] = {
     "Q": Column("PRIORITY", lambda j, now: str(j.get("priority", 0))),
     "p": Column("PRIORITY", lambda j, now: str(j.get("priority", 0))),
     "q": Column("QOS", lambda j, now: j.get("qos") or "normal"),
+    "B": Column("EXEC_HOST", lambda j, now: j.get("exec_host") or "n/a"),
+    "c": Column("MIN_CPUS", lambda j, now: str(j.get("min_cpus", 1))),
+    "e": Column("END_TIME", lambda j, now: _when(_end(j))),
+    "E": Column("DEPENDENCY", lambda j, now: j.get("dependency") or "(null)"),
+    "G": Column("GROUP", lambda j, now: str(j.get("gid", 0))),
+    "k": Column("COMMENT", lambda j, now: j.get("comment") or "(null)"),
+    "m": Column("MIN_MEMORY", lambda j, now: memory(j.get("min_mem") or 0)),
+    "y": Column("NICE", lambda j, now: str(j.get("nice", 0))),
+    "Z": Column("WORK_DIR", lambda j, now: j.get("workdir") or "/"),
 }
 NOW_DEPENDENT = frozenset("ML")   # specifiers whose text for a running job changes every second
 
@@ -251,12 +268,25 @@ def answer(jobs: list[dict], request: dict, now: int) -> dict:
             fmt = request.get("format") or (START_FORMAT if request.get("start") else LONG_FORMAT if request.get("long")
                                             else DEFAULT_FORMAT)
         rows = render(fmt, jobs, now, header=not request.get("noheader"))
+        if request.get("clusters"):
+            rows = _cluster_heading(request) + rows
     except _Refused as r:
         return {"ok": False, "error": [r.line], "code": r.code}
     except FormatError as exc:
         return {"ok": False, "error": [f"squeue: error: {exc}"], "code": "invalid"}
     return {"ok": True, "text": "".join(row + "\n" for row in rows),
             "now_dependent": any(j["state"] == "RUNNING" for j in jobs) and bool(NOW_DEPENDENT & set(fmt))}
+
+
+def _cluster_heading(request: dict) -> list[str]:
+    """``-M``: the heading above this cluster's table; Slurm's refusal of any other cluster."""
+    from rota.wire.clusters import heading, refusal, unknown
+
+    name = request.get("_cluster") or "rota"
+    bad = unknown(request["clusters"], name)
+    if bad:
+        raise _Refused(refusal("squeue", bad), "invalid")
+    return [] if request.get("noheader") else [heading(name)]
 
 
 def _chosen(jobs: list[dict], request: dict) -> list[dict]:

@@ -57,6 +57,17 @@ class Views:
         self._queue_cache = (view, data)
         return data
 
+    def _squeue_request(self, request: dict, caller: Caller) -> dict:
+        """The options that matter, in one order (a cache key): ``--me`` as the caller's uid, ``-M`` with
+        this cluster's name."""
+        clean = {k: v for k, v in sorted(request.items()) if v not in (None, False)}
+        if clean.pop("me", False):
+            clean["users"] = str(caller.uid)
+        if "clusters" in clean:
+            cfg = self.c.state.config
+            clean["_cluster"] = cfg.cluster_name if cfg is not None else "rota"
+        return clean
+
     def squeue_reply(self, request: dict, caller: Caller) -> bytes:
         """squeue's rendered output for one command line (see :mod:`rota.controller.squeue_view`), as the
         encoded reply. Kept per command line while the queue view is the same (tools poll squeue far
@@ -65,9 +76,7 @@ class Views:
 
         from .squeue_view import answer, requested_ids, select_jobs, wants_ended
 
-        clean = {k: v for k, v in sorted(request.items()) if v not in (None, False)}
-        if clean.pop("me", False):
-            clean["users"] = str(caller.uid)
+        clean = self._squeue_request(request, caller)
         chosen = select_jobs(self.c.state, clean)    # a few jobs of a long queue: only their rows are made
         if chosen is None:
             full = view = self.queue_view()
@@ -194,6 +203,9 @@ class Views:
             "priority": (d.priorities.get(jid, 0) if d is not None else 0) if pending else 0,
             "sched_nodes": list(d.reservations[jid].nodes) if d is not None and jid in d.reservations else [],
             "account": spec.account, "qos": spec.qos, "uid": spec.uid, "cpus": cpus, "end_time": job.end_time,
+            "exec_host": (nodes[0] if not spec.allocation else spec.submit_host or nodes[0]) if nodes else None,
+            "gid": spec.gid, "workdir": spec.workdir, "dependency": spec.dependency, "nice": job.nice,
+            "min_cpus": req.cpus if req else 1, "min_mem": req.mem if req else 0, "comment": spec.comment,
         }
 
     # ------------------------------------------------------------ one job, nodes, a trial submit

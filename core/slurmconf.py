@@ -87,6 +87,13 @@ IGNORED_KEYS = {
     "tcptimeout", "tmpfs", "topologyparam", "topologyplugin", "trackwckey", "treewidth",
     "unkillablestepprogram", "unkillablesteptimeout", "usepam", "vsizefactor", "x11parameters",
 }
+IGNORED_KEYS |= {
+    "accountingstoragebackuphost", "accountingstorageloc", "accountingstorejobcomment", "acctgatherinfinibandtype",
+    "burstbufferparameters", "corespecplugin", "cryptotype", "fastschedule", "jobcredentialprivatekey",
+    "jobcredentialpubliccertificate", "keepalivetime", "sallocdefaultcommand", "sbcastparameters", "schedulerauth",
+    "slurmctldplugstack",
+}
+LINE_KINDS_IGNORED = {"downnodes", "nodeset", "frontendname"}   # whole lines rota has no use for
 NODE_KEYS = {"nodename", "cpus", "realmemory", "gres", "feature", "features", "state", "weight",
              "sockets", "corespersocket", "threadspercore", "boards", "nodeaddr", "nodehostname",
              "tmpdisk", "port", "cpuspectlist", "cpuspeclist", "memspeclimit", "reason", "socketsperboard",
@@ -107,16 +114,21 @@ PART_STATES = {"UP", "DOWN", "DRAIN", "INACTIVE"}
 class _Ctx:
     file: str
     diags: list[Diagnostic] = field(default_factory=list)
+    origin: list[tuple[str, int]] | None = None    # (file, line) of each line, when includes were inlined
+
+    def _at(self, line: int, message: str, hint: str, severity: str) -> None:
+        where = self.origin[line - 1] if self.origin and 0 < line <= len(self.origin) else (self.file, line)
+        self.diags.append(Diagnostic(where[0], where[1], message, hint, severity))
 
     def err(self, line: int, message: str, hint: str = "") -> None:
-        self.diags.append(Diagnostic(self.file, line, message, hint))
+        self._at(line, message, hint, "error")
 
     def warn(self, line: int, message: str, hint: str = "") -> None:
-        self.diags.append(Diagnostic(self.file, line, message, hint, "warning"))
+        self._at(line, message, hint, "warning")
 
     def ignored(self, line: int, key: str) -> None:
         """A Slurm setting rota does not use: accepted, and listed by ``rota config check``."""
-        self.diags.append(Diagnostic(self.file, line, f"{key} is a Slurm setting rota does not use", "", "ignored"))
+        self._at(line, f"{key} is a Slurm setting rota does not use", "", "ignored")
 
 
 def _lines(text: str):
@@ -203,9 +215,10 @@ def _gres(ctx: _Ctx, lineno: int, value: str, gres_types: set[str] | None) -> li
 
 
 def parse_config(text: str, file: str = "slurm.conf", gres_text: str | None = None,
-                 gres_file: str = "gres.conf") -> ev.ClusterConfig:
-    """Parse slurm.conf text into a :class:`ClusterConfig`; raise :class:`ConfigError` on errors."""
-    cfg, diags = check_config(text, file, gres_text, gres_file)
+                 gres_file: str = "gres.conf", origin: list[tuple[str, int]] | None = None) -> ev.ClusterConfig:
+    """Parse slurm.conf text into a :class:`ClusterConfig`; raise :class:`ConfigError` on errors (``origin``:
+    where each line came from, when the text inlines included files)."""
+    cfg, diags = check_config(text, file, gres_text, gres_file, origin)
     errors = [d for d in diags if d.severity == "error"]
     if errors or cfg is None:
         raise ConfigError(errors or diags)
@@ -229,7 +242,9 @@ def _sort_lines(ctx: _Ctx, text: str) -> _Lines:
         if not pairs:
             continue
         first = pairs[0][1]
-        if first == "nodename":
+        if first in LINE_KINDS_IGNORED:
+            ctx.ignored(lineno, pairs[0][0])
+        elif first == "nodename":
             out.nodes.append((lineno, pairs))
         elif first == "partitionname":
             out.partitions.append((lineno, pairs))
@@ -253,9 +268,10 @@ def _sort_global(ctx: _Ctx, out: _Lines, lineno: int, key: str, low: str, value:
 
 
 def check_config(text: str, file: str = "slurm.conf", gres_text: str | None = None,
-                 gres_file: str = "gres.conf") -> tuple[ev.ClusterConfig | None, list[Diagnostic]]:
+                 gres_file: str = "gres.conf", origin: list[tuple[str, int]] | None = None,
+                 ) -> tuple[ev.ClusterConfig | None, list[Diagnostic]]:
     """Parse and diagnose: the config (None when it has errors) and every diagnostic."""
-    ctx = _Ctx(file)
+    ctx = _Ctx(file, origin=origin)
     lines = _sort_lines(ctx, text)
     global_vals, controllers, node_lines, part_lines = lines.globals, lines.controllers, lines.nodes, lines.partitions
     gres_types = None

@@ -246,6 +246,8 @@ class Projector:
         if partitions is not None:
             await db.execute("DELETE FROM partitions")
             await db.executemany("INSERT INTO partitions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", partitions)
+            cfg = self.state.config
+            await db.execute("INSERT OR REPLACE INTO meta VALUES ('cluster', ?)", (cfg.cluster_name if cfg else "rota",))
         if nodes is not None:
             await db.execute("DELETE FROM nodes")
             await db.executemany(f"INSERT INTO nodes VALUES ({', '.join('?' * 22)})", nodes)

@@ -57,6 +57,15 @@ def folded(conn) -> int:
     return int(row[0]) if row is not None and row[0] is not None else 0
 
 
+def cluster_name(conn) -> str:
+    """The cluster's name (slurm.conf's ClusterName), as ``-M/--clusters`` names it."""
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'cluster'").fetchone()
+    except sqlite3.Error:
+        row = None
+    return str(row[0]) if row is not None and row[0] else "rota"
+
+
 def wait_until_folded(conn, seq: int, timeout: float = FRESH_WAIT) -> int:
     """Wait until the projection has folded ``seq``; how many events it is still behind (0: caught up)."""
     have = folded(conn)

@@ -68,3 +68,20 @@ def test_one_line_each_joins_a_record_s_fields():
     record = ["JobId=1 JobName=a", "   UserId=x(1) GroupId=x(1)", "   Power=", "   ", "", "JobId=2 JobName=b", "   ", ""]
     assert one_line_each(record) == ["JobId=1 JobName=a UserId=x(1) GroupId=x(1) Power=", "JobId=2 JobName=b"]
     assert one_line_each(["No jobs in the system"]) == ["No jobs in the system"]
+
+
+def test_export_gives_a_job_what_slurm_would():
+    from rota.cli.environment import ExportError, exported
+
+    env = {"PATH": "/opt/bin", "HOME": "/h", "A": "1", "B": "2", "SLURM_CONF": "/x", "SECRET": "s"}
+    assert exported(None, env) == env and exported("ALL", env) == env
+    assert exported("ALL,A=9,C=3", env) == {**env, "A": "9", "C": "3"}
+    only = exported("A,B", env)
+    assert only["A"] == "1" and only["B"] == "2" and only["SLURM_CONF"] == "/x" and "SECRET" not in only
+    assert only["PATH"].startswith("/usr/local/sbin")      # a login base for what the list leaves out
+    assert exported("A,PATH", env)["PATH"] == "/opt/bin"
+    none = exported("NONE", env)
+    assert none["SLURM_CONF"] == "/x" and "A" not in none and "SECRET" not in none and "HOME" in none
+    assert exported("NONE,A=5", env)["A"] == "5"
+    with pytest.raises(ExportError, match="'1X' is not a variable name"):
+        exported("A,1X", env)

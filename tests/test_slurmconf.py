@@ -105,3 +105,72 @@ def test_a_cycle_tests_as_many_jobs_as_slurms_would():
     assert parse_config(GOOD).scheduler.bf_max_job_test == 500
     assert parse_config(GOOD + "SchedulerParameters=bf_max_job_test=40\n").scheduler.bf_max_job_test == 40
     assert parse_config(GOOD + "SchedulerParameters=bf_window=60,bf_max_job_test=0\n").scheduler.bf_max_job_test == 0
+
+
+def test_include_lines_are_read_beside_the_file_that_names_them_and_cycles_are_named(tmp_path):
+    from rota.core.slurmconf import check_config
+    from rota.wire.paths import read_slurm_conf
+
+    (tmp_path / "site").mkdir()
+    (tmp_path / "slurm.conf").write_text("ClusterName=site\nCryptoType=crypto/munge\ninclude site/nodes.conf\n"
+                                         "PartitionName=p Nodes=n[1-2] Default=YES\n")
+    (tmp_path / "site" / "nodes.conf").write_text("NodeName=n[1-2] CPUs=4 RealMemory=8000\ninclude more.conf\n")
+    (tmp_path / "site" / "more.conf").write_text("DownNodes=n2 State=DOWN\nBogus=1\n")
+    text, origin = read_slurm_conf(str(tmp_path / "slurm.conf"))
+    cfg, diags = check_config(text, "slurm.conf", origin=origin)
+    assert cfg is None
+    [error] = [d for d in diags if d.severity == "error"]
+    assert (error.file, error.line) == (str(tmp_path / "site" / "more.conf"), 2) and "Bogus" in error.message
+    ignored = {(d.message.split()[0], d.line) for d in diags if d.severity == "ignored"}
+    assert ignored == {("CryptoType", 2), ("DownNodes", 1)}
+    (tmp_path / "site" / "more.conf").write_text("include ../slurm.conf\n")
+    with pytest.raises(ValueError, match=r"include cycle: .*slurm.conf -> .*nodes.conf -> .*more.conf -> .*slurm.conf"):
+        read_slurm_conf(str(tmp_path / "slurm.conf"))
+    (tmp_path / "site" / "more.conf").write_text("")
+    text, origin = read_slurm_conf(str(tmp_path / "slurm.conf"))
+    cfg, _ = check_config(text, "slurm.conf", origin=origin)
+    assert cfg is not None and cfg.cluster_name == "site" and [n.name for n in cfg.nodes] == ["n1", "n2"]
+
+
+def test_every_slurm_22_05_key_is_known():
+    from rota.core import slurmconf as s
+
+    known = s.GLOBAL_KEYS | s.IGNORED_KEYS | set(s.SHELL_KEYS) | s.LINE_KINDS_IGNORED
+    for key in KEYS_22_05.split():
+        assert key in known or key in ("nodename", "partitionname", "slurmctldhost", "controlmachine"), key
+KEYS_22_05 = """
+accountingstoragebackuphost accountingstorageenforce accountingstorageexternalhost accountingstoragehost
+accountingstorageloc accountingstorageparameters accountingstoragepass accountingstorageport
+accountingstoragetres accountingstoragetype accountingstorageuser accountingstoreflags
+accountingstorejobcomment acctgatherenergytype acctgatherfilesystemtype acctgatherinfinibandtype
+acctgatherinterconnecttype acctgathernodefreq acctgatherprofiletype allowspecresourcesusage authaltparameters
+authalttypes authinfo authtype backupaddr backupcontroller batchstarttimeout bcastexclude bcastparameters
+burstbufferparameters burstbuffertype clifilterplugins clustername communicationparameters completewait
+controladdr controlmachine corespecplugin cpufreqdef cpufreqgovernors credtype cryptotype debugflags
+defcpupergpu defmempercpu defmempergpu defmempernode dependencyparameters disablerootjobs downnodes
+eiotimeout enforcepartlimits epilog epilogmsgtime epilogslurmctld extsensorsfreq extsensorstype
+fairsharedampeningfactor fastschedule federationparameters firstjobid frontendname getenvtimeout gpufreqdef
+grestypes groupupdateforce groupupdatetime healthcheckinterval healthchecknodestate healthcheckprogram
+inactivelimit interactivestepoptions jobacctgatherfrequency jobacctgatherparams jobacctgathertype jobcomphost
+jobcomploc jobcompparams jobcomppass jobcompport jobcomptype jobcompuser jobcontainertype
+jobcredentialprivatekey jobcredentialpubliccertificate jobfileappend jobrequeue jobsubmitplugins
+keepalivetime killonbadexit killwait launchparameters launchtype licenses logtimeformat maildomain mailprog
+maxarraysize maxdbdmsgs maxjobcount maxjobid maxmempercpu maxmempernode maxnodecount maxstepcount
+maxtaskspernode mcsparameters mcsplugin messagetimeout minjobage mpidefault mpiparams nodefeaturesplugins
+nodename nodeset overtimelimit partitionname plugindir plugstackconfig powerparameters powerplugin
+preemptexempttime preemptmode preempttype prepparameters prepplugins prioritycalcperiod prioritydecayhalflife
+priorityfavorsmall priorityflags prioritymaxage priorityparameters prioritysitefactorparameters
+prioritysitefactorplugin prioritytype priorityusageresetperiod priorityweightage priorityweightassoc
+priorityweightfairshare priorityweightjobsize priorityweightpartition priorityweightqos priorityweighttres
+privatedata proctracktype prolog prologepilogtimeout prologflags prologslurmctld propagateprioprocess
+propagateresourcelimits propagateresourcelimitsexcept rebootprogram reconfigflags requeueexit requeueexithold
+resumefailprogram resumeprogram resumerate resumetimeout resvepilog resvoverrun resvprolog returntoservice
+routeplugin sallocdefaultcommand sbcastparameters schedulerauth schedulerparameters schedulertimeslice
+schedulertype scronparameters selecttype selecttypeparameters slurmctldaddr slurmctlddebug slurmctldhost
+slurmctldlogfile slurmctldparameters slurmctldpidfile slurmctldplugstack slurmctldport
+slurmctldprimaryoffprog slurmctldprimaryonprog slurmctldsyslogdebug slurmctldtimeout slurmddebug
+slurmdlogfile slurmdparameters slurmdpidfile slurmdport slurmdspooldir slurmdsyslogdebug slurmdtimeout
+slurmduser slurmschedlogfile slurmschedloglevel slurmuser srunepilog srunportrange srunprolog
+statesavelocation suspendexcnodes suspendexcparts suspendprogram suspendrate suspendtime suspendtimeout
+switchparameters switchtype taskepilog taskplugin taskpluginparam taskprolog tcptimeout tmpfs topologyparam
+topologyplugin trackwckey treewidth unkillablestepprogram unkillablesteptimeout usepam vsizefactor waittime """

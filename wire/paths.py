@@ -67,6 +67,38 @@ def read_text(path: str) -> str:
                          f"{exc.start}); save it as UTF-8") from None
 
 
+MAX_INCLUDE_DEPTH = 16
+
+
+def read_slurm_conf(path: str) -> tuple[str, list[tuple[str, int]]]:
+    """A slurm.conf's text with its ``include FILE`` lines replaced by those files' lines (a relative path
+    is read beside the file that names it; nested; a cycle is an error naming the chain), and where each
+    line of the result came from: (file, line)."""
+    lines: list[str] = []
+    origin: list[tuple[str, int]] = []
+    _inline(os.path.abspath(path), lines, origin, [])
+    return "\n".join(lines) + "\n", origin
+
+
+def _inline(path: str, lines: list[str], origin: list[tuple[str, int]], chain: list[str]) -> None:
+    if path in chain:
+        raise ValueError("include cycle: " + " -> ".join([*chain[chain.index(path):], path]))
+    if len(chain) >= MAX_INCLUDE_DEPTH:
+        raise ValueError(f"includes nested more than {MAX_INCLUDE_DEPTH} deep: " + " -> ".join([*chain, path]))
+    for number, line in enumerate(read_text(path).splitlines(), start=1):
+        word, _, rest = line.strip().partition(" ")
+        if word.lower() == "include" and rest.strip() and "=" not in word:
+            target = rest.split("#", 1)[0].strip()
+            target = target if os.path.isabs(target) else os.path.join(os.path.dirname(path), target)
+            try:
+                _inline(os.path.abspath(target), lines, origin, [*chain, path])
+            except OSError as exc:
+                raise ValueError(f"{path}:{number}: cannot include {target}: {exc.strerror}") from None
+            continue
+        lines.append(line)
+        origin.append((path, number))
+
+
 def _read_bytes(path: str) -> bytes:
     with open(path, "rb") as fh:
         return fh.read()
