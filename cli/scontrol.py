@@ -445,7 +445,9 @@ def show_config() -> list[str]:
         ("AuthInfo", f"ttl={auth['cred_ttl']}"), ("ClusterName", c["cluster_name"]),
         ("EnforcePartLimits", sched["enforce_part_limits"]), ("GresTypes", ",".join(c["gres_types"]) or "(null)"),
         ("JobRequeue", "1"), ("MaxArraySize", str(sched["max_array_size"])), ("MinJobAge", f"{sched['min_job_age']} sec"),
-        ("PreemptType", "preempt/none"), ("PriorityFavorSmall", "Yes" if prio["favor_small"] else "No"),
+        ("PreemptType", f"preempt/{c.get('preempt_type', 'none')}"),
+        ("PreemptMode", str(c.get("preempt_mode", "off")).upper()),
+        ("DefMemPerCPU", _default_memory(c)), ("PriorityFavorSmall", "Yes" if prio["favor_small"] else "No"),
         ("PriorityMaxAge", format_duration(prio["max_age"]).replace("-", "-")), ("PriorityType", "priority/multifactor"),
         ("PriorityWeightAge", str(prio["age"])), ("PriorityWeightFairShare", str(prio["fairshare"])),
         ("PriorityWeightJobSize", str(prio["job_size"])), ("PriorityWeightPartition", str(prio["partition"])),
@@ -456,6 +458,16 @@ def show_config() -> list[str]:
         ("SLURM_VERSION", SLURM_VERSION),
     ]
     return [f"Configuration data as of {_when(now)}"] + [f"{k:<23} = {v}" for k, v in sorted(pairs)] + [""]
+
+
+def _default_memory(c: dict) -> str:
+    """DefMemPerCPU as the default partition has it (rota's own default when the file sets none)."""
+    part = next((p for p in c["partitions"] if p.get("default")), c["partitions"][0] if c["partitions"] else {})
+    if part.get("def_mem_per_cpu") is not None:
+        return str(part["def_mem_per_cpu"])
+    if part.get("def_mem_per_node") is not None:
+        return "UNLIMITED (DefMemPerNode)" if part["def_mem_per_node"] == 0 else f"{part['def_mem_per_node']} (DefMemPerNode)"
+    return "the smallest MiB per CPU of the partition's nodes (rota's default)"
 
 
 def reconfigure() -> list[str]:

@@ -213,7 +213,7 @@ def _check_partition(state: State, spec: ev.JobSpec, part: ev.PartitionConfig, e
     nodes: list = []
     if shape is None or spec.nodelist or spec.exclude:   # named nodes: look at each of them
         nodes = [state.nodes[n] for n in part.nodes if n in state.nodes]
-        shape = shape or partition_shape(nodes)
+        shape = shape or partition_shape(nodes, part)
     else:                                                # otherwise each kind of node will do
         nodes = list(shape.kinds)
     req = node_request(spec, shape)

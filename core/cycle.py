@@ -68,7 +68,7 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         else:
             self.part_nodes = {p.name: [state.nodes[n] for n in p.nodes if n in state.nodes]
                                for p in cfg.partitions}
-            self.part_shapes = {name: partition_shape(ns) for name, ns in self.part_nodes.items()}
+            self.part_shapes = {name: partition_shape(ns, self.parts[name]) for name, ns in self.part_nodes.items()}
         self.timelines: dict[str, Timeline] = {}
         if timelines:   # static reasons alone do not need them
             self._build_timelines(bases)

@@ -57,6 +57,8 @@ class PartitionConfig(Model):
     default: bool = False
     max_nodes: int = 0                # 0 = unlimited
     min_nodes: int = 1
+    def_mem_per_cpu: int | None = None    # MiB a CPU brings to a job that asks no memory (DefMemPerCPU)
+    def_mem_per_node: int | None = None   # MiB a node brings to such a job (DefMemPerNode); None: rota's default
 
 
 class PriorityWeights(Model):

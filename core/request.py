@@ -62,13 +62,18 @@ class PartitionShape:
     def_mem_per_cpu: int
     count: int = 0                          # its nodes
     kinds: tuple[NodeKind, ...] = ()        # its distinct kinds of node, in the order first seen
+    def_mem_per_node: int | None = None     # DefMemPerNode: a node's memory for a job that asks none
 
 
-def partition_shape(nodes: list["Node"]) -> PartitionShape:
+def partition_shape(nodes: list["Node"], part: PartitionConfig | None = None) -> PartitionShape:
+    """The shape of a partition of ``nodes`` (``part``: its configuration, for DefMemPerCPU/DefMemPerNode;
+    without them a CPU brings the smallest MiB/CPU of the partition's nodes)."""
     kinds = dict.fromkeys(NodeKind(n.cpus, n.memory, tuple(n.gpu_types), n.features) for n in nodes)
+    per_cpu = part.def_mem_per_cpu if part is not None else None
     return PartitionShape(max((n.cpus for n in nodes), default=1) or 1,
-                          max((n.gpu_count for n in nodes), default=0), default_mem_per_cpu(nodes),
-                          len(nodes), tuple(kinds))
+                          max((n.gpu_count for n in nodes), default=0),
+                          per_cpu if per_cpu is not None else default_mem_per_cpu(nodes),
+                          len(nodes), tuple(kinds), part.def_mem_per_node if part is not None else None)
 
 
 def node_request(spec: JobSpec, shape: PartitionShape) -> NodeRequest:
@@ -98,11 +103,13 @@ def node_request(spec: JobSpec, shape: PartitionShape) -> NodeRequest:
         mem = spec.mem_per_node
     elif spec.mem_per_cpu is not None:
         mem = spec.mem_per_cpu * cpus
+    elif shape.def_mem_per_node is not None:
+        mem = shape.def_mem_per_node     # 0 (UNLIMITED): the whole node's memory
     else:
         mem = shape.def_mem_per_cpu * cpus
     exclusive = spec.exclusive
-    return NodeRequest(nnodes, cpus, mem, gpus, spec.gpu_type, exclusive,
-                       exclusive or spec.mem_per_node == 0, exclusive, ntasks)
+    whole_mem = exclusive or spec.mem_per_node == 0 or (mem == 0 and shape.def_mem_per_node == 0)
+    return NodeRequest(nnodes, cpus, mem, gpus, spec.gpu_type, exclusive, whole_mem, exclusive, ntasks)
 
 
 def constraint_matches(constraint: str | None, features: tuple[str, ...]) -> bool:

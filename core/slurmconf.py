@@ -36,7 +36,7 @@ class ConfigError(ValueError):
 
 
 GLOBAL_KEYS = {
-    "clustername", "grestypes", "schedulertype", "schedulerparameters", "prioritytype",
+    "clustername", "defmempercpu", "defmempernode", "grestypes", "schedulertype", "schedulerparameters", "prioritytype",
     "priorityweightage", "priorityweightfairshare", "priorityweightjobsize", "priorityweightpartition",
     "priorityweightqos", "prioritymaxage", "priorityfavorsmall", "enforcepartlimits", "maxarraysize",
     "minjobage", "slurmuser", "authinfo", "privatedata", "adminusers", "operatorusers", "accountingstorageenforce",
@@ -56,7 +56,7 @@ IGNORED_KEYS = {
     "slurmdlogfile", "healthcheckprogram", "healthcheckinterval", "healthchecknodestate",
     "prologflags", "prolog", "epilog", "firstjobid", "maxjobid", "authinfo",
     "prioritycalcperiod", "priorityusageresetperiod",
-    "defmempercpu", "defmempernode", "maxmempercpu", "overtimelimit", "messagetimeout", "include",
+    "overtimelimit", "messagetimeout", "include",
     "cgroupplugin", "launchparameters", "slurmdparameters", "schedulertimeslice",
     # the rest of Slurm 22.05's slurm.conf(5): a site's file loads as it is
     "accountingstorageexternalhost", "accountingstorageparameters", "accountingstoragepass",
@@ -65,13 +65,13 @@ IGNORED_KEYS = {
     "acctgatherprofiletype", "allowspecresourcesusage", "authaltparameters", "authalttypes",
     "backupaddr", "backupcontroller", "batchstarttimeout", "bcastexclude", "bcastparameters",
     "burstbuffertype", "clifilterplugins", "communicationparameters", "completewait", "controladdr",
-    "cpufreqdef", "cpufreqgovernors", "debugflags", "defcpupergpu", "defmempergpu", "dependencyparameters",
+    "cpufreqdef", "cpufreqgovernors", "debugflags", "defcpupergpu", "dependencyparameters",
     "disablerootjobs", "eiotimeout", "epilogmsgtime", "epilogslurmctld", "extsensorsfreq", "extsensorstype",
     "fairsharedampeningfactor", "federationparameters", "getenvtimeout", "gpufreqdef", "groupupdateforce",
     "groupupdatetime", "interactivestepoptions", "jobacctgatherparams", "jobcomphost", "jobcomploc",
     "jobcompparams", "jobcomppass", "jobcompport", "jobcompuser", "jobcontainertype", "jobfileappend",
     "jobrequeue", "jobsubmitplugins", "killonbadexit", "launchtype", "licenses", "logtimeformat",
-    "maildomain", "mailprog", "maxdbdmsgs", "maxmempernode", "maxnodecount", "maxstepcount",
+    "maildomain", "mailprog", "maxdbdmsgs", "maxnodecount", "maxstepcount",
     "maxtaskspernode", "mcsparameters", "mcsplugin", "mpiparams", "nodefeaturesplugins", "plugindir",
     "plugstackconfig", "powerparameters", "powerplugin", "preemptexempttime",
     "preemptparameters", "prepparameters", "prepplugins", "priorityparameters",
@@ -93,6 +93,16 @@ IGNORED_KEYS |= {
     "jobcredentialpubliccertificate", "keepalivetime", "sallocdefaultcommand", "sbcastparameters", "schedulerauth",
     "slurmctldplugstack",
 }
+# Slurm settings that would change what a job gets and that rota does not apply: a warning names the difference
+NOT_APPLIED = {
+    "maxmempercpu": "a job may ask for more memory per CPU than this",
+    "maxmempernode": "a job may ask for more memory per node than this",
+    "defmempergpu": "a job that asks no memory gets DefMemPerCPU/DefMemPerNode's default, not a GPU-based one",
+    "oversubscribe": "rota never shares a CPU between jobs (as OverSubscribe=NO); --exclusive still takes whole nodes",
+    "sockets": "jobs get CPUs= of the node (else Sockets x CoresPerSocket x ThreadsPerCore) without socket placement",
+    "corespersocket": "jobs get CPUs= of the node (else Sockets x CoresPerSocket x ThreadsPerCore) without core placement",
+    "threadspercore": "a CPU is one hardware thread, as CR_CPU counts: CR_Core's whole cores are not allotted",
+}
 LINE_KINDS_IGNORED = {"downnodes", "nodeset", "frontendname"}   # whole lines rota has no use for
 NODE_KEYS = {"nodename", "cpus", "realmemory", "gres", "feature", "features", "state", "weight",
              "sockets", "corespersocket", "threadspercore", "boards", "nodeaddr", "nodehostname",
@@ -101,7 +111,7 @@ NODE_KEYS = {"nodename", "cpus", "realmemory", "gres", "feature", "features", "s
 PART_KEYS = {"partitionname", "nodes", "maxtime", "defaulttime", "prioritytier", "priorityjobfactor",
              "state", "allowaccounts", "default", "maxnodes", "minnodes", "oversubscribe", "allowgroups",
              "allowqos", "denyaccounts", "denyqos", "qos", "defmempergpu", "defmempercpu",
-             "maxmempernode", "maxcpuspernode", "exclusiveuser", "hidden", "rootonly", "graceTime".lower(),
+             "maxmempernode", "maxcpuspernode", "exclusiveuser", "defmempernode", "hidden", "rootonly", "graceTime".lower(),
              "allocnodes", "alternate", "cpubind", "defcpupergpu", "disablerootjobs", "lln", "maxcpuspersocket",
              "maxmempercpu", "overtimelimit", "powerdownonidle", "preemptmode", "reqresv", "resumetimeout",
              "selecttypeparameters", "suspendtime", "suspendtimeout", "tresbillingweights"}
@@ -261,6 +271,8 @@ def _sort_global(ctx: _Ctx, out: _Lines, lineno: int, key: str, low: str, value:
             out.controllers.append(name)
     elif low in GLOBAL_KEYS:
         out.globals[low] = (lineno, value)
+    elif low in NOT_APPLIED:
+        ctx.warn(lineno, f"{key}={value} is not applied by rota: {NOT_APPLIED[low]}")
     elif low in IGNORED_KEYS:
         ctx.ignored(lineno, key)
     elif low not in SHELL_KEYS and low not in ("nodename", "partitionname"):
@@ -279,7 +291,7 @@ def check_config(text: str, file: str = "slurm.conf", gres_text: str | None = No
         gres_types = {g.strip() for g in global_vals["grestypes"][1].split(",") if g.strip()}
     declared: dict[str, None] = {}   # ordered: config order is replay order
     nodes = _parse_nodes(ctx, node_lines, gres_types, declared)
-    parts = _parse_partitions(ctx, part_lines, nodes, declared)
+    parts = _with_memory_defaults(ctx, _parse_partitions(ctx, part_lines, nodes, declared), global_vals)
     sched, prio, cluster_name = _parse_globals(ctx, global_vals)
     auth = _parse_auth(ctx, global_vals)
     rate_limit = _parse_rate_limit(ctx, global_vals)
@@ -352,6 +364,17 @@ def _parse_preempt(ctx: _Ctx, vals: dict[str, tuple[int, str]]) -> tuple[Any, An
     return ptype, mode
 
 
+def _with_memory_defaults(ctx: _Ctx, parts: list[ev.PartitionConfig], vals: dict[str, tuple[int, str]]
+                          ) -> list[ev.PartitionConfig]:
+    """The cluster's DefMemPerCPU/DefMemPerNode for each partition that sets neither."""
+    given = {k: v for k, (_, v) in vals.items() if k in ("defmempercpu", "defmempernode")}
+    if not given:
+        return parts
+    per_cpu, per_node = _memory_default(ctx, min(vals[k][0] for k in given), given)
+    return [p if p.def_mem_per_cpu is not None or p.def_mem_per_node is not None
+            else p.model_copy(update={"def_mem_per_cpu": per_cpu, "def_mem_per_node": per_node}) for p in parts]
+
+
 def _ordered(diags: list[Diagnostic]) -> list[Diagnostic]:
     return sorted(diags, key=lambda d: (d.file, d.line))
 
@@ -368,6 +391,8 @@ def _parse_nodes(ctx: _Ctx, lines, gres_types, declared: dict[str, None]) -> dic
             if low not in NODE_KEYS:
                 ctx.err(lineno, f"unknown node key {key!r}", _suggest(key, NODE_KEYS))
                 continue
+            if low in NOT_APPLIED and value != "1":
+                ctx.warn(lineno, f"{key}={value} is not applied by rota: {NOT_APPLIED[low]}")
             vals[low] = (key, value)
         if name_expr.upper() == "DEFAULT":
             defaults = vals
@@ -423,6 +448,8 @@ def _parse_partitions(ctx: _Ctx, lines, nodes: dict[str, ev.NodeConfig],
             if low not in PART_KEYS:
                 ctx.err(lineno, f"unknown partition key {key!r}", _suggest(key, PART_KEYS))
                 continue
+            if low in NOT_APPLIED and not (low == "oversubscribe" and value.upper() in ("NO", "EXCLUSIVE")):
+                ctx.warn(lineno, f"{key}={value} is not applied by rota: {NOT_APPLIED[low]}")
             vals[low] = value
         if name in seen:
             ctx.err(lineno, f"partition {name} is defined twice (first on line {seen[name]})")
@@ -482,11 +509,22 @@ def _partition(ctx: _Ctx, lineno: int, name: str, vals: dict[str, str], members:
         ctx.err(lineno, f"DefaultTime of partition {name} exceeds its MaxTime", "lower DefaultTime or raise MaxTime")
         return None
     accounts = tuple(a for a in vals.get("allowaccounts", "ALL").split(",") if a)
+    per_cpu, per_node = _memory_default(ctx, lineno, vals)
     return ev.PartitionConfig(
         name=name, nodes=tuple(members), max_time=max_time or 0, default_time=default_time,
         priority_tier=tier or 0, priority_job_factor=pjf or 0, state=state,  # type: ignore[arg-type]
         allow_accounts=accounts or ("ALL",), default=_yes(vals.get("default", "NO")), max_nodes=max_nodes_i or 0,
-        min_nodes=min_nodes if min_nodes is not None else 1)
+        min_nodes=min_nodes if min_nodes is not None else 1, def_mem_per_cpu=per_cpu, def_mem_per_node=per_node)
+
+
+def _memory_default(ctx: _Ctx, lineno: int, vals: dict[str, str]) -> tuple[int | None, int | None]:
+    """DefMemPerCPU / DefMemPerNode (MiB; Slurm's ``UNLIMITED`` or 0 for DefMemPerNode: the whole node)."""
+    if "defmempercpu" in vals and "defmempernode" in vals:
+        ctx.err(lineno, "DefMemPerCPU and DefMemPerNode are mutually exclusive", "keep one of them")
+    per_cpu = _int(ctx, lineno, "DefMemPerCPU", vals["defmempercpu"], 1) if "defmempercpu" in vals else None
+    node = vals.get("defmempernode")
+    per_node = None if node is None else 0 if node.upper() == "UNLIMITED" else _int(ctx, lineno, "DefMemPerNode", node, 0)
+    return per_cpu, per_node
 
 
 # ---------------------------------------------------------------- the cluster-wide keys, by table

@@ -203,7 +203,7 @@ class State:
             self.min_job_age = self.config.scheduler.min_job_age
             for p in self.config.partitions:
                 nodes = self.part_nodes[p.name] = [self.nodes[n] for n in p.nodes if n in self.nodes]
-                self.part_shapes[p.name] = partition_shape(nodes)
+                self.part_shapes[p.name] = partition_shape(nodes, p)
 
     def rebuild_indexes(self) -> None:
         """Recompute the derived indexes from the primary facts."""

@@ -135,7 +135,7 @@ def test_include_lines_are_read_beside_the_file_that_names_them_and_cycles_are_n
 def test_every_slurm_22_05_key_is_known():
     from rota.core import slurmconf as s
 
-    known = s.GLOBAL_KEYS | s.IGNORED_KEYS | set(s.SHELL_KEYS) | s.LINE_KINDS_IGNORED
+    known = s.GLOBAL_KEYS | s.IGNORED_KEYS | set(s.SHELL_KEYS) | s.LINE_KINDS_IGNORED | set(s.NOT_APPLIED)
     for key in KEYS_22_05.split():
         assert key in known or key in ("nodename", "partitionname", "slurmctldhost", "controlmachine"), key
 KEYS_22_05 = """
@@ -174,3 +174,37 @@ slurmduser slurmschedlogfile slurmschedloglevel slurmuser srunepilog srunportran
 statesavelocation suspendexcnodes suspendexcparts suspendprogram suspendrate suspendtime suspendtimeout
 switchparameters switchtype taskepilog taskplugin taskpluginparam taskprolog tcptimeout tmpfs topologyparam
 topologyplugin trackwckey treewidth unkillablestepprogram unkillablesteptimeout usepam vsizefactor waittime """
+
+
+def test_memory_defaults_are_what_a_job_that_asks_none_gets():
+    from rota.core.events import JobSpec
+    from rota.core.request import node_request, partition_shape
+    from rota.core.state import State
+
+    conf = ("DefMemPerCPU=1024\nNodeName=n[1-2] CPUs=8 RealMemory=32000\nPartitionName=a Nodes=n1 Default=YES\n"
+            "PartitionName=b Nodes=n2 DefMemPerNode=5000\nPartitionName=c Nodes=n2 DefMemPerNode=UNLIMITED\n")
+    cfg = parse_config(conf)
+    parts = {p.name: p for p in cfg.partitions}
+    assert (parts["a"].def_mem_per_cpu, parts["b"].def_mem_per_node, parts["c"].def_mem_per_node) == (1024, 5000, 0)
+    state = State()
+    from rota.core.apply import apply
+    from rota.core import events as ev
+
+    apply(state, ev.Envelope.trusted(1, 0, "t", "", ev.ClusterConfigured(config=cfg)))
+    spec = JobSpec(cpus_per_task=2, script="#!/bin/sh\n")
+    assert node_request(spec, state.part_shapes["a"]).mem == 2048
+    assert node_request(spec, state.part_shapes["b"]).mem == 5000
+    whole = node_request(spec, state.part_shapes["c"])
+    assert whole.whole_mem
+    assert node_request(spec.model_copy(update={"mem_per_cpu": 100}), state.part_shapes["a"]).mem == 200
+    assert partition_shape([]).def_mem_per_node is None
+
+
+def test_settings_rota_does_not_apply_are_warnings_that_name_the_difference():
+    conf = ("MaxMemPerCPU=4000\nNodeName=n1 CPUs=8 Sockets=2 CoresPerSocket=4 ThreadsPerCore=1 RealMemory=32000\n"
+            "PartitionName=p Nodes=n1 Default=YES OverSubscribe=FORCE:2\n")
+    cfg, diags = check_config(conf)
+    assert cfg is not None
+    said = {d.message.split("=")[0]: d.message for d in diags if d.severity == "warning"}
+    assert set(said) == {"MaxMemPerCPU", "Sockets", "CoresPerSocket", "OverSubscribe"}
+    assert "more memory per CPU" in said["MaxMemPerCPU"] and "never shares a CPU" in said["OverSubscribe"]
