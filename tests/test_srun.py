@@ -409,3 +409,51 @@ def test_back_to_back_steps_over_the_whole_allocation_do_not_wait(up):
     assert "temporarily disabled" not in text, text
     assert int(text.split("took ")[1]) < 5000
     assert [r[0] for r in up.sacct(jid, "JobID")][2:] == [f"{jid}.{i}" for i in range(6)]
+
+
+# ---------------------------------------------------------------- other tools' command lines, as they send them
+
+
+def test_batchspawner_s_submit_poll_and_cancel_work_as_it_sends_them(up):
+    """JupyterHub's SlurmSpawner pipes its script to ``sbatch --parsable``, keeps only the variables it names
+    (``--export=A,B``), polls with ``squeue -h -j ID -o '%T %B'`` and reads the host off the end."""
+    out = up.base / "spawner"
+    out.mkdir(exist_ok=True)
+    script = ("#!/bin/bash\n#SBATCH --output=" + str(out) + "/jupyterhub_slurmspawner_%j.log\n"
+              "#SBATCH --job-name=spawner-jupyterhub\n#SBATCH --chdir=" + str(out) + "\n"
+              "#SBATCH --export=PATH,LANG,JUPYTERHUB_API_TOKEN\n#SBATCH --get-user-env=L\n#SBATCH --time=5\n\n"
+              "set -euo pipefail\necho token=$JUPYTERHUB_API_TOKEN secret=${NOT_EXPORTED:-unset}\nsleep 60\n")
+    env = dict(up.env, JUPYTERHUB_API_TOKEN="t0k", NOT_EXPORTED="leak")
+    r = subprocess.run(["sbatch", "--parsable"], input=script, env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    jid = r.stdout.strip()
+    assert jid.isdigit()
+
+    def poll() -> str:
+        return up.run("squeue", "-h", "-j", jid, "-o", "%T %B").stdout.strip()
+
+    status = wait_for(lambda: (s := poll()).startswith("RUNNING") and s, 30, "the spawner's job to run")
+    host = re.search(r"\s+((?:[\w_-]+\.?)+)$", status)
+    assert host is not None and host.group(1) in ("n1", "n2")
+    log = out / f"jupyterhub_slurmspawner_{jid}.log"
+    wait_for(lambda: log.exists() and "token=" in log.read_text(), 30, "the job's first line")
+    assert log.read_text().splitlines()[0] == "token=t0k secret=unset"
+    assert up.run("scancel", jid).returncode == 0
+    wait_for(lambda: poll() == "", 30, "the job to leave the queue")
+
+
+def test_snakemake_s_status_query_names_every_cluster_and_reads_each_job_s_state(up):
+    """Snakemake's Slurm executor asks sacct for its run's jobs by name, over ``--clusters all``."""
+    name = "c0ffee-run"
+    jid = up.sbatch("#!/bin/sh\ntrue\n", "-J", name)
+    up.ended(jid)
+    r = up.run("sacct", "-X", "--parsable2", "--clusters", "all", "--noheader", "--format=JobIdRaw,State",
+               "--starttime", "now-2days", "--endtime", "now", "--name", name)
+    assert r.returncode == 0, r.stderr
+    assert f"{jid}|COMPLETED" in r.stdout.splitlines()
+    other = up.run("sacct", "-X", "-P", "-n", "-M", "elsewhere", "-o", "JobID", "-j", str(jid))
+    assert other.returncode == 0 and other.stdout == ""
+    heading = up.run("squeue", "-M", "all").stdout.splitlines()
+    assert heading[0].startswith("CLUSTER: ") and heading[1].split()[0] == "JOBID"
+    refused = up.run("squeue", "-M", "elsewhere")
+    assert refused.returncode == 1 and "'elsewhere' can't be reached now" in refused.stderr
