@@ -73,7 +73,10 @@ while True:
             os.closerange(3, 65536)   # nothing of the spawner's (its socket, its wakeup pipe) reaches the task
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             signal.set_wakeup_fd(-1)
-            os.execvpe(req["argv"][0], req["argv"], req["env"])
+            env = req["env"]
+            if "SLURM_TASK_PID" in env:     # the task's own pid: this process becomes it
+                env = {**env, "SLURM_TASK_PID": str(os.getpid())}
+            os.execvpe(req["argv"][0], req["argv"], env)
         except OSError as exc:
             os.write(2, ("slurmstepd: error: execve(): %s: %s\n" % (req["argv"][0], exc.strerror)).encode())
             os._exit(2 if exc.errno == errno.ENOENT else 126)

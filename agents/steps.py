@@ -97,13 +97,15 @@ def task_env(o: StepLaunch, alloc: ev.StepAlloc, node: str, rank: int, local: in
         "SLURM_TASKS_PER_NODE": launch.run_length(tuple(per_node)),
         "SLURM_GTIDS": ",".join(map(str, alloc.tasks)), "SLURM_CPUS_ON_NODE": str(job.cpus),
         "SLURM_DISTRIBUTION": "block", "SLURMD_NODENAME": node, "SLURM_TOPOLOGY_ADDR": node,
+        "SLURM_TOPOLOGY_ADDR_PATTERN": "node", "SLURM_TASK_PID": "",
         "SLURM_CPUS_PER_TASK": str(step.cpus_per_task),
         "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)), "GPU_DEVICE_ORDINAL": ",".join(map(str, gpus)),
         "SLURM_STEP_GPUS": ",".join(map(str, alloc.gpus)),
     })
     if step.io:
-        host = step.io.rsplit(":", 1)[0]
+        host, _, port = step.io.rpartition(":")
         env["SLURM_SRUN_COMM_HOST"] = env["SLURM_LAUNCH_NODE_IPADDR"] = host
+        env["SLURM_SRUN_COMM_PORT"] = port
     if not alloc.gpus:
         env.pop("SLURM_STEP_GPUS", None)
     return env

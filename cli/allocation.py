@@ -16,14 +16,15 @@ from .sbatch import SbatchError, spec_from_options
 
 PLACEHOLDER = "#!/bin/sh\n# an allocation held by srun or salloc; it ends when they give it back\nexec sleep infinity\n"
 
+IMMEDIATE = 1.0      # seconds ``--immediate`` gives an allocation to start
 QUIET_WAIT = 1.0     # seconds an allocation may take before srun/salloc says it waits
 
 
-def allocate(prog: str, values: dict, default_name: str, err: Any = sys.stderr) -> dict:
+def allocate(prog: str, values: dict, default_name: str, err: Any = sys.stderr, immediate: Any = None) -> dict:
     """Submit an allocation with the job options in ``values`` and wait until it runs; its ``job`` view.
 
     Says, as Slurm does, that it waits and why (the pending reason, each time it changes); Ctrl-C
-    while waiting gives the request back."""
+    while waiting gives the request back; ``immediate`` (``--immediate``'s value) bounds the wait."""
     try:
         spec = spec_from_options(values, PLACEHOLDER, default_name)
     except SbatchError as exc:
@@ -37,7 +38,7 @@ def allocate(prog: str, values: dict, default_name: str, err: Any = sys.stderr) 
     job_id = int(reply["job_id"])
     if prog == "salloc":
         err.write(f"salloc: Pending job allocation {job_id}\n")
-    view, waited = _wait_until_running(prog, job_id, err)
+    view, waited = _wait_until_running(prog, job_id, err, _immediate(immediate))
     if waited:
         err.write(f"{prog}: job {job_id} has been allocated resources\n")
     if prog == "salloc":
@@ -45,8 +46,20 @@ def allocate(prog: str, values: dict, default_name: str, err: Any = sys.stderr) 
     return view
 
 
-def _wait_until_running(prog: str, job_id: int, err: Any) -> tuple[dict, bool]:
-    """The job's view once it runs, and whether it had to wait (said, with each new pending reason)."""
+def _immediate(given: Any) -> float | None:
+    """``--immediate[=secs]``: how long the allocation may take (rota decides at submit: a second unless told)."""
+    if given is None:
+        return None
+    if given is True:
+        return IMMEDIATE
+    if not str(given).isdecimal():
+        raise AllocationError(f"Invalid --immediate value: {given}")
+    return max(IMMEDIATE, float(given))
+
+
+def _wait_until_running(prog: str, job_id: int, err: Any, within: float | None = None) -> tuple[dict, bool]:
+    """The job's view once it runs, and whether it had to wait (said, with each new pending reason); with
+    ``within``, the request is given back and refused (Slurm's words) when it has not started by then."""
     said: str | None = None
     waited = False
     asked = time.monotonic()
@@ -59,8 +72,11 @@ def _wait_until_running(prog: str, job_id: int, err: Any) -> tuple[dict, bool]:
                 break
             if state != "PENDING":
                 raise AllocationError(f"Job allocation {job_id} has been revoked.")
+            if within is not None and time.monotonic() - asked > within:
+                request("cancel", {"job_id": job_id})
+                raise AllocationError("Unable to allocate resources: Requested nodes are busy")
             reason = view.get("reason")
-            if reason is None and time.monotonic() - asked < QUIET_WAIT:
+            if (reason is None and time.monotonic() - asked < QUIET_WAIT) or within is not None:
                 time.sleep(0.02)     # not yet through a scheduling cycle: most allocations start now
                 continue
             if not waited:

@@ -164,6 +164,19 @@ def unsupported(prog: str, values: dict[str, Any]) -> list[str]:
     return [f"{prog}: warning: --{key[1:]} is ignored by rota" for key in sorted(values) if key.startswith("~")]
 
 
+def defined_options(prog: str, values: dict[str, Any], table: list[Option]) -> list[str]:
+    """``-v``'s list of the options given, as Slurm's commands print it (a flag is ``set``; ``-v``, its count)."""
+    lines = [f"{prog}: defined options", f"{prog}: {'-' * 20} {'-' * 20}"]
+    for opt in sorted(table, key=lambda o: o.longs[0] if o.longs else ""):
+        value = values.get(opt.dest)
+        if value is None or not opt.longs:
+            continue
+        if isinstance(value, list):
+            value = len(value) if all(v is True for v in value) else ",".join(map(str, value))
+        lines.append(f"{prog}: {opt.longs[0]:<20}: {'set' if value is True else value}")
+    return lines + [f"{prog}: {'-' * 20} {'-' * 20}", f"{prog}: end of defined options"]
+
+
 def node_count(prog: str, text: str) -> int:
     """The minimum of ``-N MIN[-MAX]``; OptionError in Slurm's words when it is no node count, or MAX < MIN."""
     low, dash, high = text.partition("-")

@@ -7,11 +7,14 @@ import subprocess
 import sys
 import threading
 
-from .options import OptionError, parse, unsupported
-from .srun import OPTIONS, _job_options
+from .options import NO, OptionError, defined_options, parse, table, unsupported
+from .srun import OPTIONS as STEP_OPTIONS, _job_options
+
+OPTIONS = [*STEP_OPTIONS, *table(("", "no-shell", NO, "no_shell"))]
 
 
-def main(argv: list[str]) -> int:
+def _command_line(argv: list[str]) -> tuple[dict, list[str]] | int:
+    """The options and the command; or the exit status when the command line settled it (a bad one, --help)."""
     try:
         values, command = parse("salloc", argv, OPTIONS, stop_at_operand=True)
         for warning in unsupported("salloc", values):
@@ -23,17 +26,30 @@ def main(argv: list[str]) -> int:
 
     if answered("salloc", values, OPTIONS, sys.stdout, tail="[command [args...]]"):
         return 0
+    if values.get("verbose"):
+        sys.stderr.write("".join(line + "\n" for line in defined_options("salloc", values, OPTIONS)))
+    return values, command
+
+
+def main(argv: list[str]) -> int:
+    read = _command_line(argv)
+    if isinstance(read, int):
+        return read
+    values, command = read
     from .allocation import AllocationError, allocate, allocation_env, job_view, release
     from .client import NoCluster
 
+    no_shell = bool(values.pop("no_shell", False))
     command = command or [os.environ.get("SHELL") or "/bin/sh"]
     try:
         view = allocate("salloc", _job_options(values), "interactive" if len(command) == 1 and not argv else
-                        os.path.basename(command[0]))
+                        os.path.basename(command[0]), immediate=values.get("immediate"))
     except (AllocationError, NoCluster) as exc:
         sys.stderr.write(f"salloc: error: {exc}\n")
         return 1
     job_id = int(view["job_id"])
+    if no_shell:     # the allocation stays until its time limit or scancel; srun --jobid uses it
+        return 0
     env = dict(os.environ, **allocation_env(view))
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C belongs to what runs in the allocation
     try:

@@ -60,12 +60,12 @@ OPTIONS = table(
     ("", "mail-type", REQUIRED, "~mail-type"), ("", "mail-user", REQUIRED, "~mail-user"),
     ("", "mcs-label", REQUIRED, "!mcs-label"), ("", "mem", REQUIRED, "mem"), ("", "mem-bind", REQUIRED, "~mem-bind"),
     ("", "mem-per-cpu", REQUIRED, "mem_per_cpu"), ("", "mem-per-gpu", REQUIRED, "mem_per_gpu"),
-    ("", "mincpus", REQUIRED, "!mincpus"), ("", "network", REQUIRED, "!network"), ("", "nice", OPTIONAL, "!nice"),
+    ("", "mincpus", REQUIRED, "mincpus"), ("", "network", REQUIRED, "!network"), ("", "nice", OPTIONAL, "!nice"),
     ("k", "no-kill", OPTIONAL, "~no-kill"), ("", "no-requeue", NO, "no_requeue"), ("F", "nodefile", REQUIRED, "!nodefile"),
     ("w", "nodelist", REQUIRED, "nodelist"), ("N", "nodes", REQUIRED, "nodes"), ("n", "ntasks", REQUIRED, "ntasks"),
     ("", "ntasks-per-core", REQUIRED, "!ntasks-per-core"), ("", "ntasks-per-gpu", REQUIRED, "!ntasks-per-gpu"),
     ("", "ntasks-per-node", REQUIRED, "ntasks_per_node"), ("", "ntasks-per-socket", REQUIRED, "!ntasks-per-socket"),
-    ("", "open-mode", REQUIRED, "open_mode"), ("o", "output", REQUIRED, "output"), ("O", "overcommit", NO, "!overcommit"),
+    ("", "open-mode", REQUIRED, "open_mode"), ("o", "output", REQUIRED, "output"), ("O", "overcommit", NO, "overcommit"),
     ("s", "oversubscribe", NO, "!oversubscribe"), ("", "parsable", NO, "parsable"), ("p", "partition", REQUIRED, "partition"),
     ("", "power", REQUIRED, "!power"), ("", "priority", REQUIRED, "!priority"), ("", "profile", REQUIRED, "~profile"),
     ("", "propagate", OPTIONAL, "~propagate"), ("q", "qos", REQUIRED, "qos"), ("Q", "quiet", NO, "~quiet"),
@@ -75,7 +75,7 @@ OPTIONS = table(
     ("", "thread-spec", REQUIRED, "!thread-spec"), ("", "threads-per-core", REQUIRED, "!threads-per-core"),
     ("t", "time", REQUIRED, "time"), ("", "time-min", REQUIRED, "!time-min"), ("", "tmp", REQUIRED, "!tmp"),
     ("", "uid", REQUIRED, "!uid"), ("", "usage", NO, "usage"), ("", "use-min-nodes", NO, "!use-min-nodes"),
-    ("v", "verbose", NO, "~verbose"), ("V", "version", NO, "version"), ("W", "wait", NO, "!wait"),
+    ("v", "verbose", NO, "~verbose"), ("V", "version", NO, "version"), ("W", "wait", NO, "wait"),
     ("", "wait-all-nodes", REQUIRED, "~wait-all-nodes"), ("", "wckey", REQUIRED, "~wckey"),
     ("", "wrap", REQUIRED, "wrap"))
 
@@ -149,6 +149,8 @@ def build_spec(argv: list[str], now: float | None = None, script: str | None = N
     spec = spec_from_options(merged, script, name, now)
     if merged.get("test_only"):
         spec["_test_only"] = True
+    if merged.get("wait"):
+        spec["_wait"] = True
     return spec, bool(merged.get("parsable"))
 
 
@@ -213,6 +215,7 @@ def spec_from_options(o: dict, script: str, default_name: str, now: float | None
     spec: dict = {"name": o.get("job_name") or default_name, "script": script,
                   "workdir": o.get("chdir") or os.getcwd(),
                   "env": env, "hold": bool(o.get("hold")), "exclusive": bool(o.get("exclusive")),
+                  "overcommit": bool(o.get("overcommit")),
                   "requeue": not o.get("no_requeue"),     # JobRequeue=1, Slurm's default
                   "submit_line": " ".join(["sbatch"] + sys.argv[1:])}
     spec["_warnings"] = _unsupported(o)
@@ -232,11 +235,12 @@ def _counts(o: dict, spec: dict) -> None:
             spec["nodes"], spec["nodes_given"] = node_count("sbatch", o["nodes"]), True
         except OptionError as exc:
             raise SbatchError(str(exc), 255) from None
-    for key, given in (("ntasks", "ntasks_given"), ("ntasks_per_node", None), ("cpus_per_task", "cpus_per_task_given")):
+    for key, given in (("ntasks", "ntasks_given"), ("ntasks_per_node", None), ("cpus_per_task", "cpus_per_task_given"),
+                       ("mincpus", None)):
         if o.get(key):
             if not o[key].isdecimal() or int(o[key]) < 1:
                 option = {"ntasks": "--ntasks", "ntasks_per_node": "--ntasks-per-node",
-                          "cpus_per_task": "--cpus-per-task"}[key]
+                          "cpus_per_task": "--cpus-per-task", "mincpus": "--mincpus"}[key]
                 raise SbatchError(f"sbatch: error: Invalid numeric value \"{o[key]}\" for {option}.", 255)
             spec[key] = int(o[key])
             if given:
@@ -354,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     for warning in spec.pop("_warnings"):
         print(warning, file=sys.stderr)
     test_only = spec.pop("_test_only", False)
+    wait = spec.pop("_wait", False)
     from .client import NoCluster, request
 
     try:
@@ -371,8 +376,41 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sbatch: Job {reply['job_id']} to start at {reply['start']} using {reply['cpus']} processors on "
               f"nodes {reply['nodes']} in partition {reply['partition']}", file=sys.stderr)
         return 0
-    print(reply["job_id"] if parsable else f"Submitted batch job {reply['job_id']}")
-    return 0
+    print(reply["job_id"] if parsable else f"Submitted batch job {reply['job_id']}", flush=True)
+    return wait_for_end(int(reply["job_id"]), bool(spec.get("array"))) if wait else 0
+
+
+def wait_for_end(job_id: int, array: bool, poll: float = 0.25) -> int:
+    """``--wait``: block until the job (every task of an array) has ended; its exit code, as Slurm's sbatch
+    gives it (the highest of an array's; 1 for a job ended by a signal: cancelled, timed out, out of memory)."""
+    import time
+
+    from rota.core.states import TERMINAL_STATES
+
+    from .client import NoCluster, request
+
+    while True:
+        try:
+            if array:
+                jobs = request("jobs", {"array_job_id": job_id}).get("jobs") or []
+                states = [(j["state"], j["exit_code"]) for j in jobs]
+            else:
+                one = request("job_states", {"job_ids": [job_id]}).get("jobs", {}).get(str(job_id), {})
+                states = [(one.get("state", "UNKNOWN"), one.get("exit_code"))]
+        except NoCluster as exc:
+            print(f"sbatch: error: {exc}", file=sys.stderr)
+            return 1
+        if states and all(s in TERMINAL_STATES or s in ("ENDED", "UNKNOWN") for s, _ in states):
+            return max(_exit_of(s, code) for s, code in states)
+        time.sleep(poll)
+
+
+def _exit_of(state: str, code: int | None) -> int:
+    if state == "COMPLETED":
+        return 0
+    if state == "FAILED" and code:
+        return int(code)
+    return 1
 
 
 def main_exit() -> None:

@@ -16,7 +16,7 @@ import sys
 import time
 
 from . import lightjson
-from .options import NO, REQUIRED, OptionError, node_count, parse, table
+from .options import NO, OPTIONAL, REQUIRED, OptionError, node_count, parse, table
 
 from rota.wire import stepio
 
@@ -29,17 +29,20 @@ OPTIONS = table(
     ("", "exclusive", NO, "~exclusive"), ("", "export", REQUIRED, "export"), ("", "gpu-bind", REQUIRED, "~gpu-bind"),
     ("G", "gpus", REQUIRED, "gpus"), ("", "gpus-per-node", REQUIRED, "gpus_per_node"),
     ("", "gpus-per-task", REQUIRED, "gpus_per_task"), ("", "gres", REQUIRED, "gres"), ("h", "help", NO, "help"),
-    ("", "hint", REQUIRED, "~hint"), ("i", "input", REQUIRED, "input"), ("J", "job-name", REQUIRED, "job_name"),
+    ("H", "hold", NO, "hold"),
+    ("", "hint", REQUIRED, "~hint"), ("I", "immediate", OPTIONAL, "immediate"), ("i", "input", REQUIRED, "input"),
+    ("J", "job-name", REQUIRED, "job_name"),
     ("", "jobid", REQUIRED, "jobid"), ("K", "kill-on-bad-exit", NO, "~kill-on-bad-exit"),
     ("l", "label", NO, "label"), ("", "mem", REQUIRED, "mem"), ("", "mem-bind", REQUIRED, "~mem-bind"),
     ("", "mem-per-cpu", REQUIRED, "mem_per_cpu"), ("", "mem-per-gpu", REQUIRED, "mem_per_gpu"),
-    ("", "mpi", REQUIRED, "~mpi"), ("", "multi-prog", NO, "!multi-prog"), ("w", "nodelist", REQUIRED, "nodelist"),
+    ("", "mincpus", REQUIRED, "mincpus"), ("", "mpi", REQUIRED, "~mpi"), ("", "multi-prog", NO, "!multi-prog"),
+    ("w", "nodelist", REQUIRED, "nodelist"),
     ("N", "nodes", REQUIRED, "nodes"), ("n", "ntasks", REQUIRED, "ntasks"),
     ("", "ntasks-per-node", REQUIRED, "ntasks_per_node"), ("o", "output", REQUIRED, "output"),
-    ("", "overlap", NO, "overlap"), ("O", "overcommit", NO, "!overcommit"), ("p", "partition", REQUIRED, "partition"),
+    ("", "overlap", NO, "overlap"), ("O", "overcommit", NO, "overcommit"), ("p", "partition", REQUIRED, "partition"),
     ("", "propagate", REQUIRED, "~propagate"), ("", "pty", NO, "!pty"), ("q", "qos", REQUIRED, "qos"),
     ("Q", "quiet", NO, "quiet"), ("", "quit-on-interrupt", NO, "quit_on_interrupt"),
-    ("t", "time", REQUIRED, "time"), ("u", "unbuffered", NO, "unbuffered"), ("v", "verbose", NO, "~verbose"),
+    ("t", "time", REQUIRED, "time"), ("u", "unbuffered", NO, "unbuffered"), ("v", "verbose", NO, "verbose", True),
     ("", "usage", NO, "usage"), ("V", "version", NO, "version"), ("W", "wait", REQUIRED, "~wait"),
     ("X", "disable-status", NO, "~disable-status"),
 )
@@ -96,6 +99,8 @@ def step_body(values: dict, argv: list[str], job_id: int) -> dict:
         body["name"] = values["job_name"]
     if values.get("overlap"):
         body["overlap"] = True
+    if values.get("overcommit"):
+        body["overcommit"] = True
     return body
 
 
@@ -144,6 +149,10 @@ def main(argv: list[str], out=None, err=None) -> int:
     if not command:
         err.write("srun: fatal: No command given to execute.\n")
         return 1
+    if values.get("verbose"):
+        from .options import defined_options
+
+        err.write("".join(line + "\n" for line in defined_options("srun", values, OPTIONS)))
     from .client import AllocationError, NoCluster
 
     given = values.get("jobid") or os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID")
@@ -158,7 +167,7 @@ def main(argv: list[str], out=None, err=None) -> int:
         else:
             from .allocation import allocate
 
-            view = allocate("srun", _job_options(values), os.path.basename(command[0]), err)
+            view = allocate("srun", _job_options(values), os.path.basename(command[0]), err, values.get("immediate"))
             job_id = made = int(view["job_id"])
         step = Step(job_id, step_body(values, command, job_id), out, err, values)
         code = step.run()
@@ -181,10 +190,34 @@ def main(argv: list[str], out=None, err=None) -> int:
     return code
 
 
+def _job_information(job_id: int, reply: dict, cpus_per_task: int) -> str:
+    """``-v``'s line on where the step runs: ``jobid 7: nodes(2):`n[1-2]', cpu counts: 2(x2)``."""
+    from rota.core.hostlist import compress
+
+    counts = reply.get("cpus") or [len(tasks) * cpus_per_task for tasks in reply["tasks"]]
+    runs: list[list[int]] = []
+    for c in counts:
+        if runs and runs[-1][0] == c:
+            runs[-1][1] += 1
+        else:
+            runs.append([c, 1])
+    text = ",".join(f"{c}(x{n})" if n > 1 else str(c) for c, n in runs)
+    return f"srun: jobid {job_id}: nodes({len(counts)}):`{compress(reply['nodes'])}', cpu counts: {text}\n"
+
+
+def _launching(step: str, reply: dict) -> str:
+    """``-v``'s line per node: ``launching StepId=7.0 on host n1, 4 tasks: [0-3]``."""
+    from rota.core.hostlist import compress
+
+    return "".join(f"srun: launching StepId={step} on host {node}, {len(tasks)} tasks: "
+                   f"{compress([str(t) for t in tasks])}\n" for node, tasks in zip(reply["nodes"], reply["tasks"]))
+
+
 def _job_options(values: dict) -> dict:
     """The options that shape the allocation ``srun`` asks for (sbatch's names)."""
     job = {k: v for k, v in values.items() if k not in ("label", "unbuffered", "input", "output", "error", "overlap",
-                                                        "quiet", "quit_on_interrupt", "gpus_per_task", "jobid")}
+                                                        "quiet", "quit_on_interrupt", "gpus_per_task", "jobid", "verbose",
+                                                        "immediate")}
     if values.get("gpus_per_task") and not (values.get("gres") or values.get("gpus_per_node")):
         n = _count(values, "gpus_per_task", "--gpus-per-task") or 1
         tasks = _count(values, "ntasks_per_node", "--ntasks-per-node") or _count(values, "ntasks", "--ntasks") or 1
@@ -225,6 +258,10 @@ class Step:
         for node, tasks in zip(reply["nodes"], reply["tasks"]):
             for t in tasks:
                 self.where[t] = node
+        if self.values.get("verbose"):
+            self.err.write(_job_information(self.job_id, reply, _count(self.values, "cpus_per_task", "-c") or 1))
+            self.err.write(_launching(f"{self.job_id}.{self.step_id}", reply))
+            self.err.flush()
         self._meet(listener, len(reply["nodes"]))
         _thread.start_new_thread(self._stdin, ())
         while not self.done.wait(0.2):

@@ -121,6 +121,7 @@ class StepCreate(Request):
     mem: int | None = Field(None, ge=0, le=1 << 40)
     nodelist: tuple[NodeName, ...] = Field((), max_length=MAX_LIST)
     overlap: bool = False
+    overcommit: bool = False
     io: Annotated[str, Field(max_length=300), AfterValidator(_io_address)] = ""
     io_key: Annotated[str, Field(pattern=r"^([0-9a-f]{32,128})?$")] = ""
     output: Arg | None = None

@@ -81,7 +81,7 @@ async def _step_create(c: ControllerPort, caller: Caller, r: rq.StepCreate, rid:
 
     ask = StepAsk(ntasks=r.ntasks, nodes=r.nodes, ntasks_per_node=r.ntasks_per_node, cpus_per_task=r.cpus_per_task,
                   gpus_per_task=r.gpus_per_task, gpus_per_node=r.gpus_per_node, mem=r.mem, nodelist=r.nodelist,
-                  overlap=r.overlap)
+                  overlap=r.overlap, overcommit=r.overcommit)
     fields = {"name": r.name or r.argv[0].rsplit("/", 1)[-1][:200], "argv": r.argv, "workdir": r.workdir,
               "env": r.env, "io": r.io, "io_key": r.io_key, "output": r.output, "error": r.error, "input": r.input,
               "label": r.label}
@@ -109,7 +109,7 @@ async def _step_create(c: ControllerPort, caller: Caller, r: rq.StepCreate, rid:
         raise commands.Rejected("this step request was accepted earlier", code="duplicate")
     e = landed(env, ev.StepStarted)
     return {"ok": True, "step_id": e.step_id, "ntasks": e.ntasks, "nodes": [a.node for a in e.alloc],
-            "tasks": [list(a.tasks) for a in e.alloc], "warnings": warnings}
+            "tasks": [list(a.tasks) for a in e.alloc], "cpus": [a.cpus for a in e.alloc], "warnings": warnings}
 
 
 async def _config(c: ControllerPort, caller: Caller, r: rq.NoArgs, rid: str) -> dict:

@@ -168,6 +168,7 @@ class JobSpec(Model):
     ntasks_per_node: int | None = None    # --ntasks-per-node
     cpus_per_task: int = 1                # --cpus-per-task
     cpus_per_task_given: bool = False
+    mincpus: int = 0                      # --mincpus: at least this many CPUs on each node
     mem_per_node: int | None = None       # --mem, MiB; 0 = whole node
     mem_per_cpu: int | None = None        # --mem-per-cpu, MiB
     gpus_per_node: int = 0                # --gres=gpu[:type]:N / --gpus-per-node
@@ -179,6 +180,7 @@ class JobSpec(Model):
     nodelist: tuple[str, ...] = ()        # --nodelist (required nodes)
     exclude: tuple[str, ...] = ()         # --exclude
     exclusive: bool = False
+    overcommit: bool = False              # -O/--overcommit: CPUs as for one task per node, however many tasks
     begin: int | None = None              # --begin, epoch seconds
     hold: bool = False                    # --hold
     dependency: str | None = None         # --dependency, raw

@@ -97,7 +97,7 @@ def node_request(spec: JobSpec, shape: PartitionShape) -> NodeRequest:
         tasks_per_node = ntasks
     else:
         tasks_per_node = _ceil_div(ntasks, nnodes)
-    cpus = tasks_per_node * cpt
+    cpus = max((1 if spec.overcommit else tasks_per_node) * cpt, spec.mincpus)
     gpus = _ceil_div(spec.gpus_total, nnodes) if spec.gpus_total else spec.gpus_per_node
     if spec.mem_per_node is not None:
         mem = spec.mem_per_node

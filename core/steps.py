@@ -32,6 +32,7 @@ class StepAsk:
     mem: int | None = None              # MiB per node
     nodelist: tuple[str, ...] = ()
     overlap: bool = False
+    overcommit: bool = False            # more tasks than CPUs: the step takes the node's CPUs it was given
 
 
 class StepRefused(Exception):
@@ -70,8 +71,9 @@ def layout(job: Job, ask: StepAsk) -> tuple[tuple[StepAlloc, ...], list[str]]:
     rank = 0
     for a, n in zip(alloc[:nnodes], counts):
         if n:
-            gpus = _share_of(a, ask, n * cpt, n, busy_cpus.get(a.node, 0), busy_gpus.get(a.node, set()))
-            out.append(StepAlloc(node=a.node, tasks=tuple(range(rank, rank + n)), cpus=n * cpt, mem=ask.mem or 0,
+            cpus = min(n * cpt, a.cpus - busy_cpus.get(a.node, 0) or a.cpus) if ask.overcommit else n * cpt
+            gpus = _share_of(a, ask, cpus, n, busy_cpus.get(a.node, 0), busy_gpus.get(a.node, set()))
+            out.append(StepAlloc(node=a.node, tasks=tuple(range(rank, rank + n)), cpus=cpus, mem=ask.mem or 0,
                                  gpus=gpus, gpus_per_task=ask.gpus_per_task or 0))
             rank += n
     return tuple(out), warnings

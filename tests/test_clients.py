@@ -9,7 +9,10 @@ import sys
 import pytest
 
 from helpers import wait_for
-from test_srun import BIN, up  # noqa: F401 - the fixture: rota up with two nodes, PATH starting with rota's commands
+import test_srun
+from test_srun import BIN
+
+up = test_srun.up     # the fixture: rota up with two nodes, rota's commands first on PATH
 
 
 def test_batchspawner_s_submit_poll_and_cancel_work_as_it_sends_them(up):

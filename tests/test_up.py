@@ -497,7 +497,9 @@ def test_sacctmgr_manages_accounts_users_and_qos_and_only_admins_change_them(up)
     assert r.returncode == 0 and r.stdout.splitlines()[1].split()[:2] == ["Weights", "1"], r.stdout
     job = run(up, "sbatch", "--parsable", "-H", "-A", "physics", "--wrap", "true").stdout.strip()
     r = run(up, "sprio", "-l", "-j", job)
-    assert r.returncode == 0 and r.stdout.splitlines()[1].split()[:5] == [job, "short", "root", "physics", "0"], r.stdout
+    assert r.returncode == 0 and r.stdout.splitlines()[1].split()[:4] == [job, "short", "root", "0"], r.stdout
+    assert r.stdout.splitlines()[0].split() == ["JOBID", "PARTITION", "USER", "PRIORITY", "SITE", "AGE", "ASSOC",
+                                                "FAIRSHARE", "JOBSIZE", "PARTITION", "QOS", "NICE", "TRES"]
     run(up, "scancel", job)
 
 

@@ -171,6 +171,13 @@ int main(int argc, char **argv) {
         }
     }
     if (i + 1 >= argc) fail("rota-exec: no command after --");
+    for (char **e = command_environment; *e; e++) {   /* SLURM_TASK_PID: this process, which becomes the command */
+        if (!strncmp(*e, "SLURM_TASK_PID=", 15)) {
+            static char task_pid[40];
+            snprintf(task_pid, sizeof task_pid, "SLURM_TASK_PID=%ld", (long)getpid());
+            *e = task_pid;
+        }
+    }
     environ = command_environment;   /* execvp searches this PATH, and the command gets all of it */
     execvp(argv[i + 1], argv + i + 1);
     fail("cannot run %s: %s", argv[i + 1], strerror(errno));
