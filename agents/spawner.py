@@ -74,6 +74,9 @@ while True:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             signal.set_wakeup_fd(-1)
             env = req["env"]
+            umask = env.get("SLURM_UMASK", "")
+            if umask.isdigit() and len(umask) <= 4:     # srun's caller's umask, as Slurm gives it to tasks
+                os.umask(int(umask, 8) & 0o777)
             if "SLURM_TASK_PID" in env:     # the task's own pid: this process becomes it
                 env = {**env, "SLURM_TASK_PID": str(os.getpid())}
             os.execvpe(req["argv"][0], req["argv"], env)

@@ -364,6 +364,7 @@ class Steps:
         t.code, t.sig = (0, -status) if status < 0 else (status, 0)
         if t.stdin_fd is not None:
             _close_stdin(t)
+        await self._send(run, stepio.TASK_ENDED, t.rank, f"{t.code or 0} {t.sig}".encode())   # srun's -K and -W
 
     async def _drain_pipe(self, run: StepRun, t: Task, fd: int, kind: int) -> None:
         loop = asyncio.get_running_loop()

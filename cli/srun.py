@@ -32,7 +32,7 @@ OPTIONS = table(
     ("H", "hold", NO, "hold"),
     ("", "hint", REQUIRED, "~hint"), ("I", "immediate", OPTIONAL, "immediate"), ("i", "input", REQUIRED, "input"),
     ("J", "job-name", REQUIRED, "job_name"),
-    ("", "jobid", REQUIRED, "jobid"), ("K", "kill-on-bad-exit", NO, "~kill-on-bad-exit"),
+    ("", "jobid", REQUIRED, "jobid"), ("K", "kill-on-bad-exit", OPTIONAL, "kill_on_bad_exit"),
     ("l", "label", NO, "label"), ("", "mem", REQUIRED, "mem"), ("", "mem-bind", REQUIRED, "~mem-bind"),
     ("", "mem-per-cpu", REQUIRED, "mem_per_cpu"), ("", "mem-per-gpu", REQUIRED, "mem_per_gpu"),
     ("", "mincpus", REQUIRED, "mincpus"), ("", "mpi", REQUIRED, "~mpi"), ("", "multi-prog", NO, "!multi-prog"),
@@ -43,9 +43,42 @@ OPTIONS = table(
     ("", "propagate", REQUIRED, "~propagate"), ("", "pty", NO, "!pty"), ("q", "qos", REQUIRED, "qos"),
     ("Q", "quiet", NO, "quiet"), ("", "quit-on-interrupt", NO, "quit_on_interrupt"),
     ("t", "time", REQUIRED, "time"), ("u", "unbuffered", NO, "unbuffered"), ("v", "verbose", NO, "verbose", True),
-    ("", "usage", NO, "usage"), ("V", "version", NO, "version"), ("W", "wait", REQUIRED, "~wait"),
+    ("", "usage", NO, "usage"), ("V", "version", NO, "version"), ("W", "wait", REQUIRED, "wait"),
     ("X", "disable-status", NO, "~disable-status"),
 )
+# Environment variables srun reads as options (a command-line option wins), as Slurm 22.05's srun does.
+# Inside a job, only those that shape how the step runs: the job's own environment sets the others.
+ENV_ALWAYS = {"SRUN_CPUS_PER_TASK": "cpus_per_task", "SLURM_DEBUG": "verbose", "SLURM_STDOUTMODE": "output",
+              "SLURM_STDERRMODE": "error", "SLURM_STDINMODE": "input", "SLURM_LABELIO": "label",
+              "SLURM_UNBUFFEREDIO": "unbuffered", "SLURM_KILL_BAD_EXIT": "kill_on_bad_exit", "SLURM_WAIT": "wait",
+              "SLURM_OVERCOMMIT": "overcommit", "SLURM_OVERLAP": "overlap"}
+ENV_OUTSIDE_A_JOB = {"SLURM_ACCOUNT": "account", "SLURM_CONSTRAINT": "constraint", "SLURM_DEPENDENCY": "dependency",
+                     "SLURM_GPUS": "gpus", "SLURM_GPUS_PER_NODE": "gpus_per_node", "SLURM_GPUS_PER_TASK": "gpus_per_task",
+                     "SLURM_GRES": "gres", "SLURM_JOB_NAME": "job_name", "SLURM_JOB_NUM_NODES": "nodes",
+                     "SLURM_MEM_PER_CPU": "mem_per_cpu", "SLURM_MEM_PER_NODE": "mem", "SLURM_NPROCS": "ntasks",
+                     "SLURM_NTASKS": "ntasks", "SLURM_NTASKS_PER_NODE": "ntasks_per_node", "SLURM_PARTITION": "partition",
+                     "SLURM_QOS": "qos", "SLURM_TIMELIMIT": "time", "SLURM_REMOTE_CWD": "chdir",
+                     "SLURM_WORKING_DIR": "chdir"}
+FLAGS_FROM_ENV = frozenset({"label", "unbuffered", "overcommit", "overlap"})
+
+
+def options_from_environment(environ: dict[str, str], in_a_job: bool) -> dict:
+    """The options the environment gives (``SLURM_NTASKS=4`` is ``-n 4``); the command line overrides them."""
+    out: dict = {}
+    for table_ in (ENV_ALWAYS,) if in_a_job else (ENV_OUTSIDE_A_JOB, ENV_ALWAYS):
+        for var, dest in table_.items():
+            value = environ.get(var)
+            if not value:
+                continue
+            if dest == "verbose":
+                out[dest] = [True] * int(value) if value.isdecimal() and int(value) > 0 else None
+            elif dest in FLAGS_FROM_ENV:
+                out[dest] = True if value.lower() not in ("0", "no") else None
+            else:
+                out[dest] = value
+    return {k: v for k, v in out.items() if v is not None}
+
+
 BUSY_RETRY = 1.0
 CONNECT_TIMEOUT = 60.0
 HELLO_WAIT = 5.0          # seconds a connection has to prove it is one of the step's nodes
@@ -84,6 +117,9 @@ def step_body(values: dict, argv: list[str], job_id: int) -> dict:
         env = exported(values.get("export") or os.environ.get("SRUN_EXPORT_ENV"), dict(os.environ))
     except ExportError as exc:
         raise SrunError(f"srun: error: {exc}") from None
+    umask = os.umask(0o022)
+    os.umask(umask)
+    env["SLURM_UMASK"] = f"{umask:04o}"     # the tasks run with the caller's umask, as in Slurm
     body: dict = {"job_id": job_id, "argv": argv, "workdir": values.get("chdir") or os.getcwd(),
                   "env": {k: v for k, v in env.items() if "\0" not in v}, "label": bool(values.get("label"))}
     for key, option in (("ntasks", "--ntasks"), ("nodes", "--nodes"), ("ntasks_per_node", "--ntasks-per-node"),
@@ -93,6 +129,8 @@ def step_body(values: dict, argv: list[str], job_id: int) -> dict:
             body[key] = n
     body.update(_resources(values))
     for key in ("output", "error", "input"):
+        if values.get(key) == "none":      # Slurm's name for nowhere
+            values = {**values, key: "/dev/null"}
         if values.get(key):
             body[key] = values[key]
     if values.get("job_name"):
@@ -146,6 +184,8 @@ def main(argv: list[str], out=None, err=None) -> int:
 
     if answered("srun", values, OPTIONS, sys.stdout, tail="executable [args...]"):
         return 0
+    values = {**options_from_environment(dict(os.environ), bool(values.get("jobid") or os.environ.get("SLURM_JOB_ID")
+                                                               or os.environ.get("SLURM_JOBID"))), **values}
     if not command:
         err.write("srun: fatal: No command given to execute.\n")
         return 1
@@ -240,6 +280,8 @@ class Step:
         self.step_id = -1
         self.ntasks = 0
         self.interrupted = 0.0
+        self.first_end = 0.0          # when the first task ended (``--wait`` counts from it)
+        self.early: dict[int, tuple[int, int]] = {}   # tasks ended, heard as they end (before their node reports)
 
     def run(self) -> int:
         address = _my_address()
@@ -264,9 +306,29 @@ class Step:
             self.err.flush()
         self._meet(listener, len(reply["nodes"]))
         _thread.start_new_thread(self._stdin, ())
+        given = str(self.values.get("wait") or "0")
+        wait = int(given) if given.isdecimal() else 0     # 0: wait for every task, as without --wait
+        kill_on_bad = self.values.get("kill_on_bad_exit") not in (None, "0")
         while not self.done.wait(0.2):
-            pass
+            if wait and self.first_end and time.monotonic() - self.first_end >= wait:
+                self._end_the_rest(wait)
+                wait = 0
+            if kill_on_bad and any(code or sig for code, sig in [*self.early.values(), *self.ends.values()]):
+                self._end_the_rest(0)      # -K: a task that failed ends the step
+                kill_on_bad = False
         return self._result()
+
+    def _end_the_rest(self, wait: int) -> None:
+        """``--wait``: the first task ended that long ago (0: ``-K``, one failed); the others are killed, as Slurm's
+        srun does."""
+        step = f"StepId={self.job_id}.{self.step_id}"
+        running = [t for t in sorted(self.where) if t not in self.ends and t not in self.early]
+        if wait:
+            self.err.write(f"srun: First task exited {wait}s ago\n")
+            self.err.write(f"srun: {step} tasks {_ranges(running)}: running\n" if running else "")
+        self.err.write(f"srun: Terminating {step}\n")
+        self.err.flush()
+        self._send_all(stepio.SIGNAL, stepio.ALL_TASKS, str(int(signal.SIGKILL)).encode())
 
     def _create(self) -> dict:
         from .client import request
@@ -398,6 +460,10 @@ class Step:
                     self._write(kind, rank, data)
                 elif kind == stepio.EXIT:
                     self._ended(rank, *stepio.parse_exit(data))
+                elif kind == stepio.TASK_ENDED:
+                    with self.lock:
+                        self.early[rank] = stepio.parse_exit(data)
+                        self.first_end = self.first_end or time.monotonic()
         except (OSError, ValueError):
             pass
         finally:
@@ -439,6 +505,7 @@ class Step:
                 if rest:
                     self._put(kind, b"%d: %s\n" % (rank, rest))
             self.ends[rank] = (code, sig)
+            self.first_end = self.first_end or time.monotonic()
         self._check_done()
 
     def _check_done(self) -> None:
@@ -449,16 +516,16 @@ class Step:
         """Slurm's words for each task that failed, and the exit status: the highest code, 128+N for signal N."""
         worst = 0
         self.err.flush()
+        failed: dict[tuple[str, int, int], list[int]] = {}      # (node, code, signal) -> its tasks, as Slurm groups them
         for rank in sorted(self.ends):
             code, sig = self.ends[rank]
-            node = self.where.get(rank, "?")
-            if sig:
-                name = _signal_words(sig)
-                self.err.write(f"srun: error: {node}: task {rank}: {name}\n")
-                worst = max(worst, 128 + sig)
-            elif code:
-                self.err.write(f"srun: error: {node}: task {rank}: Exited with exit code {code}\n")
-                worst = max(worst, code)
+            if sig or code:
+                failed.setdefault((self.where.get(rank, "?"), code, sig), []).append(rank)
+                worst = max(worst, 128 + sig if sig else code)
+        for (node, code, sig), ranks in sorted(failed.items(), key=lambda kv: (kv[0][0], kv[1][0])):
+            tasks = f"task {ranks[0]}" if len(ranks) == 1 else f"tasks {_ranges(ranks)}"
+            words = _signal_words(sig) if sig else f"Exited with exit code {code}"
+            self.err.write(f"srun: error: {node}: {tasks}: {words}\n")
         self.err.flush()
         return worst
 

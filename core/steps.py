@@ -67,6 +67,9 @@ def layout(job: Job, ask: StepAsk) -> tuple[tuple[StepAlloc, ...], list[str]]:
     counts = _tasks_per_node(ask, ntasks, nnodes)
     cpt = ask.cpus_per_task or (job.spec.cpus_per_task if job.spec.cpus_per_task_given else 1)
     busy_cpus, busy_gpus = _in_use(job, ask.overlap)
+    if nnodes < len(alloc) and not ask.nodelist:    # a step on some of the nodes: those with room for it first
+        need = max(counts) * cpt
+        alloc = sorted(alloc, key=lambda a: a.cpus - busy_cpus.get(a.node, 0) < need)
     out: list[StepAlloc] = []
     rank = 0
     for a, n in zip(alloc[:nnodes], counts):

@@ -409,3 +409,37 @@ def test_back_to_back_steps_over_the_whole_allocation_do_not_wait(up):
     assert "temporarily disabled" not in text, text
     assert int(text.split("took ")[1]) < 5000
     assert [r[0] for r in up.sacct(jid, "JobID")][2:] == [f"{jid}.{i}" for i in range(6)]
+
+
+# ---------------------------------------------------------------- options scripts and harnesses rely on
+
+
+def test_srun_and_sbatch_options_that_scripts_rely_on(up):
+    r = up.run("srun", "-v", "-N1", "-n2", "true")
+    assert r.returncode == 0 and "srun: ntasks              : 2\n" in r.stderr
+    job = re.search(r"srun: jobid (\d+): nodes\(1\):`n[12]', cpu counts: 2\n", r.stderr)
+    assert job is not None and re.search(rf"launching StepId={job.group(1)}\.0 on host n[12], 2 tasks: \[0-1\]", r.stderr)
+    r = up.run("srun", "--immediate", "--hold", "true", timeout=30)
+    assert r.returncode == 1 and r.stderr.endswith("srun: error: Unable to allocate resources: Requested nodes are busy\n")
+    r = up.run("sbatch", "--wait", "--wrap", "exit 3", timeout=60)
+    assert r.returncode == 3 and r.stdout.startswith("Submitted batch job ")
+    r = up.run("srun", "-n5", "-N1", "-O", "sh", "-c", "echo $SLURM_PROCID", timeout=60)      # 5 tasks, 4 CPUs
+    assert r.returncode == 0 and sorted(r.stdout.split()) == ["0", "1", "2", "3", "4"]
+    r = subprocess.run(["srun", "-N1", "sh", "-c", "echo $SLURM_NTASKS; umask; test $SLURM_TASK_PID = $$ && echo pid"],
+                       env={**up.env, "SLURM_NPROCS": "2", "SLURM_OVERCOMMIT": "1"}, capture_output=True, text=True,
+                       timeout=60, preexec_fn=lambda: os.umask(0o027), cwd=up.base)
+    assert r.returncode == 0 and r.stdout.split() == ["2", "0027", "pid"] * 2, r.stdout + r.stderr
+    started = time.monotonic()
+    r = up.run("srun", "-K", "-n2", "-N1", "sh", "-c", 'test "$SLURM_PROCID" = 1 && exit 4; sleep 30', timeout=60)
+    assert time.monotonic() - started < 20 and "srun: Terminating StepId=" in r.stderr   # -K: one failed, all end
+    assert re.search(r"srun: error: n[12]: task 1: Exited with exit code 4\n", r.stderr)
+    assert r.returncode == 128 + 9         # the highest: task 0, killed (Slurm's rule: 128 + the signal)
+    r = up.run("srun", "-n3", "-N1", "-W1", "sh", "-c", 'test "$SLURM_PROCID" = 1 && exit 0; sleep 30', timeout=60)
+    assert "srun: First task exited 1s ago" in r.stderr and re.search(r"tasks 0,2: (running|Killed)", r.stderr)
+    r = up.run("srun", "--output=none", "echo", "hidden")
+    assert r.returncode == 0 and r.stdout == ""
+    r = up.run("salloc", "--no-shell", "-N1", "-t", "5")
+    held = re.search(r"Granted job allocation (\d+)", r.stderr)
+    assert r.returncode == 0 and held is not None
+    assert up.run("squeue", "-h", "-j", held.group(1), "-o", "%T").stdout == "RUNNING\n"
+    up.run("scancel", held.group(1))

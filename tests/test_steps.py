@@ -62,6 +62,26 @@ def test_slurms_words_for_steps_that_can_never_fit():
     assert warnings == ["can't run 1 processes on 2 nodes, setting nnodes to 1"]
 
 
+def test_one_task_steps_spread_over_the_nodes_with_room_and_overcommit_runs_more_tasks_than_cpus():
+    h = Harness(make_cluster(nodes=4, gpus=0, cpus=8))
+    jid = running(h, nodes=4, nodes_given=True)            # one CPU on each node
+    placed = []
+    for _ in range(4):
+        event, _ = step_create(h.state, jid, StepAsk(ntasks=1), Caller(0, 0, "root"), **FIELDS)
+        batch(h, event)
+        placed.append(event.alloc[0].node)
+    assert placed == ["gpu01", "gpu02", "gpu03", "gpu04"]   # each on a node with a CPU free, as Slurm places them
+    with pytest.raises(Rejected) as busy:
+        step_create(h.state, jid, StepAsk(ntasks=1), Caller(0, 0, "root"), **FIELDS)
+    assert busy.value.code == "busy"
+    lone = h.state.jobs[running(h, overcommit=True, ntasks=5, ntasks_given=True)]
+    assert [a.cpus for a in lone.alloc] == [1]                # -O: CPUs as for one task
+    alloc, _ = layout(lone, StepAsk(ntasks=5, overcommit=True))
+    assert [(a.tasks, a.cpus) for a in alloc] == [((0, 1, 2, 3, 4), 1)]
+    with pytest.raises(StepRefused, match="More processors requested than permitted"):
+        layout(lone, StepAsk(ntasks=5))
+
+
 def test_a_step_started_ended_and_accounted_through_the_reducer_and_the_orders():
     h = Harness(make_cluster(nodes=2, gpus=4, cpus=8))
     jid = running(h, nodes=2, nodes_given=True, ntasks_per_node=1)

@@ -17,6 +17,7 @@ MAX_FRAME = 1 << 20
 
 STDOUT, STDERR, EXIT = 1, 2, 3        # agent -> srun (EXIT carries "code signal" of the task)
 STDIN, STDIN_EOF, SIGNAL = 4, 5, 6     # srun -> agent (SIGNAL carries the signal number)
+TASK_ENDED = 7     # agent -> srun, as a task ends ("code signal"); EXIT follows once the node's end is reported
 ALL_TASKS = 0xFFFFFFFF
 
 
