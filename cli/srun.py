@@ -35,14 +35,15 @@ OPTIONS = table(
     ("", "jobid", REQUIRED, "jobid"), ("K", "kill-on-bad-exit", OPTIONAL, "kill_on_bad_exit"),
     ("l", "label", NO, "label"), ("", "mem", REQUIRED, "mem"), ("", "mem-bind", REQUIRED, "~mem-bind"),
     ("", "mem-per-cpu", REQUIRED, "mem_per_cpu"), ("", "mem-per-gpu", REQUIRED, "mem_per_gpu"),
-    ("", "mincpus", REQUIRED, "mincpus"), ("", "mpi", REQUIRED, "~mpi"), ("", "multi-prog", NO, "!multi-prog"),
+    ("", "mincpus", REQUIRED, "mincpus"), ("", "mpi", REQUIRED, "~mpi"), ("", "multi-prog", NO, "multi_prog"),
     ("w", "nodelist", REQUIRED, "nodelist"),
     ("N", "nodes", REQUIRED, "nodes"), ("n", "ntasks", REQUIRED, "ntasks"),
     ("", "ntasks-per-node", REQUIRED, "ntasks_per_node"), ("o", "output", REQUIRED, "output"),
     ("", "overlap", NO, "overlap"), ("O", "overcommit", NO, "overcommit"), ("p", "partition", REQUIRED, "partition"),
     ("", "propagate", REQUIRED, "~propagate"), ("", "pty", NO, "!pty"), ("q", "qos", REQUIRED, "qos"),
     ("Q", "quiet", NO, "quiet"), ("", "quit-on-interrupt", NO, "quit_on_interrupt"),
-    ("t", "time", REQUIRED, "time"), ("u", "unbuffered", NO, "unbuffered"), ("v", "verbose", NO, "verbose", True),
+    ("t", "time", REQUIRED, "time"), ("", "task-prolog", REQUIRED, "task_prolog"),
+    ("", "task-epilog", REQUIRED, "task_epilog"), ("u", "unbuffered", NO, "unbuffered"), ("v", "verbose", NO, "verbose", True),
     ("", "usage", NO, "usage"), ("V", "version", NO, "version"), ("W", "wait", REQUIRED, "wait"),
     ("X", "disable-status", NO, "~disable-status"),
 )
@@ -51,7 +52,8 @@ OPTIONS = table(
 ENV_ALWAYS = {"SRUN_CPUS_PER_TASK": "cpus_per_task", "SLURM_DEBUG": "verbose", "SLURM_STDOUTMODE": "output",
               "SLURM_STDERRMODE": "error", "SLURM_STDINMODE": "input", "SLURM_LABELIO": "label",
               "SLURM_UNBUFFEREDIO": "unbuffered", "SLURM_KILL_BAD_EXIT": "kill_on_bad_exit", "SLURM_WAIT": "wait",
-              "SLURM_OVERCOMMIT": "overcommit", "SLURM_OVERLAP": "overlap"}
+              "SLURM_OVERCOMMIT": "overcommit", "SLURM_OVERLAP": "overlap", "SLURM_TASK_PROLOG": "task_prolog",
+              "SLURM_TASK_EPILOG": "task_epilog"}
 ENV_OUTSIDE_A_JOB = {"SLURM_ACCOUNT": "account", "SLURM_CONSTRAINT": "constraint", "SLURM_DEPENDENCY": "dependency",
                      "SLURM_GPUS": "gpus", "SLURM_GPUS_PER_NODE": "gpus_per_node", "SLURM_GPUS_PER_TASK": "gpus_per_task",
                      "SLURM_GRES": "gres", "SLURM_JOB_NAME": "job_name", "SLURM_JOB_NUM_NODES": "nodes",
@@ -209,7 +211,10 @@ def main(argv: list[str], out=None, err=None) -> int:
 
             view = allocate("srun", _job_options(values), os.path.basename(command[0]), err, values.get("immediate"))
             job_id = made = int(view["job_id"])
-        step = Step(job_id, step_body(values, command, job_id), out, err, values)
+        argv, extra_env = _program(values, command)
+        body = step_body(values, argv, job_id)
+        body["env"].update(extra_env)
+        step = Step(job_id, body, out, err, values)
         code = step.run()
     except (SrunError, AllocationError) as exc:
         text = str(exc)
@@ -228,6 +233,26 @@ def main(argv: list[str], out=None, err=None) -> int:
             release(made, code if code < 128 else 0, code - 128 if code > 128 else 0,
                     step.step_id if step is not None and step.step_id >= 0 else None)
     return code
+
+
+def _program(values: dict, command: list[str]) -> tuple[list[str], dict[str, str]]:
+    """What the step runs and what it adds to the environment: the command, or with ``--multi-prog`` each
+    task's line of the file it names; with ``--task-prolog``/``--task-epilog`` around it."""
+    import shlex
+
+    from .multiprog import MultiProgError, as_step, script, with_task_scripts
+
+    prolog, epilog = values.get("task_prolog"), values.get("task_epilog")
+    if not values.get("multi_prog") and not prolog and not epilog:
+        return command, {}
+    body = f"exec {shlex.join(command)}"
+    if values.get("multi_prog"):
+        given = str(values.get("ntasks") or "")
+        try:
+            body = script(command[0], int(given) if given.isdecimal() else None)
+        except MultiProgError as exc:
+            raise SrunError(f"srun: error: {exc}") from None
+    return as_step(with_task_scripts(body, prolog, epilog) if prolog or epilog else body, command[0])
 
 
 def _job_information(job_id: int, reply: dict, cpus_per_task: int) -> str:
@@ -257,7 +282,8 @@ def _job_options(values: dict) -> dict:
     """The options that shape the allocation ``srun`` asks for (sbatch's names)."""
     job = {k: v for k, v in values.items() if k not in ("label", "unbuffered", "input", "output", "error", "overlap",
                                                         "quiet", "quit_on_interrupt", "gpus_per_task", "jobid", "verbose",
-                                                        "immediate")}
+                                                        "immediate", "multi_prog", "kill_on_bad_exit", "wait",
+                                                        "task_prolog", "task_epilog")}
     if values.get("gpus_per_task") and not (values.get("gres") or values.get("gpus_per_node")):
         n = _count(values, "gpus_per_task", "--gpus-per-task") or 1
         tasks = _count(values, "ntasks_per_node", "--ntasks-per-node") or _count(values, "ntasks", "--ntasks") or 1

@@ -443,3 +443,24 @@ def test_srun_and_sbatch_options_that_scripts_rely_on(up):
     assert r.returncode == 0 and held is not None
     assert up.run("squeue", "-h", "-j", held.group(1), "-o", "%T").stdout == "RUNNING\n"
     up.run("scancel", held.group(1))
+
+
+def test_multi_prog_runs_each_task_s_line_and_task_scripts_wrap_each_task(up):
+    conf = up.base / "mpmd.conf"
+    conf.write_text("# comment\n1-2   echo task:%t:offset:%o\n0,3   echo 'two words' \\\ntask:%t:offset:%o\n")
+    r = up.run("srun", "-n4", "-N1", "-O", "-l", "--multi-prog", str(conf))
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.splitlines()) == ["0: two words task:0:offset:0", "1: task:1:offset:0", "2: task:2:offset:1",
+                                             "3: two words task:3:offset:1"]
+    r = up.run("srun", "-n5", "-N1", "-O", "--multi-prog", str(conf))
+    assert r.returncode == 1 and f"Configuration file {conf} invalid, no record for task id 4" in r.stderr
+    prolog, epilog, marker = up.base / "prolog.sh", up.base / "epilog.sh", up.base / "epilog-ran"
+    prolog.write_text("#!/bin/sh\necho 'export GREETING=hello there'\necho 'print from the prolog'\necho 'unset HOME'\n")
+    epilog.write_text(f"#!/bin/sh\necho $SLURM_PROCID >> {marker}\n")
+    for script in (prolog, epilog):
+        script.chmod(0o755)
+    r = up.run("srun", "-n2", "-N1", f"--task-prolog={prolog}", f"--task-epilog={epilog}", "sh", "-c",
+               'echo "$GREETING/${HOME:-none}/${ROTA_TASK_SCRIPT:-gone}"; exit 5')
+    assert r.returncode == 5
+    assert sorted(r.stdout.splitlines()) == ["from the prolog"] * 2 + ["hello there/none/gone"] * 2
+    assert sorted(marker.read_text().split()) == ["0", "1"]
