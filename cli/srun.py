@@ -20,6 +20,10 @@ from .options import NO, OPTIONAL, REQUIRED, OptionError, node_count, parse, tab
 
 from rota.wire import stepio
 
+TYPE_CHECKING = False     # (typing's, without importing typing: srun starts light)
+if TYPE_CHECKING:
+    from .stepfiles import Files
+
 OPTIONS = table(
     ("A", "account", REQUIRED, "account"), ("", "acctg-freq", REQUIRED, "~acctg-freq"),
     ("b", "begin", REQUIRED, "begin"), ("D", "chdir", REQUIRED, "chdir"), ("C", "constraint", REQUIRED, "constraint"),
@@ -212,9 +216,12 @@ def main(argv: list[str], out=None, err=None) -> int:
             view = allocate("srun", _job_options(values), os.path.basename(command[0]), err, values.get("immediate"))
             job_id = made = int(view["job_id"])
         argv, extra_env = _program(values, command)
-        body = step_body(values, argv, job_id)
+        from .stepfiles import STREAMS, Files, srun_side
+
+        files = Files({k: values[k] for k in STREAMS if srun_side(values.get(k))})
+        body = step_body({k: v for k, v in values.items() if k not in files.given}, argv, job_id)
         body["env"].update(extra_env)
-        step = Step(job_id, body, out, err, values)
+        step = Step(job_id, body, out, err, values, files)
         code = step.run()
     except (SrunError, AllocationError) as exc:
         text = str(exc)
@@ -294,8 +301,9 @@ def _job_options(values: dict) -> dict:
 class Step:
     """One step's life on the srun side: create it, meet its nodes, relay its I/O, collect its ends."""
 
-    def __init__(self, job_id: int, body: dict, out, err, values: dict) -> None:
+    def __init__(self, job_id: int, body: dict, out, err, values: dict, files: "Files | None" = None) -> None:
         self.job_id, self.body, self.out, self.err, self.values = job_id, body, out, err, values
+        self.files = files            # -o/-e/-i files srun keeps itself (rota.cli.stepfiles.Files)
         self.key = os.urandom(24).hex()
         self.lock = _thread.allocate_lock()
         self.conns: list[socket.socket] = []
@@ -323,6 +331,12 @@ class Step:
         self._install_signals()
         reply = self._create()
         self.step_id, self.ntasks = int(reply["step_id"]), int(reply["ntasks"])
+        if self.files is not None and self.files.given:
+            try:
+                self.files.open(self.job_id, self.step_id, self.body.get("name") or "")
+            except OSError as exc:
+                raise SrunError(f"srun: error: {exc}") from None
+            self.out = self.files.out or self.out
         for node, tasks in zip(reply["nodes"], reply["tasks"]):
             for t in tasks:
                 self.where[t] = node
@@ -342,7 +356,11 @@ class Step:
             if kill_on_bad and any(code or sig for code, sig in [*self.early.values(), *self.ends.values()]):
                 self._end_the_rest(0)      # -K: a task that failed ends the step
                 kill_on_bad = False
-        return self._result()
+        try:
+            return self._result()
+        finally:
+            if self.files is not None:
+                self.files.close()
 
     def _end_the_rest(self, wait: int) -> None:
         """``--wait``: the first task ended that long ago (0: ``-K``, one failed); the others are killed, as Slurm's
@@ -516,7 +534,7 @@ class Step:
             self.out.write(data)
             self.out.flush()
             return
-        sink = getattr(self.err, "buffer", None)
+        sink = self.files.err if self.files is not None and self.files.err is not None else getattr(self.err, "buffer", None)
         if sink is None:
             self.err.write(data.decode(errors="replace"))
         else:
@@ -566,7 +584,7 @@ class Step:
     def _stdin(self) -> None:
         """Forward srun's stdin to every task (Slurm's default), then its end."""
         try:
-            fd = sys.stdin.fileno()
+            fd = self.files.stdin_fd if self.files is not None and self.files.stdin_fd is not None else sys.stdin.fileno()
         except (AttributeError, ValueError, OSError):
             self._send_all(stepio.STDIN_EOF, stepio.ALL_TASKS)
             return

@@ -464,3 +464,17 @@ def test_multi_prog_runs_each_task_s_line_and_task_scripts_wrap_each_task(up):
     assert r.returncode == 5
     assert sorted(r.stdout.splitlines()) == ["from the prolog"] * 2 + ["hello there/none/gone"] * 2
     assert sorted(marker.read_text().split()) == ["0", "1"]
+
+
+def test_one_output_file_for_a_whole_step_gathers_every_node_s_tasks(up):
+    """``-o FILE`` with no per-task pattern: srun writes it, so tasks on both nodes land in it (Slurm's srun);
+    ``-i FILE`` goes to every task; ``%t`` still gives each task its own file."""
+    source = up.base / "in.txt"
+    source.write_text("".join(f"{i}\n" for i in range(500)))
+    out = up.base / "all-%j.out"
+    r = up.run("srun", "-N2", "-n4", f"--input={source}", f"--output={out}", "--error=/dev/null", "cat", "-")
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    [written] = list(up.base.glob("all-*.out"))
+    assert written.read_text().count("\n") == 4 * 500
+    r = up.run("srun", "-N2", "-n2", "-o", str(up.base / "each-%t.out"), "hostname")
+    assert r.returncode == 0 and sorted(p.name for p in up.base.glob("each-*.out")) == ["each-0.out", "each-1.out"]
