@@ -116,7 +116,8 @@ def script(path: str, ntasks: int | None) -> str:
 def with_task_scripts(body: str, prolog: str | None, epilog: str | None) -> str:
     """``--task-prolog``/``--task-epilog`` around ``body`` (a script): each task runs the prolog first, taking
     what it prints as Slurm does (``export NAME=value``, ``unset NAME``, ``print TEXT``), then its command, then
-    the epilog (the task's exit status stays its command's)."""
+    the epilog, apart from the task's output and not waited for (the task's exit status stays its command's; what
+    the epilog leaves running ends with the step)."""
     lines = []
     if prolog:
         lines += [f"__rota_said=$({shlex.quote(prolog)}) || true",
@@ -128,7 +129,8 @@ def with_task_scripts(body: str, prolog: str | None, epilog: str | None) -> str:
                   '  esac',
                   'done <<__ROTA_END__', '$__rota_said', '__ROTA_END__']
     if epilog:
-        lines += ["(", body, ")", "__rota_code=$?", f"{shlex.quote(epilog)} || true", 'exit "$__rota_code"']
+        lines += ["(", body, ")", "__rota_code=$?", f"{shlex.quote(epilog)} </dev/null >/dev/null 2>&1 &",
+                  'exit "$__rota_code"']
     else:
         lines += [body]
     return "\n".join(lines)

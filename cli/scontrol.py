@@ -430,6 +430,7 @@ def job_verb(verb: str, ids: list[str]) -> list[str]:
 
 def show_config() -> list[str]:
     """``scontrol show config``: the configuration the controller runs on, in Slurm's ``Key = Value`` layout."""
+    from rota.core.steps import MAX_TASKS_PER_NODE
     from rota.core.timefmt import format_duration
 
     reply = _request("config", {})
@@ -444,7 +445,8 @@ def show_config() -> list[str]:
         ("AuthType", "auth/rota (SO_PEERCRED, key-signed credentials)"),
         ("AuthInfo", f"ttl={auth['cred_ttl']}"), ("ClusterName", c["cluster_name"]),
         ("EnforcePartLimits", sched["enforce_part_limits"]), ("GresTypes", ",".join(c["gres_types"]) or "(null)"),
-        ("JobRequeue", "1"), ("MaxArraySize", str(sched["max_array_size"])), ("MinJobAge", f"{sched['min_job_age']} sec"),
+        ("JobRequeue", "1"), ("MaxArraySize", str(sched["max_array_size"])),
+        ("MaxTasksPerNode", str(MAX_TASKS_PER_NODE)), ("MinJobAge", f"{sched['min_job_age']} sec"),
         ("PreemptType", f"preempt/{c.get('preempt_type', 'none')}"),
         ("PreemptMode", str(c.get("preempt_mode", "off")).upper()),
         ("DefMemPerCPU", _default_memory(c)), ("PriorityFavorSmall", "Yes" if prio["favor_small"] else "No"),

@@ -19,7 +19,7 @@ OPTIONS = table(
     ("o", "format", REQUIRED, "format"), ("O", "Format", REQUIRED, "Format"), ("p", "partition", REQUIRED, "partitions"),
     ("P", "priority", NO, "!priority"), ("q", "qos", REQUIRED, "!qos"), ("R", "reservation", REQUIRED, "!reservation"),
     ("", "sibling", NO, "~sibling"), ("S", "sort", REQUIRED, "sort"), ("", "start", NO, "start"),
-    ("t", "states", REQUIRED, "states"), ("s", "steps", OPTIONAL, "!steps"), ("u", "user", REQUIRED, "users"),
+    ("t", "states", REQUIRED, "states"), ("s", "steps", OPTIONAL, "steps"), ("u", "user", REQUIRED, "users"),
     ("", "usage", NO, "usage"), ("v", "verbose", NO, "verbose"), ("V", "version", NO, "version"),
     ("", "json", NO, "!json"), ("", "yaml", NO, "!yaml"))
 
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         o.pop("jobs")
     request = {k: v for k, v in o.items() if k in ("jobs", "users", "partitions", "states", "format", "Format",
                                                    "noheader", "long", "start", "me", "names", "nodelist", "array", "sort",
-                                                   "clusters")}
+                                                   "clusters", "steps")}
     from .client import NoCluster, request as send
 
     try:

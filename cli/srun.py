@@ -46,7 +46,7 @@ OPTIONS = table(
     ("", "overlap", NO, "overlap"), ("O", "overcommit", NO, "overcommit"), ("p", "partition", REQUIRED, "partition"),
     ("", "propagate", REQUIRED, "~propagate"), ("", "pty", NO, "!pty"), ("q", "qos", REQUIRED, "qos"),
     ("Q", "quiet", NO, "quiet"), ("", "quit-on-interrupt", NO, "quit_on_interrupt"),
-    ("t", "time", REQUIRED, "time"), ("", "task-prolog", REQUIRED, "task_prolog"),
+    ("t", "time", REQUIRED, "time"), ("", "task-prolog", REQUIRED, "task_prolog"), ("T", "threads", REQUIRED, "~threads"),
     ("", "task-epilog", REQUIRED, "task_epilog"), ("u", "unbuffered", NO, "unbuffered"), ("v", "verbose", NO, "verbose", True),
     ("", "usage", NO, "usage"), ("V", "version", NO, "version"), ("W", "wait", REQUIRED, "wait"),
     ("X", "disable-status", NO, "~disable-status"),
@@ -218,7 +218,9 @@ def main(argv: list[str], out=None, err=None) -> int:
         argv, extra_env = _program(values, command)
         from .stepfiles import STREAMS, Files, srun_side
 
-        files = Files({k: values[k] for k in STREAMS if srun_side(values.get(k))})
+        files = Files({k: values[k] for k in STREAMS if srun_side(values.get(k))},
+                      values.get("job_name") or (os.environ.get("SLURM_JOB_NAME", "") if given
+                                                  else os.path.basename(command[0])))
         body = step_body({k: v for k, v in values.items() if k not in files.given}, argv, job_id)
         body["env"].update(extra_env)
         step = Step(job_id, body, out, err, values, files)
@@ -333,7 +335,7 @@ class Step:
         self.step_id, self.ntasks = int(reply["step_id"]), int(reply["ntasks"])
         if self.files is not None and self.files.given:
             try:
-                self.files.open(self.job_id, self.step_id, self.body.get("name") or "")
+                self.files.open(self.job_id, self.step_id)
             except OSError as exc:
                 raise SrunError(f"srun: error: {exc}") from None
             self.out = self.files.out or self.out

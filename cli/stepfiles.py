@@ -17,7 +17,8 @@ def srun_side(value: object) -> bool:
 
 
 def expand(pattern: str, job_id: int, step_id: int, name: str) -> str:
-    """Slurm's step-wide patterns: ``%j`` job, ``%J`` job.step, ``%s`` step, ``%u`` user, ``%x`` name, ``%%``."""
+    """Slurm's step-wide patterns: ``%j`` job, ``%J`` job.step, ``%s`` step, ``%u`` user, ``%x`` the job's name,
+    ``%%``."""
     import pwd
 
     try:
@@ -36,15 +37,15 @@ def expand(pattern: str, job_id: int, step_id: int, name: str) -> str:
 class Files:
     """The streams srun keeps for a step: where tasks' stdout and stderr go, where their stdin comes from."""
 
-    def __init__(self, given: dict[str, str]) -> None:
-        self.given = given
+    def __init__(self, given: dict[str, str], job_name: str = "") -> None:
+        self.given, self.job_name = given, job_name
         self.out: BinaryIO | None = None
         self.err: BinaryIO | None = None
         self.stdin_fd: int | None = None
 
-    def open(self, job_id: int, step_id: int, name: str) -> None:
+    def open(self, job_id: int, step_id: int) -> None:
         """Open the files now that the step has its id (output and error the same file: one)."""
-        paths = {k: expand(v, job_id, step_id, name) for k, v in self.given.items()}
+        paths = {k: expand(v, job_id, step_id, self.job_name) for k, v in self.given.items()}
         try:
             if "output" in paths:
                 self.out = open(paths["output"], "wb")      # kept open for the step's life

@@ -186,6 +186,7 @@ class Squeue(Request):
     array: bool = False              # -r: an array's pending tasks one per line
     sort: Filter | None = None       # -S: sort fields
     clusters: Filter | None = None   # -M: this cluster's name, or all
+    steps: bool | Filter | None = None   # -s: the running steps (of these, when given: "7.0,8")
 
 
 class Accounting(Request):

@@ -114,15 +114,16 @@ COLUMNS: dict[str, Column] = {
 NOW_DEPENDENT = frozenset("ML")   # specifiers whose text for a running job changes every second
 
 
-def compile_format(fmt: str) -> tuple[str, list[str]]:
+def compile_format(fmt: str, columns: dict[str, Column] | None = None) -> tuple[str, list[str]]:
     """A ``-o`` format as a ``str.format`` template and its specifiers, in order: ``%[.][size]X``;
     a size pads and truncates, ``.`` right-justifies."""
+    columns = COLUMNS if columns is None else columns
     template: list[str] = []
     codes: list[str] = []
     pos = 0
     for m in SPEC.finditer(fmt):
         code = m.group(3)
-        if code not in COLUMNS:
+        if code not in columns:
             raise FormatError(f"Invalid job format specification: {code}")
         template.append(fmt[pos:m.start()].replace("{", "{{").replace("}", "}}"))
         size = m.group(2)
@@ -138,14 +139,16 @@ def compile_format(fmt: str) -> tuple[str, list[str]]:
     return "".join(template), codes
 
 
-def render(fmt: str, jobs: list[dict], now: int, header: bool = True) -> list[str]:
+def render(fmt: str, jobs: list[dict], now: int, header: bool = True, columns: dict[str, Column] | None = None
+           ) -> list[str]:
     """Apply a ``-o`` format to ``jobs`` (rows without trailing blanks, as Slurm prints them)."""
-    template, codes = compile_format(fmt)
-    getters = [COLUMNS[c].value for c in codes]
+    columns = COLUMNS if columns is None else columns
+    template, codes = compile_format(fmt, columns)
+    getters = [columns[c].value for c in codes]
     fill = template.format
     rows = []
     if header:
-        rows.append(fill(*(COLUMNS[c].header for c in codes)).rstrip())
+        rows.append(fill(*(columns[c].header for c in codes)).rstrip())
     for job in jobs:
         rows.append(fill(*[g(job, now) for g in getters]).rstrip())
     return rows

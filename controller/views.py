@@ -77,6 +77,11 @@ class Views:
         from .squeue_view import answer, requested_ids, select_jobs, wants_ended
 
         clean = self._squeue_request(request, caller)
+        if clean.get("steps"):
+            from .squeue_steps import answer_steps
+
+            return orjson.dumps(answer_steps(self.c.state, clean, caller.uid if private_jobs(self.c.state, caller)
+                                             else None, int(self.c.now())))
         chosen = select_jobs(self.c.state, clean)    # a few jobs of a long queue: only their rows are made
         if chosen is None:
             full = view = self.queue_view()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from .events import NodeAlloc, StepAlloc
 from .state import Job
 
+MAX_TASKS_PER_NODE = 512    # Slurm's MaxTasksPerNode default: a step's tasks on one node
 STEP_STATE_RANK = {"COMPLETED": 0, "FAILED": 1, "TIMEOUT": 2, "CANCELLED": 3, "OUT_OF_MEMORY": 4, "NODE_FAIL": 5}
 """How bad each end is: a step ends as the worst of its nodes' (and a node as the worst of its tasks')."""
 
@@ -65,6 +66,8 @@ def layout(job: Job, ask: StepAsk) -> tuple[tuple[StepAlloc, ...], list[str]]:
     warnings: list[str] = []
     ntasks, nnodes = _task_and_node_counts(job, ask, len(alloc), warnings)
     counts = _tasks_per_node(ask, ntasks, nnodes)
+    if max(counts, default=0) > MAX_TASKS_PER_NODE:
+        raise StepRefused("Requested node configuration is not available")
     cpt = ask.cpus_per_task or (job.spec.cpus_per_task if job.spec.cpus_per_task_given else 1)
     busy_cpus, busy_gpus = _in_use(job, ask.overlap)
     if nnodes < len(alloc) and not ask.nodelist:    # a step on some of the nodes: those with room for it first

@@ -463,7 +463,7 @@ def test_multi_prog_runs_each_task_s_line_and_task_scripts_wrap_each_task(up):
                'echo "$GREETING/${HOME:-none}/${ROTA_TASK_SCRIPT:-gone}"; exit 5')
     assert r.returncode == 5
     assert sorted(r.stdout.splitlines()) == ["from the prolog"] * 2 + ["hello there/none/gone"] * 2
-    assert sorted(marker.read_text().split()) == ["0", "1"]
+    wait_for(lambda: marker.exists() and sorted(marker.read_text().split()) == ["0", "1"], 10, "both epilogs")
 
 
 def test_one_output_file_for_a_whole_step_gathers_every_node_s_tasks(up):
