@@ -177,6 +177,20 @@ def _resources(values: dict) -> dict:
 def main(argv: list[str], out=None, err=None) -> int:
     out = out or sys.stdout.buffer
     err = err or sys.stderr
+    parsed = _parsed(argv, err)
+    if isinstance(parsed, int):
+        return parsed
+    values, command = parsed
+    if values.get("verbose"):
+        from .options import defined_options
+
+        err.write("".join(line + "\n" for line in defined_options("srun", values, OPTIONS)))
+    return _run(values, command, out, err)
+
+
+def _parsed(argv: list[str], err) -> tuple[dict, list[str]] | int:
+    """The options and command srun was given (the environment's options beneath them), or its exit code when
+    it has nothing to run: a bad option, --help/--usage, no command."""
     try:
         values, command = parse("srun", argv, OPTIONS, stop_at_operand=True)
         from .options import unsupported
@@ -195,10 +209,11 @@ def main(argv: list[str], out=None, err=None) -> int:
     if not command:
         err.write("srun: fatal: No command given to execute.\n")
         return 1
-    if values.get("verbose"):
-        from .options import defined_options
+    return values, command
 
-        err.write("".join(line + "\n" for line in defined_options("srun", values, OPTIONS)))
+
+def _run(values: dict, command: list[str], out, err) -> int:
+    """Run the step, in the job given or in an allocation made for it and given back after."""
     from .client import AllocationError, NoCluster
 
     given = values.get("jobid") or os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID")
