@@ -382,4 +382,7 @@ class JetStreamLog:
             await asyncio.wait_for(self.nc.flush(), timeout=2)
         except Exception:  # noqa: BLE001 - closing anyway
             pass
-        await self.nc.close()
+        try:
+            await self.nc.close()
+        except OSError:     # the server dropped the connection first: it is closed either way
+            pass
