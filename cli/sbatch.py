@@ -60,7 +60,7 @@ OPTIONS = table(
     ("", "mail-type", REQUIRED, "~mail-type"), ("", "mail-user", REQUIRED, "~mail-user"),
     ("", "mcs-label", REQUIRED, "!mcs-label"), ("", "mem", REQUIRED, "mem"), ("", "mem-bind", REQUIRED, "~mem-bind"),
     ("", "mem-per-cpu", REQUIRED, "mem_per_cpu"), ("", "mem-per-gpu", REQUIRED, "mem_per_gpu"),
-    ("", "mincpus", REQUIRED, "mincpus"), ("", "network", REQUIRED, "!network"), ("", "nice", OPTIONAL, "!nice"),
+    ("", "mincpus", REQUIRED, "mincpus"), ("", "network", REQUIRED, "!network"), ("", "nice", OPTIONAL, "nice"),
     ("k", "no-kill", OPTIONAL, "~no-kill"), ("", "no-requeue", NO, "no_requeue"), ("F", "nodefile", REQUIRED, "!nodefile"),
     ("w", "nodelist", REQUIRED, "nodelist"), ("N", "nodes", REQUIRED, "nodes"), ("n", "ntasks", REQUIRED, "ntasks"),
     ("", "ntasks-per-core", REQUIRED, "!ntasks-per-core"), ("", "ntasks-per-gpu", REQUIRED, "!ntasks-per-gpu"),
@@ -222,6 +222,7 @@ def spec_from_options(o: dict, script: str, default_name: str, now: float | None
     _counts(o, spec)
     _memory_and_gpus(o, spec)
     _times(o, spec, now)
+    _nice(o, spec)
     _lists(o, spec)
     return spec
 
@@ -302,6 +303,24 @@ def _times(o: dict, spec: dict, now: float | None) -> None:
             spec["begin"] = parse_moment(o["begin"], time.time() if now is None else now, future=True)
         except MomentError as exc:
             raise SbatchError(f"{exc}\nsbatch: error: Invalid --begin specification", 255) from None
+
+
+def _nice(o: dict, spec: dict) -> None:
+    """--nice[=ADJUSTMENT]: 100 when no adjustment is given, as in Slurm; a negative one is for operators (the
+    controller checks)."""
+    value = o.get("nice")
+    if value is None:
+        return
+    from rota.core.limits import MAX_NICE
+
+    try:
+        nice = 100 if value is True else int(str(value).strip())
+    except ValueError:
+        raise SbatchError(f"sbatch: error: Invalid --nice value: {value} (give a whole number, as --nice=100)",
+                          1) from None
+    if abs(nice) > MAX_NICE:
+        raise SbatchError(f"sbatch: error: Invalid --nice value, out of range (+/- {MAX_NICE})", 1)
+    spec["nice"] = nice
 
 
 def _lists(o: dict, spec: dict) -> None:

@@ -7,10 +7,10 @@ from typing import Iterable, NamedTuple, Sequence
 from . import events as ev
 from .fairshare import factors
 from .preempt import Preempter
-from .priority import PriorityContext
+from .priority import JobSize, PriorityContext
 from .profile import INF, ShapeSearch, Timeline
 from .reasons import Reason
-from .request import NodeRequest, constraint_matches, node_request, partition_shape
+from .request import NodeRequest, constraint_matches, effective_time_limit, node_request, partition_shape
 from .state import RUNNING, Job, Node, State
 from .usage_limits import LimitUse, limits_enforced
 
@@ -86,7 +86,8 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         self.preempter = Preempter(state, now) if cfg.preempt_type == "qos" and \
             any(q.preempt for q in state.qos.values()) else None
         shares = factors(state, now) if cfg.priority.fairshare and state.associations else None
-        self.prio_ctx = PriorityContext(cfg, sum(n.cpus for n in state.nodes.values()), state.qos, shares)
+        self.prio_ctx = PriorityContext(cfg, sum(n.cpus for n in state.nodes.values()), state.qos, shares,
+                                        len(state.nodes))
         default = cfg.default_partition()
         self.default_parts: tuple[str, ...] = (default.name,) if default is not None else ()
 
@@ -173,6 +174,15 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         tls = [self.timelines[n.name] for n in nodes if n.name in self.timelines]
         self.filters[key] = (tls, nodes)
         return tls, nodes
+
+    def job_size(self, job: Job, part: str) -> JobSize:
+        """What the job-size factor reads of the job in ``part``: its nodes, the CPUs it will hold (all of its
+        nodes' with ``--exclusive``) and its time limit in minutes."""
+        req = self.request(job, part)
+        cpus = req.nnodes * self.part_shapes[part].max_cpus if req.whole_cpus and part in self.part_shapes \
+            else req.total_cpus
+        limit = effective_time_limit(job.time_limit, self.parts[part]) if part in self.parts else 0
+        return JobSize(req.nnodes, cpus, limit // 60 if limit else 0xFFFFFFFF)
 
     def request(self, job: Job, part: str) -> NodeRequest:
         """The job's per-node request in ``part`` (kept by apply for its first partition)."""

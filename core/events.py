@@ -75,6 +75,7 @@ class PriorityWeights(Model):
     favor_small: bool = False
     decay_half_life: int = 7 * 86400  # PriorityDecayHalfLife, seconds (0: no decay)
     fair_tree: bool = True            # False: PriorityFlags=NO_FAIR_TREE (classic fair-share)
+    small_relative_to_time: bool = False   # PriorityFlags=SMALL_RELATIVE_TO_TIME: job size per minute of its limit
 
 
 class SchedulerParams(Model):

@@ -101,6 +101,13 @@ NUMBERS: dict[str, str] = {
     "QOSMaxCpuPerUserLimit": "the user's running jobs under QOS {about} hold {asked} CPUs, this job adds {note}; "
                              "MaxTRESPerUser allows {limit}",
 }
+# GrpTRESMins without AccountingStorageEnforce=safe: only the minutes already used count
+USED_ONLY = {
+    "AssocGrpCPUMinutesLimit": "account {about} has used {asked} CPU-minutes; GrpTRESMins allows {limit} (without "
+                               "AccountingStorageEnforce=safe jobs start until the minutes are used up)",
+    "AssocGrpGRESMinutes": "account {about} has used {asked} GPU-minutes; GrpTRESMins allows {limit} (without "
+                           "AccountingStorageEnforce=safe jobs start until the minutes are used up)",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +139,8 @@ class Reason:
 
     def numbers(self) -> str:
         """The numbers behind the reason, in words ("" when it has none)."""
-        template = NUMBERS.get(self.code)
+        template = USED_ONLY.get(self.code) if not self.note else None
+        template = template or NUMBERS.get(self.code)
         if template is not None:
             return template.format(about=self.about, asked=self.asked, limit=self.limit, note=self.note, at=self.at)
         if self.code == "ReqNodeNotAvail":

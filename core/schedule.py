@@ -188,7 +188,7 @@ def _rank_key(cy: Cycle, job: Job, parts: Sequence[str]) -> tuple[int, int, int,
     """The job's place in priority order (smaller first): PriorityTier, priority, submit order, id."""
     part0 = cy.parts[parts[0]]
     tier = part0.priority_tier if len(parts) == 1 else max(cy.parts[p].priority_tier for p in parts)
-    prio = job_priority(job, cy.now, part0, cy.request(job, parts[0]).total_cpus, cy.prio_ctx)
+    prio = job_priority(job, cy.now, part0, cy.job_size(job, parts[0]), cy.prio_ctx)
     return (-tier, -prio, job.submit_seq, job.job_id)
 
 
@@ -248,8 +248,7 @@ def factors_of(state: State, now: int, job_ids: Iterable[int]) -> dict[int, tupl
         parts = cy.job_parts(job)
         if not parts or parts[0] not in cy.parts:
             continue
-        out[jid] = (parts[0], priority_factors(job, now, cy.parts[parts[0]], cy.request(job, parts[0]).total_cpus,
-                                               cy.prio_ctx))
+        out[jid] = (parts[0], priority_factors(job, now, cy.parts[parts[0]], cy.job_size(job, parts[0]), cy.prio_ctx))
     return out
 
 

@@ -620,6 +620,11 @@ def _parse_globals(ctx: _Ctx, vals: dict[str, tuple[int, str]]
                 setting = known[1](ctx, lineno, key.strip().lower(), v)
                 if setting is not None:
                     found["sched"][known[0]] = setting
+    if "priorityflags" in vals:
+        words = {w.strip().upper() for w in vals["priorityflags"][1].split(",")}
+        found["prio"]["small_relative_to_time"] = "SMALL_RELATIVE_TO_TIME" in words
+    for weight in ("age", "fairshare", "job_size", "partition", "qos"):
+        found["prio"].setdefault(weight, 0)       # Slurm's default weight: a factor counts only where the site says
     cluster = vals.get("clustername", (0, "rota"))[1]
     found["sched"].setdefault("bf_max_job_test", SLURM_BF_MAX_JOB_TEST)
     return ev.SchedulerParams(**found["sched"]), ev.PriorityWeights(**found["prio"]), cluster

@@ -29,7 +29,8 @@ class LimitUse:
     """Running jobs, CPUs and GPUs per (user, QOS), per (user, account) and per account (with its
     sub-accounts'), from the running jobs at ``now``; a cycle adds what it starts."""
 
-    __slots__ = ("qos", "accounts", "assocs", "use", "by_assoc", "by_account", "used", "reserved", "parents")
+    __slots__ = ("qos", "accounts", "assocs", "use", "by_assoc", "by_account", "used", "reserved", "parents",
+                 "safe", "accrued", "now")
 
     def __init__(self, state: State, now: int) -> None:
         self.qos: dict[str, QosRecord] = state.qos
@@ -42,6 +43,11 @@ class LimitUse:
         # ended runs: CPU- and GPU-seconds per account and below, decayed to now
         self.used = rolled_up(state.usage, self.parents, now, half_life)
         self.reserved: dict[str, list[int]] = {}      # running jobs, to their limits (-1: one has none)
+        self.accrued: dict[str, list[int]] = {}       # running jobs, so far
+        # AccountingStorageEnforce=safe: a job starts only if it cannot break a GrpTRESMins limit by running to
+        # its own limit; without it, only once the minutes used reach the limit
+        self.safe = state.config is not None and "safe" in state.config.accounting_enforce
+        self.now = now
         jobs = state.jobs
         for jid in state.running:
             job = jobs[jid]
@@ -63,6 +69,10 @@ class LimitUse:
             else:
                 r[0] += cpus * limit
                 r[1] += gpus * limit
+            if job.alloc and job.start_time < self.now:
+                so_far = self.accrued.setdefault(account, [0, 0])
+                so_far[0] += cpus * (self.now - job.start_time)
+                so_far[1] += gpus * (self.now - job.start_time)
             a = self.by_account.setdefault(account, [0, 0, 0])
             a[0] += 1
             a[1] += cpus
@@ -95,6 +105,11 @@ class LimitUse:
         for i, (tres, code) in enumerate(checks):
             cap = account.grp_tres_mins.get(tres)
             if cap is None or (i == 1 and not want[1]):
+                continue
+            if not self.safe:
+                so_far = (used[i] + self.accrued.get(account.name, (0, 0))[i]) // 60
+                if so_far >= cap:
+                    return Reason(code, about=account.name, asked=so_far, limit=cap)
                 continue
             if reserved[i] < 0 or limit <= 0:     # a job without a time limit could use any number of minutes
                 return Reason(code, about=account.name, asked=(used[i] + max(reserved[i], 0)) // 60, limit=cap,

@@ -217,7 +217,7 @@ def test_a_qos_priority_from_sacctmgr_ranks_its_jobs():
 
 
 def test_grp_tres_mins_counts_what_ended_runs_used_and_running_jobs_reserve():
-    h = harness(("associations", "limits"))
+    h = harness(("associations", "limits", "safe"))
     h.put(plan(h.state, "modify", "account", ["theory"], {}, {"grptresmins": "cpu=100,gres/gpu=30"}))
     a = h.submit(user="alice", uid=1001, account="theory", time_limit=3600)
     b = h.submit(user="alice", uid=1001, account="theory", time_limit=3600)
@@ -240,11 +240,23 @@ def test_grp_tres_mins_counts_what_ended_runs_used_and_running_jobs_reserve():
     assert back.usage == h.state.usage
 
 
+def test_without_safe_grp_tres_mins_stops_jobs_only_once_the_minutes_are_used():
+    h = harness(("associations", "limits"))
+    h.put(plan(h.state, "modify", "account", ["theory"], {}, {"grptresmins": "cpu=100"}))
+    big = h.submit(user="alice", uid=1001, account="theory", cpus_per_task=4, time_limit=1920)   # 128 CPU-minutes
+    assert [s.job_id for s in h.cycle().starts] == [big]        # Slurm starts it: nothing is used yet
+    h.advance(1500)                                             # 100 CPU-minutes used so far
+    late = h.submit(user="alice", uid=1001, account="theory", time_limit=60)
+    why = h.cycle().pending[late].why
+    assert (why.code, why.asked, why.limit) == ("AssocGrpCPUMinutesLimit", 100, 100)
+    assert why.numbers().startswith("account theory has used 100 CPU-minutes; GrpTRESMins allows 100")
+
+
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 4), st.integers(1, 60), st.integers(0, 59)), min_size=1, max_size=20),
        st.integers(30, 400))
 def test_an_accounts_used_and_reserved_minutes_never_pass_its_grp_tres_mins(jobs, cap):
-    h = harness(("associations", "limits"))
+    h = harness(("associations", "limits", "safe"))
     h.put(plan(h.state, "modify", "account", ["theory"], {}, {"grptresmins": f"cpu={cap}"}))
     for cpus, minutes, ran in jobs:
         h.submit(user="alice", uid=1001, account="theory", cpus_per_task=cpus, time_limit=minutes * 60)

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from rota.core import events as ev
 from rota.core.fairshare import factors, share_rows
-from rota.core.priority import PriorityContext, priority_factors
+from rota.core.priority import JobSize, PriorityContext, priority_factors
 from rota.core.sim import Simulator, TraceJob
 from harness import Harness, make_cluster
 from rota.core.usage import ONE, charge, decay_factor, decayed, value_at
@@ -90,8 +90,8 @@ def test_fairshare_feeds_priority_and_sprio_factors_add_up():
     b = h.submit(user="bob", account="physics", time_limit=3600, hold=True)
     cfg = h.state.config
     ctx = PriorityContext(cfg, 256, h.state.qos, factors(h.state, h.now))
-    fa = priority_factors(h.state.jobs[a], h.now, cfg.partitions[0], 1, ctx)
-    fb = priority_factors(h.state.jobs[b], h.now, cfg.partitions[0], 1, ctx)
+    fa = priority_factors(h.state.jobs[a], h.now, cfg.partitions[0], JobSize(1, 1), ctx)
+    fb = priority_factors(h.state.jobs[b], h.now, cfg.partitions[0], JobSize(1, 1), ctx)
     assert (fa.fairshare, fb.fairshare) == (2500, 5000)
     assert fb.fairshare + fb.age + fb.job_size + fb.partition + fb.qos - fb.nice == 5000
 
@@ -193,3 +193,55 @@ def test_a_cycles_priorities_are_sprios_factors_summed():
     sprio = factors_of(h.state, h.now, ids)
     assert {jid: sprio[jid][1].priority for jid in ids} == {jid: d.priorities[jid] for jid in ids}
     assert len({d.priorities[jid] for jid in ids}) == len(ids)      # every factor told them apart
+
+
+def test_job_size_follows_the_nodes_and_cpus_a_job_will_hold_as_slurm_computes_it():
+    cfg = make_cluster(nodes=4).model_copy(update={"priority": ev.PriorityWeights(age=0, partition=0, job_size=1000)})
+    h = Harness(cfg)
+    wide = h.submit(user="alice", nodes=4, nodes_given=True, exclusive=True)      # all 4 nodes, 256 CPUs
+    one = h.submit(user="alice", cpus_per_task=8)                                 # (1/4 + 8/256) / 2
+    pair = h.submit(user="alice", nodes=2, nodes_given=True, ntasks=2, ntasks_given=True)
+    from rota.core.cycle import Cycle
+
+    cy = Cycle(h.state, h.now, "conservative", False, timelines=False)
+    assert [cy.job_size(h.state.jobs[j], "short") for j in (wide, one, pair)] == \
+        [JobSize(4, 256, 10), JobSize(1, 8, 10), JobSize(2, 2, 10)]
+    assert priority_factors(h.state.jobs[wide], h.now, cfg.partitions[0], JobSize(4, 256), cy.prio_ctx).job_size == 1000
+    ctx = PriorityContext(cfg, 256, node_count=4)
+    assert priority_factors(h.state.jobs[one], h.now, cfg.partitions[0], JobSize(1, 8), ctx).job_size == 140
+    assert priority_factors(h.state.jobs[pair], h.now, cfg.partitions[0], JobSize(2, 2), ctx).job_size == 253
+    small = ev.PriorityWeights(age=0, partition=0, job_size=1000, favor_small=True)
+    ctx = PriorityContext(cfg.model_copy(update={"priority": small}), 256, node_count=4)
+    assert priority_factors(h.state.jobs[one], h.now, cfg.partitions[0], JobSize(1, 8), ctx).job_size == 859
+
+
+def test_the_priority_truncates_the_sum_of_the_factors_not_each_factor():
+    cfg = make_cluster(nodes=4).model_copy(update={"priority": ev.PriorityWeights(
+        age=1000, max_age=3, partition=0, job_size=1000)})
+    h = Harness(cfg)
+    job = h.submit(user="alice", cpus_per_task=8)
+    h.advance(1)
+    ctx = PriorityContext(cfg, 256, node_count=4)
+    f = priority_factors(h.state.jobs[job], h.now, cfg.partitions[0], JobSize(1, 8), ctx)
+    assert (f.age, f.job_size) == (333, 140)             # 333.33 and 140.625, as sprio shows them
+    assert f.priority == 473                              # Slurm: int(473.96); each truncated first would be 473
+    h.advance(1)
+    f = priority_factors(h.state.jobs[job], h.now, cfg.partitions[0], JobSize(1, 8), ctx)
+    assert (f.age, f.job_size, f.priority) == (666, 140, 807)    # 666.67 + 140.625 = 807.29; 806 summed truncated
+
+
+def test_nice_lowers_a_jobs_priority_and_sbatch_takes_it():
+    from rota.cli.sbatch import build_spec
+
+    spec, _ = build_spec(["--nice", "--wrap", "true"])
+    assert spec["nice"] == 100
+    spec, _ = build_spec(["--nice=250", "--wrap", "true"])
+    assert spec["nice"] == 250
+    cfg = make_cluster(nodes=1).model_copy(update={"priority": ev.PriorityWeights(age=0, partition=1000)})
+    h = Harness(cfg)
+    h.submit(user="alice", nodes=1, exclusive=True)
+    h.cycle()
+    plain = h.submit(user="alice")
+    nice = h.submit(user="bob", nice=250)
+    d = h.cycle()
+    assert (d.pending[plain].priority, d.pending[nice].priority) == (1000, 750)
