@@ -27,6 +27,19 @@ __all__ = ["POLICIES", "REQ_NODE_NOT_AVAIL_ALL", "Decision", "Pending", "Reserva
 _RESOURCES, _PRIORITY = Reason("Resources"), Reason("Priority")
 _NOT_TESTED = Reason("Priority", note="not tested this cycle (bf_max_job_test reached)")
 _BEHIND = Reason("Priority", note="a higher-priority job ahead in its partition is waiting")
+_HIGHER_PARTS = Reason("Resources", text="Nodes required for job are DOWN, DRAINED or reserved for jobs in higher "
+                                         "priority partitions",
+                       note="its partition's nodes are held for blocked jobs of other partitions")
+
+
+@dataclass(slots=True)
+class _Failed:
+    """What Slurm's main scheduler sets aside in a cycle: partitions whose first blocked job got Resources (later
+    jobs there wait for Priority) and those partitions' nodes (a job of another partition that lacks nodes
+    without them waits for Resources, "reserved for jobs in higher priority partitions")."""
+
+    parts: set[str] = field(default_factory=set)
+    nodes: set[str] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -256,7 +269,7 @@ def _walk(cy: Cycle, decision: Decision, ready: list, policy: Policy) -> None:
     """Start or place each ranked job in turn, as ``policy`` allows."""
     now = cy.now
     max_test = cy.params.bf_max_job_test
-    resources_given: set[str] = set()     # partitions whose first blocked job got "Resources"
+    resources_given = _Failed()
     tested = 0
     state = cy.state
     for rank, (_key, job, parts) in enumerate(ready, start=1):
@@ -303,22 +316,31 @@ def _tasks_of(state: State, job: Job) -> tuple[list[int | None], int]:
 
 
 def _blocked(cy: Cycle, decision: Decision, job: Job, parts: list[str], task: int | None, best: _Place | None,
-             policy: Policy, resources_given: set[str], pend: Pending) -> Pending:
+             policy: Policy, failed: _Failed, pend: Pending) -> Pending:
     """A job that cannot start now: preempt for it where it may, say Resources (the first blocked in its
     partitions) or Priority, and reserve its earliest start where the policy books one."""
     jid = job.job_id
     if cy.preempter is not None and cy.focus is None and cy.preempter.may_preempt(job):
         _preempt(cy, decision, job, parts)
-    if parts[0] in resources_given or (len(parts) > 1 and not resources_given.isdisjoint(parts)):
+    if parts[0] in failed.parts or (len(parts) > 1 and not failed.parts.isdisjoint(parts)):
         pend.why = _PRIORITY
     else:
-        resources_given.update(parts)
+        if failed.nodes and all(_left(cy, p, failed.nodes) < cy.request(job, p).nnodes for p in parts):
+            pend.why = _HIGHER_PARTS
+        failed.parts.update(parts)
+        for p in parts:
+            failed.nodes.update(n.name for n in cy.part_nodes.get(p, ()))
     if policy.blocked(parts, best.start if best is not None else None, jid) and best is not None:
         # the focus job is the last walked: nothing is placed after it, its nodes need no booking
         pend.start = _reserve(decision, jid, task, best, book=cy.focus != jid and policy.book).start
     if cy.explain and cy.focus in (None, jid):
         _explain_pending(cy, job, parts, pend, decision.reservations.get(jid))
     return pend
+
+
+def _left(cy: Cycle, part: str, failed_nodes: set[str]) -> int:
+    """How many of ``part``'s usable nodes are not set aside for blocked jobs of other partitions."""
+    return sum(1 for n in cy.part_nodes.get(part, ()) if n.usable and n.name not in failed_nodes)
 
 
 def _not_tested(decision: Decision, ready: list, first: int) -> None:

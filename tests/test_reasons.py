@@ -159,3 +159,21 @@ def test_a_held_job_with_a_dependency_is_held_first():
     held = h.submit(hold=True, dependency=f"afterok:{first}", time_limit=7200)
     d = h.cycle()
     assert d.pending[held].reason == "JobHeldUser" and d.pending[held].why.tier == 1
+
+
+def test_a_job_of_another_partition_on_nodes_held_for_a_blocked_job_says_so_as_slurm_does():
+    names = tuple(f"gpu{i:02d}" for i in range(1, 3))
+    long = ev.PartitionConfig(name="long", nodes=names, max_time=86400)
+    h = Harness(make_cluster(nodes=2, extra_partitions=(long,)))
+    for _ in range(2):
+        h.submit(user="alice", exclusive=True, time_limit=1800)
+    h.cycle()
+    first = h.submit(user="bob", exclusive=True, time_limit=600)
+    other = h.submit(user="bob", exclusive=True, time_limit=600, partitions=("long",))
+    behind = h.submit(user="bob", exclusive=True, time_limit=600, partitions=("long",))
+    d = h.cycle()
+    assert (d.pending[first].reason, d.pending[first].display) == ("Resources", "Resources")
+    assert d.pending[other].reason == "Resources"
+    assert d.pending[other].display == ("Nodes required for job are DOWN, DRAINED or reserved for jobs in higher "
+                                        "priority partitions")
+    assert d.pending[behind].display == "Priority"
