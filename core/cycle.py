@@ -176,13 +176,11 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         return tls, nodes
 
     def job_size(self, job: Job, part: str) -> JobSize:
-        """What the job-size factor reads of the job in ``part``: its nodes, the CPUs it will hold (all of its
-        nodes' with ``--exclusive``) and its time limit in minutes."""
+        """What the job-size factor reads of the job in ``part``: its nodes, its CPUs (as a pending job's in
+        Slurm: those its tasks ask, one a node for ``--exclusive``) and its time limit in minutes."""
         req = self.request(job, part)
-        cpus = req.nnodes * self.part_shapes[part].max_cpus if req.whole_cpus and part in self.part_shapes \
-            else req.total_cpus
         limit = effective_time_limit(job.time_limit, self.parts[part]) if part in self.parts else 0
-        return JobSize(req.nnodes, cpus, limit // 60 if limit else 0xFFFFFFFF)
+        return JobSize(req.nnodes, req.total_cpus, limit // 60 if limit else 0xFFFFFFFF)
 
     def request(self, job: Job, part: str) -> NodeRequest:
         """The job's per-node request in ``part`` (kept by apply for its first partition)."""

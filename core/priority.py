@@ -39,7 +39,7 @@ class PriorityContext:
 
 
 class Factors(NamedTuple):
-    """A pending job's priority and each weighted factor in it, as ``sprio`` shows them (each truncated, as
+    """A pending job's priority and each weighted factor in it, as ``sprio`` shows them (each rounded, as
     sprio prints them; the priority truncates their exact sum, as Slurm's does)."""
 
     priority: int
@@ -109,8 +109,14 @@ def priority_factors(job: Job, now: int, part: PartitionConfig, size: JobSize, c
     """The job's priority (site weights times factors, minus nice; 0 while held, an administrator's
     value when set) and its parts."""
     weighted = _weighted(job, now, part, size, ctx)
-    age, fairshare, js, partition, qos = (f // M for f in weighted)
+    age, fairshare, js, partition, qos = (_rounded(f) for f in weighted)
     return Factors(_priority(job, weighted), age, fairshare, js, partition, qos, job.nice)
+
+
+def _rounded(millionths: int) -> int:
+    """A weighted factor as sprio prints it (``%.0f``: to the nearest, a half to even)."""
+    q, r = divmod(millionths, M)
+    return q + 1 if 2 * r > M or (2 * r == M and q % 2) else q
 
 
 def job_priority(job: Job, now: int, part: PartitionConfig, size: JobSize, ctx: PriorityContext) -> int:

@@ -72,6 +72,7 @@ class Amounts:
     mem: int = 0                  # MiB
     gpus: int = 0
     gpu_type: str | None = None
+    whole: bool = False           # --exclusive: all of a node
 
 
 # the numbers behind a reason, in words: {about} (what it is about), {asked}, {limit}, {note}, {at}
@@ -150,14 +151,14 @@ class Reason:
                     "usable (the rest are down or drained)")
         if self.needs is not None and self.free is not None:
             n, f = self.needs, self.free
-            need = f"{n.cpus} CPUs, {n.mem} MiB"
-            if n.gpus:
+            need = "all of its CPUs and memory (--exclusive)" if n.whole else f"{n.cpus} CPUs, {n.mem} MiB"
+            if n.gpus and not n.whole:
                 need += f", {n.gpus} GPU(s)" + (f" of type {n.gpu_type}" if n.gpu_type else "")
             if n.nodes > 1:     # a multi-node job: how many nodes could hold a share, not the freest one
-                return (f"needs {n.nodes} nodes with {need} each; {f.nodes} of the {self.limit} usable nodes "
-                        "could hold that now")
-            return (f"needs 1 node with {need}; the freest usable node now has {f.cpus} CPUs, {f.mem} MiB, "
-                    f"{f.gpus} GPU(s) free")
+                return (f"needs {n.nodes} nodes{' each with' if n.whole else ' with'} {need}"
+                        f"{'' if n.whole else ' each'}; {f.nodes} of the {self.limit} usable nodes could hold that now")
+            return (f"needs 1 node{', ' if n.whole else ' with '}{need}; the freest usable node now has "
+                    f"{f.cpus} CPUs, {f.mem} MiB, {f.gpus} GPU(s) free")
         return self.note
 
 

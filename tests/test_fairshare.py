@@ -198,18 +198,18 @@ def test_a_cycles_priorities_are_sprios_factors_summed():
 def test_job_size_follows_the_nodes_and_cpus_a_job_will_hold_as_slurm_computes_it():
     cfg = make_cluster(nodes=4).model_copy(update={"priority": ev.PriorityWeights(age=0, partition=0, job_size=1000)})
     h = Harness(cfg)
-    wide = h.submit(user="alice", nodes=4, nodes_given=True, exclusive=True)      # all 4 nodes, 256 CPUs
-    one = h.submit(user="alice", cpus_per_task=8)                                 # (1/4 + 8/256) / 2
+    wide = h.submit(user="alice", nodes=4, nodes_given=True, exclusive=True)   # (4/4 + 4/256) / 2: a CPU a node
+    one = h.submit(user="alice", cpus_per_task=8)                              # (1/4 + 8/256) / 2
     pair = h.submit(user="alice", nodes=2, nodes_given=True, ntasks=2, ntasks_given=True)
     from rota.core.cycle import Cycle
 
     cy = Cycle(h.state, h.now, "conservative", False, timelines=False)
     assert [cy.job_size(h.state.jobs[j], "short") for j in (wide, one, pair)] == \
-        [JobSize(4, 256, 10), JobSize(1, 8, 10), JobSize(2, 2, 10)]
-    assert priority_factors(h.state.jobs[wide], h.now, cfg.partitions[0], JobSize(4, 256), cy.prio_ctx).job_size == 1000
+        [JobSize(4, 4, 10), JobSize(1, 8, 10), JobSize(2, 2, 10)]
+    assert priority_factors(h.state.jobs[wide], h.now, cfg.partitions[0], JobSize(4, 4), cy.prio_ctx).job_size == 508
     ctx = PriorityContext(cfg, 256, node_count=4)
-    assert priority_factors(h.state.jobs[one], h.now, cfg.partitions[0], JobSize(1, 8), ctx).job_size == 140
-    assert priority_factors(h.state.jobs[pair], h.now, cfg.partitions[0], JobSize(2, 2), ctx).job_size == 253
+    assert priority_factors(h.state.jobs[one], h.now, cfg.partitions[0], JobSize(1, 8), ctx).job_size == 141
+    assert priority_factors(h.state.jobs[pair], h.now, cfg.partitions[0], JobSize(2, 2), ctx).job_size == 254
     small = ev.PriorityWeights(age=0, partition=0, job_size=1000, favor_small=True)
     ctx = PriorityContext(cfg.model_copy(update={"priority": small}), 256, node_count=4)
     assert priority_factors(h.state.jobs[one], h.now, cfg.partitions[0], JobSize(1, 8), ctx).job_size == 859
@@ -223,11 +223,11 @@ def test_the_priority_truncates_the_sum_of_the_factors_not_each_factor():
     h.advance(1)
     ctx = PriorityContext(cfg, 256, node_count=4)
     f = priority_factors(h.state.jobs[job], h.now, cfg.partitions[0], JobSize(1, 8), ctx)
-    assert (f.age, f.job_size) == (333, 140)             # 333.33 and 140.625, as sprio shows them
-    assert f.priority == 473                              # Slurm: int(473.96); each truncated first would be 473
+    assert (f.age, f.job_size) == (333, 141)             # 333.33 and 140.625, rounded as sprio shows them
+    assert f.priority == 473                              # Slurm: int(473.96)
     h.advance(1)
     f = priority_factors(h.state.jobs[job], h.now, cfg.partitions[0], JobSize(1, 8), ctx)
-    assert (f.age, f.job_size, f.priority) == (666, 140, 807)    # 666.67 + 140.625 = 807.29; 806 summed truncated
+    assert (f.age, f.job_size, f.priority) == (667, 141, 807)    # 666.67 + 140.625 = 807.29; 806 if each were cut
 
 
 def test_nice_lowers_a_jobs_priority_and_sbatch_takes_it():

@@ -177,3 +177,13 @@ def test_a_job_of_another_partition_on_nodes_held_for_a_blocked_job_says_so_as_s
     assert d.pending[other].display == ("Nodes required for job are DOWN, DRAINED or reserved for jobs in higher "
                                         "priority partitions")
     assert d.pending[behind].display == "Priority"
+
+
+def test_why_says_an_exclusive_job_needs_whole_nodes_not_one_cpu():
+    h = Harness(make_cluster(nodes=2))
+    for _ in range(2):
+        h.submit(user="alice", cpus_per_task=4, time_limit=1800)
+    h.cycle()
+    wide = h.submit(user="bob", exclusive=True, nodes=2, nodes_given=True, time_limit=600)
+    why = h.cycle(explain=True).pending[wide].why
+    assert why.numbers().startswith("needs 2 nodes each with all of its CPUs and memory (--exclusive); 1 of the 2 usable")

@@ -1,0 +1,69 @@
+"""A real Slurm 22.05's decisions in the parity scenarios (``bench/parity.py --record`` kept them beside each
+scenario), replayed through rota's core: the same starts, the same reasons and ``sprio`` factors at each check."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rota.bench.parity import FACTORS, SCENARIOS, load, over
+from rota.cli.sacctmgr import parse as sacctmgr_line
+from rota.cli.sbatch import build_spec
+from rota.core import accounting, commands
+from rota.core import events as ev
+from rota.core.auth import Caller
+from rota.core.schedule import factors_of, schedule
+from rota.core.sim import Simulator, TraceJob
+from rota.core.slurmconf import parse_config
+from rota.core.timetravel import replay_to
+
+UIDS = {"alice": 2001, "bob": 2002, "carol": 2003}
+RECORDED = sorted(p for p in SCENARIOS.glob("*.toml") if p.with_suffix(".slurm.json").exists())
+SLACK = 5          # seconds: Slurm's backfill runs every bf_interval, its launches take a moment
+
+
+def replay(path: Path) -> tuple[dict, dict, object]:
+    """The scenario, what Slurm showed, and rota's simulation of it."""
+    sc = load(path)
+    text = over((SCENARIOS / "base.conf").read_text(), sc.get("conf", ""))
+    config = parse_config(text, str(path))
+    sim = Simulator(config)
+    for line in sc["sacctmgr"]:
+        _, op, entity, names, where, values, _ = sacctmgr_line(line.split())
+        sim.timeline.put(0, accounting.plan(sim.state, op, entity, names, where, values, by="root"), "root")
+    jobs = []
+    for i, j in enumerate(sc["job"]):
+        spec, _ = build_spec(["-J", j["name"], *j.get("args", []), "--wrap", f"sleep {j.get('run', 30)}"])
+        spec = {k: v for k, v in spec.items() if not k.startswith("_")}
+        user = j.get("user", "alice")
+        caller = Caller(UIDS[user], UIDS[user], user)
+        job = commands.submit(sim.state, ev.JobSpec(**spec, user=user, uid=UIDS[user], gid=UIDS[user]), 0,
+                              caller).spec
+        jobs.append(TraceJob(j["at"], job, j.get("run", 30), i))
+    result = sim.run(jobs)
+    return sc, json.loads(path.with_suffix(".slurm.json").read_text()), result
+
+
+@pytest.mark.skipif(not RECORDED, reason="no scenario has Slurm's observations recorded")
+@pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
+def test_rota_decides_as_the_real_slurm_did(path):
+    sc, slurm, result = replay(path)
+    names = {o.trace_id: sc["job"][o.trace_id]["name"] for o in result.outcomes.values()}
+    starts = {names[o.trace_id]: o.start for o in result.outcomes.values() if o.start >= 0}
+    differ = {k: (slurm["starts"].get(k), starts.get(k)) for k in set(slurm["starts"]) | set(starts)
+              if slurm["starts"].get(k) is None or starts.get(k) is None
+              or abs(slurm["starts"][k] - starts[k]) > SLACK}
+    assert not differ, f"starts (slurm, rota) that differ: {differ}"
+    by_name = {names[o.trace_id]: o.job_id for o in result.outcomes.values()}
+    for at, seen in slurm["checks"].items():
+        state = replay_to(result.log, at_time=int(at))
+        d = schedule(state, int(at))
+        reasons = {k: d.pending_of(by_name[k]).display for k in seen["reasons"] if d.pending_of(by_name[k])}
+        assert reasons == seen["reasons"], f"reasons at {at}s"
+        factors = factors_of(state, int(at), [by_name[k] for k in seen["sprio"]])
+        for k, values in seen["sprio"].items():
+            mine = factors[by_name[k]][1]
+            ours = [mine.priority, mine.age, mine.fairshare, mine.job_size, mine.partition, mine.qos, mine.nice]
+            off = {f: (x, y) for f, x, y in zip(FACTORS, values, ours) if abs(x - y) > 1}
+            assert not off, f"sprio of {k} at {at}s (slurm, rota): {off}"
