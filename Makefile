@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up demo test test-fast test-slow lint bench bench-vs-slurm install clean
+.PHONY: up demo test test-fast test-slow lint bench bench-vs-slurm parity-vs-slurm install clean
 
 $(STAMP): pyproject.toml cli/native/rota_command.c agents/native/rota_exec.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "rota needs Python 3.11 or newer")'
@@ -60,3 +60,9 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+
+# the parity scenarios (tests/fixtures/parity) on a real Slurm with accounting and on rota at once: a table of
+# the decisions, reasons and sprio factors that differ; RECORD=1 keeps Slurm's as the tests' fixtures
+parity-vs-slurm: $(STAMP)
+	WITH_DBD=1 ops/slurm/setup.sh
+	$(PY) -m rota.bench.parity $(if $(RECORD),--record)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from .timefmt import format_utc
+
 Code = Literal[
     "JobHeldAdmin", "JobHeldUser",
     "PartitionConfig", "PartitionDown", "PartitionInactive", "PartitionTimeLimit", "PartitionNodeLimit",
@@ -85,7 +87,7 @@ NUMBERS: dict[str, str] = {
     "BadConstraints": "no node in {about} has features {note}",
     "DependencyNeverSatisfied": "dependency {about} can never be met",
     "Dependency": "waiting for {about}",
-    "BeginTime": "not before {at} ({asked}s from now)",
+    "BeginTime": "not before {at} UTC ({asked}s from now)",
     "JobArrayTaskLimit": "{asked} tasks running, array limit %{limit}",
     "QOSMaxWallDurationPerJobLimit": "time limit {asked}s exceeds QOS {about} MaxWall {limit}s",
     "QOSMaxJobsPerUserLimit": "{asked} of the user's jobs running under QOS {about}, MaxJobsPerUser {limit}",
@@ -143,7 +145,8 @@ class Reason:
         template = USED_ONLY.get(self.code) if not self.note else None
         template = template or NUMBERS.get(self.code)
         if template is not None:
-            return template.format(about=self.about, asked=self.asked, limit=self.limit, note=self.note, at=self.at)
+            at = format_utc(self.at) if self.at is not None else None
+            return template.format(about=self.about, asked=self.asked, limit=self.limit, note=self.note, at=at)
         if self.code == "ReqNodeNotAvail":
             if self.needs is None or self.free is None:
                 return f"required nodes {self.about} are not available"

@@ -87,3 +87,17 @@ def format_limit(seconds: int | None) -> str:
     if seconds == UNLIMITED:
         return "UNLIMITED"
     return format_squeue_time(seconds)
+
+
+def format_utc(epoch: int) -> str:
+    """``epoch`` as Slurm writes a moment (``YYYY-MM-DDTHH:MM:SS``), in UTC (the core has no time zone)."""
+    days, secs = divmod(int(epoch), 86400)
+    z = days + 719468                      # civil date from days since 1970-01-01 (H. Hinnant's algorithm)
+    era = z // 146097
+    doe = z - era * 146097
+    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    day, month = doy - (153 * mp + 2) // 5 + 1, mp + 3 if mp < 10 else mp - 9
+    year = yoe + era * 400 + (month <= 2)
+    return f"{year:04d}-{month:02d}-{day:02d}T{secs // 3600:02d}:{secs % 3600 // 60:02d}:{secs % 60:02d}"

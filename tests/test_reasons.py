@@ -1,4 +1,6 @@
 """One test per pending reason: each scenario's answer is known."""
+from hypothesis import given
+from hypothesis import strategies as st
 import pytest
 
 from rota.core import events as ev
@@ -187,3 +189,19 @@ def test_why_says_an_exclusive_job_needs_whole_nodes_not_one_cpu():
     wide = h.submit(user="bob", exclusive=True, nodes=2, nodes_given=True, time_limit=600)
     why = h.cycle(explain=True).pending[wide].why
     assert why.numbers().startswith("needs 2 nodes each with all of its CPUs and memory (--exclusive); 1 of the 2 usable")
+
+
+def test_a_begin_time_reads_as_a_moment_not_an_epoch():
+    h = Harness(make_cluster(nodes=1))
+    job = h.submit(user="alice", begin=h.now + 3600)
+    assert h.cycle().pending[job].why.numbers() == "not before 1970-01-12T14:46:40 UTC (3600s from now)"
+
+
+@given(st.integers(0, 253402300799))
+def test_moments_are_written_as_the_calendar_has_them(epoch):
+    import datetime
+
+    from rota.core.timefmt import format_utc
+
+    assert format_utc(epoch) == datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).strftime(
+        "%Y-%m-%dT%H:%M:%S")

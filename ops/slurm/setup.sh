@@ -5,16 +5,20 @@
 # Idempotent: daemons already running (by their pid files) are left alone. ops/slurm/stop.sh stops them.
 #
 #   NODES=4 ops/slurm/setup.sh
+#   WITH_DBD=1 ops/slurm/setup.sh     # with accounting (mariadb + slurmdbd): sacctmgr accounts, QOS and limits
 #
 # Slurm's commands land in /usr/bin: rota's tests and benchmarks call rota's own by path.
 set -euo pipefail
 NODES=${NODES:-4}
+WITH_DBD=${WITH_DBD:-0}
 HOST=$(hostname -s)
 LAST=$(printf '%02d' "$NODES")
 export DEBIAN_FRONTEND=noninteractive
 
 missing=()
-for p in slurm-wlm munge; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+pkgs=(slurm-wlm munge)
+[ "$WITH_DBD" = 1 ] && pkgs+=(slurmdbd mariadb-server)
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then apt-get install -y -q "${missing[@]}" >/dev/null; fi
 
 running() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -55,10 +59,14 @@ MaxArraySize=10001
 MinJobAge=60
 KillWait=5
 Waittime=0
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/filetxt
-JobCompLoc=/var/log/slurm/jobcomp.log
 CONF
+if [ "$WITH_DBD" = 1 ]; then
+  printf '%s\n' AccountingStorageType=accounting_storage/slurmdbd AccountingStorageHost=localhost \
+    AccountingStoragePort=6819 AccountingStorageTRES=gres/gpu JobCompType=jobcomp/none
+else
+  printf '%s\n' AccountingStorageType=accounting_storage/none JobCompType=jobcomp/filetxt \
+    JobCompLoc=/var/log/slurm/jobcomp.log
+fi
 for i in $(seq 1 "$NODES"); do
   echo "NodeName=$(printf 'gpu%02d' "$i") NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((17000 + i)) CPUs=64 RealMemory=257000 Gres=gpu:a100:8 State=UNKNOWN"
 done
@@ -74,6 +82,36 @@ mkdir -p /run/munge && chown munge:munge /run/munge
 running /run/munge/munged.pid || runuser -u munge -- /usr/sbin/munged --pid-file=/run/munge/munged.pid --force
 sleep 0.5
 munge -n | unmunge >/dev/null
+
+if [ "$WITH_DBD" = 1 ]; then
+  cat > /etc/slurm/slurmdbd.conf <<CONF
+AuthType=auth/munge
+DbdHost=localhost
+DbdPort=6819
+SlurmUser=slurm
+LogFile=/var/log/slurm/slurmdbd.log
+PidFile=/run/slurm/slurmdbd.pid
+StorageType=accounting_storage/mysql
+StorageHost=localhost
+StorageUser=slurm
+StoragePass=rotabench
+StorageLoc=slurm_acct_db
+CONF
+  chown slurm:slurm /etc/slurm/slurmdbd.conf && chmod 600 /etc/slurm/slurmdbd.conf
+  mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld
+  if ! running /run/mysqld/mysqld.pid; then
+    runuser -u mysql -- /usr/sbin/mariadbd --pid-file=/run/mysqld/mysqld.pid --socket=/run/mysqld/mysqld.sock \
+      --bind-address=127.0.0.1 --innodb-buffer-pool-size=256M >/var/log/slurm/mariadbd.out 2>&1 &
+    for _ in $(seq 1 60); do mariadb -e 'select 1' >/dev/null 2>&1 && break; sleep 0.5; done
+  fi
+  mariadb -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'rotabench';
+              CREATE DATABASE IF NOT EXISTS slurm_acct_db; GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';"
+  if ! running /run/slurm/slurmdbd.pid; then
+    /usr/sbin/slurmdbd
+    for _ in $(seq 1 60); do sacctmgr -n list cluster >/dev/null 2>&1 && break; sleep 0.5; done
+  fi
+  sacctmgr -i add cluster rotabench >/dev/null 2>&1 || true
+fi
 
 if ! running /run/slurm/slurmctld.pid; then
   /usr/sbin/slurmctld
