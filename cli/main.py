@@ -108,7 +108,9 @@ def demo(
 
 @app.command()
 def simulate(
-    trace: str = typer.Argument(..., help="SWF file (.swf/.swf.gz) or Philly GPU trace (.csv/.csv.gz)"),
+    trace: str = typer.Argument(..., help="SWF file (.swf/.swf.gz), Philly GPU trace (.csv/.csv.gz) or a Slurm "
+                                "accounting dump (sacct -a -X -P -o JobIDRaw,User,Account,Partition,Submit,Start,"
+                                "End,Elapsed,Timelimit,NNodes,NCPUS,ReqMem,ReqTRES,State)"),
     policy: str = typer.Option("conservative", help="fifo | easy | easy_strict | conservative"),
     limit: Optional[int] = typer.Option(None, help="simulate only the first N jobs (after --start)"),
     start: int = typer.Option(0, help="index of the first job to simulate"),
@@ -117,6 +119,7 @@ def simulate(
     log: Optional[str] = typer.Option(None, help="write the simulated event log (JSON lines) here"),
     plot: Optional[str] = typer.Option(None, "--plot", help="draw utilisation and queue length to FILE.png"),
     as_json: bool = typer.Option(False, "--json", help="print the figures as JSON"),
+    config: Optional[str] = typer.Option(None, "--config", help="the cluster's slurm.conf (for an accounting dump)"),
 ) -> None:
     """Replay a workload trace through rota's scheduler on a simulated clock."""
     import json as _json
@@ -128,7 +131,7 @@ def simulate(
     if policy not in POLICIES:
         fail(f"unknown policy {policy!r}: choose one of {', '.join(POLICIES)}")
     try:
-        tr = sim_mod.load_trace(trace, nodes=nodes, policy=policy)
+        tr = sim_mod.load_trace(trace, nodes=nodes, policy=policy, config=config)
         n = len(tr.jobs[start: start + limit if limit else None])
         progress_cb, finish = _progress(n, as_json)
         result, wall = sim_mod.simulate(tr, policy, start=start, limit=limit, kill_at_limit=not no_kill,

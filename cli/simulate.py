@@ -38,8 +38,9 @@ def _open_text(path: Path) -> TextIO:
 
 
 def load_trace(path: str | os.PathLike, *, nodes: int | None = None, gpus_per_node: int = 8,
-               policy: str | None = None, bf_window: int | None = None) -> LoadedTrace:
-    """Read an SWF or Philly CSV trace and build the cluster it runs on."""
+               policy: str | None = None, bf_window: int | None = None, config: str | None = None) -> LoadedTrace:
+    """Read an SWF or Philly CSV trace, or a Slurm accounting dump (``.sacct``, or any file whose first line is
+    sacct's ``-P`` header), and build the cluster it runs on (``config``: a slurm.conf, which a dump needs)."""
     p = Path(path)
     name = p.name
     params = ev.SchedulerParams(policy=policy or "conservative",  # type: ignore[arg-type]
@@ -47,6 +48,10 @@ def load_trace(path: str | os.PathLike, *, nodes: int | None = None, gpus_per_no
     stem = name[:-3] if name.endswith(".gz") else name
     try:
         with _open_text(p) as fh:
+            first = fh.readline()
+            fh.seek(0)
+            if stem.endswith(".sacct") or first.startswith("JobID"):
+                return _sacct(name, fh, config)
             if stem.endswith(".swf") or stem.startswith("lublin"):
                 tr = read_swf(fh, source=name)
                 return LoadedTrace(name, "swf", tr.jobs, swf_cluster(tr.max_procs, params), tr.notes)
@@ -61,6 +66,29 @@ def load_trace(path: str | os.PathLike, *, nodes: int | None = None, gpus_per_no
     except (TraceFormatError, UnicodeDecodeError, OSError, EOFError) as exc:
         raise SimulateError(f"cannot read trace {name}: {exc}") from None
     raise SimulateError(f"unknown trace format for {name}: expected .swf[.gz] or a Philly .csv[.gz]")
+
+
+def _sacct(name: str, fh: TextIO, config: str | None) -> LoadedTrace:
+    """A Slurm accounting dump on the cluster its slurm.conf describes."""
+    from rota.core.slurmconf import ConfigError, parse_config
+    from rota.core.traces import read_sacct
+
+    if config is None:
+        raise SimulateError(f"{name} is a Slurm accounting dump: give the cluster it ran on with --config slurm.conf")
+    tr = read_sacct(fh, source=name)
+    try:
+        cfg = parse_config(Path(config).read_text(), config)
+    except (ConfigError, OSError) as exc:
+        raise SimulateError(f"cannot read {config}: {exc}") from None
+    known = {p.name for p in cfg.partitions}
+    jobs = []
+    for j in tr.jobs:      # a partition the configuration lacks: the default partition runs it
+        if any(p not in known for p in j.spec.partitions):
+            tr.notes["partition not in the configuration: run in the default partition"] = \
+                tr.notes.get("partition not in the configuration: run in the default partition", 0) + 1
+            j = TraceJob(j.submit, j.spec.model_copy(update={"partitions": ()}), j.runtime, j.trace_id)
+        jobs.append(j)
+    return LoadedTrace(name, "sacct", jobs, cfg, tr.notes)
 
 
 def simulate(trace: LoadedTrace, policy: str, *, start: int = 0, limit: int | None = None,

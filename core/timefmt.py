@@ -101,3 +101,23 @@ def format_utc(epoch: int) -> str:
     day, month = doy - (153 * mp + 2) // 5 + 1, mp + 3 if mp < 10 else mp - 9
     year = yoe + era * 400 + (month <= 2)
     return f"{year:04d}-{month:02d}-{day:02d}T{secs // 3600:02d}:{secs % 3600 // 60:02d}:{secs % 60:02d}"
+
+
+def parse_utc(text: str) -> int:
+    """``YYYY-MM-DDTHH:MM:SS`` (as sacct writes a moment) read as UTC: seconds since the epoch; ValueError
+    when it is not one (sacct writes ``Unknown`` or ``None`` for a moment that did not happen)."""
+    date, sep, clock = text.strip().partition("T")
+    parts = date.split("-")
+    hms = clock.split(":")
+    if not sep or len(parts) != 3 or len(hms) != 3 or not all(p.isdecimal() for p in parts + hms):
+        raise ValueError(f"not a moment: {text!r} (expected YYYY-MM-DDTHH:MM:SS)")
+    y, m, d = (int(p) for p in parts)
+    if not (1 <= m <= 12 and 1 <= d <= 31):
+        raise ValueError(f"not a moment: {text!r}")
+    y -= m <= 2
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * (m - 3 if m > 2 else m + 9) + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    days = era * 146097 + doe - 719468
+    return days * 86400 + int(hms[0]) * 3600 + int(hms[1]) * 60 + int(hms[2])

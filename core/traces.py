@@ -145,3 +145,112 @@ def gpu_cluster(nodes: int, gpus_per_node: int = 8, cpus: int = 64, memory: int 
     part = PartitionConfig(name="gpu", nodes=names, max_time=0, default=True)
     return ClusterConfig(cluster_name="sim", nodes=node_cfgs, partitions=(part,),
                          scheduler=params or SchedulerParams())
+
+
+# the fields a Slurm accounting dump must have for rota simulate / whatif (sacct -a -X -P -o ...)
+SACCT_FIELDS = ("JobIDRaw", "User", "Account", "Partition", "Submit", "Start", "End", "Elapsed", "Timelimit",
+                "NNodes", "NCPUS", "ReqMem", "ReqTRES", "State")
+SACCT_COMMAND = "sacct -a -X -P -S START -E END -o " + ",".join(SACCT_FIELDS)
+NEVER_STARTED = "never started (cancelled or still pending): dropped"
+NOT_ENDED = "still running when dumped: dropped"
+NO_LIMIT = "no time limit: run to its end"
+
+
+@dataclass(slots=True)
+class SacctTrace:
+    jobs: list[TraceJob]
+    partitions: tuple[str, ...]     # the partitions its jobs ran in, as named
+    notes: dict[str, int]
+
+
+def read_sacct(lines: Iterable[str], *, source: str = "sacct") -> SacctTrace:
+    """A site's own history from ``sacct -a -X -P -o`` with :data:`SACCT_FIELDS` (any order, more are
+    ignored): each job that ran, at its submit time, with its nodes, CPUs, memory, GPUs and time limit,
+    running as long as it really did. Jobs that never started or had not ended are counted in ``notes``."""
+    it = iter(lines)
+    head = next(it, "").strip().split("|")
+    missing = [f for f in SACCT_FIELDS if f not in head]
+    if missing:
+        raise TraceFormatError(f"{source}:1: the dump lacks {', '.join(missing)}; dump it with: {SACCT_COMMAND}")
+    col = {name: i for i, name in enumerate(head)}
+    jobs: list[TraceJob] = []
+    notes: dict[str, int] = {}
+    users: dict[str, int] = {}
+    parts: dict[str, None] = {}
+    for lineno, line in enumerate(it, start=2):
+        if not line.strip():
+            continue
+        f = line.rstrip("\n").split("|")
+        if len(f) < len(head):
+            raise TraceFormatError(f"{source}:{lineno}: expected {len(head)} fields, found {len(f)}")
+        job = _sacct_job({k: f[i] for k, i in col.items()}, f"{source}:{lineno}", notes, users)
+        if job is not None:
+            jobs.append(job)
+            parts.update(dict.fromkeys(job.spec.partitions))
+    return SacctTrace(jobs, tuple(parts), notes)
+
+
+def _sacct_job(r: dict[str, str], where: str, notes: dict[str, int], users: dict[str, int]) -> TraceJob | None:
+    from .timefmt import TimeSpecError, parse_time_limit, parse_utc
+
+    try:
+        submit = parse_utc(r["Submit"])
+    except ValueError as exc:
+        raise TraceFormatError(f"{where}: Submit: {exc}") from None
+    try:
+        parse_utc(r["Start"])
+    except ValueError:
+        _note(notes, NEVER_STARTED)
+        return None
+    if r["End"].strip() in ("Unknown", "None", "") or r["State"].startswith(("RUNNING", "PENDING")):
+        _note(notes, NOT_ENDED)
+        return None
+    try:
+        run = _elapsed(r["Elapsed"])
+        limit = None if r["Timelimit"] in ("UNLIMITED", "Partition_Limit", "") else parse_time_limit(r["Timelimit"])
+        nodes, cpus = int(r["NNodes"] or 1), int(r["NCPUS"] or 1)
+    except (TimeSpecError, ValueError) as exc:
+        raise TraceFormatError(f"{where}: {exc}") from None
+    if run <= 0:
+        _note(notes, NO_RUNTIME)
+        return None
+    if limit is None:
+        _note(notes, NO_LIMIT)
+    tres = dict(kv.partition("=")[::2] for kv in r["ReqTRES"].split(",") if "=" in kv)
+    gpus = int(tres.get("gres/gpu", "0") or 0)
+    asked = int(tres["cpu"]) if tres.get("cpu", "").isdecimal() else cpus
+    exclusive = cpus > asked         # it was given more CPUs than it asked: whole nodes
+    user = r["User"] or "nobody"
+    uid = users.setdefault(user, 10000 + len(users))
+    spec = JobSpec(name=f"sacct{r['JobIDRaw']}", user=user, uid=uid, account=r["Account"],
+                   partitions=(r["Partition"],) if r["Partition"] else (), nodes=nodes, nodes_given=True,
+                   ntasks=asked, ntasks_given=True, exclusive=exclusive, time_limit=limit,
+                   mem_per_node=None if exclusive else _mib(r["ReqMem"], tres, nodes),
+                   gpus_total=gpus or None, gpu_given=bool(gpus))
+    raw = r["JobIDRaw"].split("_")[0]
+    return TraceJob(submit=submit, spec=spec, runtime=run, trace_id=int(raw) if raw.isdecimal() else 0)
+
+
+def _elapsed(text: str) -> int:
+    """sacct's Elapsed (``[D-]HH:MM:SS``, ``MM:SS``) in seconds."""
+    days, _, clock = text.strip().rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if not 2 <= len(parts) <= 3 or any(p < 0 for p in parts):
+        raise ValueError(f"Elapsed {text!r} is not [D-]HH:MM:SS")
+    h, m, sec = ([0] * (3 - len(parts)) + parts)
+    return (int(days) if days else 0) * 86400 + h * 3600 + m * 60 + sec
+
+
+def _mib(req_mem: str, tres: dict[str, str], nodes: int) -> int | None:
+    """A node's memory in MiB from ReqTRES' mem (the whole job's) or ReqMem (``4000M``, ``2G``; a ``c``/``n``
+    suffix from older sacct: per CPU / per node); None when neither says."""
+    text = tres.get("mem") or req_mem
+    if not text:
+        return None
+    text = text.rstrip("cn")
+    scale = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}.get(text[-1:].upper())
+    try:
+        value = float(text[:-1]) * scale if scale is not None else float(text)
+    except ValueError:
+        return None
+    return max(1, int(value) // max(1, nodes) if "mem" in tres else int(value))

@@ -171,3 +171,40 @@ def test_easy_strict_keeps_the_heads_shadow_while_jobs_end_early_and_backfills_o
     # rota's own EASY reserves B's cores at 100 (when C ends, A having ended): D cannot start before B
     easy = {o.trace_id: o.start for o in run("easy", swf).outcomes.values()}
     assert easy[3] == 100 and easy[5] >= 200
+
+
+SACCT_DUMP = """JobIDRaw|User|Account|Partition|Submit|Start|End|Elapsed|Timelimit|NNodes|NCPUS|ReqMem|ReqTRES|State
+1|alice||short|2026-12-05T06:50:08|2026-12-05T06:50:09|2026-12-05T06:50:29|00:00:20|00:01:00|4|256|4G|billing=4,cpu=4,mem=4G,node=4|COMPLETED
+3|bob|physics|short|2026-12-05T06:50:09|2026-12-05T06:51:00|2026-12-05T06:51:30|00:00:30|00:01:00|1|64|64G|billing=64,cpu=64,mem=64G,node=1|COMPLETED
+4|carol||long|2026-12-05T06:50:10|2026-12-05T06:51:00|2026-12-05T06:51:30|00:00:30|UNLIMITED|1|2|2G|billing=2,cpu=2,gres/gpu=2,mem=2G,node=1|TIMEOUT
+5|carol||short|2026-12-05T06:50:11|Unknown|2026-12-05T06:50:20|00:00:00|00:01:00|1|1|1G|billing=1,cpu=1,mem=1G,node=1|CANCELLED by 0
+6|alice||short|2026-12-05T06:52:41|2026-12-05T06:53:02|Unknown|00:01:21|00:02:00|3|3|3G|billing=3,cpu=3,mem=3G,node=3|RUNNING
+"""
+
+
+def test_a_sites_slurm_accounting_dump_is_a_trace_and_nothing_is_dropped_silently(tmp_path):
+    from rota.cli.simulate import SimulateError, load_trace, simulate
+
+    from rota.core.traces import NEVER_STARTED, NO_LIMIT, NOT_ENDED, TraceFormatError, read_sacct
+
+    tr = read_sacct(SACCT_DUMP.splitlines())
+    assert [j.trace_id for j in tr.jobs] == [1, 3, 4]
+    assert tr.notes == {NEVER_STARTED: 1, NOT_ENDED: 1, NO_LIMIT: 1}
+    wide, cores, gpu = (j.spec for j in tr.jobs)
+    assert (wide.nodes, wide.ntasks, wide.exclusive, wide.time_limit) == (4, 4, True, 60)
+    assert (cores.ntasks, cores.exclusive, cores.mem_per_node, cores.account) == (64, False, 65536, "physics")
+    assert (gpu.gpus_total, gpu.time_limit, gpu.partitions, tr.jobs[2].runtime) == (2, None, ("long",), 30)
+    assert tr.jobs[0].submit == 1796453408           # 2026-12-05T06:50:08 UTC
+    with pytest.raises(TraceFormatError, match="lacks Account, Partition, Start.*sacct -a -X -P"):
+        read_sacct(["JobIDRaw|User|Submit"])
+    dump = tmp_path / "history.sacct"
+    dump.write_text(SACCT_DUMP)
+    with pytest.raises(SimulateError, match="--config"):
+        load_trace(dump)
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("NodeName=gpu[01-04] CPUs=64 RealMemory=257000 Gres=gpu:a100:8\n"
+                    "PartitionName=short Nodes=gpu[01-04] Default=YES MaxTime=01:00:00\n"
+                    "PartitionName=long Nodes=gpu[01-04] MaxTime=UNLIMITED\n")
+    loaded = load_trace(dump, config=str(conf))
+    result, _ = simulate(loaded, "conservative")
+    assert sorted(o.trace_id for o in result.finished()) == [1, 3, 4]
