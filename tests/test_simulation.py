@@ -177,7 +177,7 @@ SACCT_DUMP = """JobIDRaw|User|Account|Partition|Submit|Start|End|Elapsed|Timelim
 1|alice||short|2026-12-05T06:50:08|2026-12-05T06:50:09|2026-12-05T06:50:29|00:00:20|00:01:00|4|256|4G|billing=4,cpu=4,mem=4G,node=4|COMPLETED
 3|bob|physics|short|2026-12-05T06:50:09|2026-12-05T06:51:00|2026-12-05T06:51:30|00:00:30|00:01:00|1|64|64G|billing=64,cpu=64,mem=64G,node=1|COMPLETED
 4|carol||long|2026-12-05T06:50:10|2026-12-05T06:51:00|2026-12-05T06:51:30|00:00:30|UNLIMITED|1|2|2G|billing=2,cpu=2,gres/gpu=2,mem=2G,node=1|TIMEOUT
-5|carol||short|2026-12-05T06:50:11|Unknown|2026-12-05T06:50:20|00:00:00|00:01:00|1|1|1G|billing=1,cpu=1,mem=1G,node=1|CANCELLED by 0
+5|carol||short|2026-12-05T06:50:11|Unknown|2026-12-05T06:50:20|00:00:00|00:01:00|1|1|1G|cpu=1,mem=1G,node=1|CANCELLED by 0
 6|alice||short|2026-12-05T06:52:41|2026-12-05T06:53:02|Unknown|00:01:21|00:02:00|3|3|3G|billing=3,cpu=3,mem=3G,node=3|RUNNING
 """
 
