@@ -66,12 +66,12 @@ def over(base: str, lines: str) -> str:
     return "\n".join(kept + new) + "\n"
 
 
-def base_conf(host: str) -> str:
-    """Slurm's own file (ops/slurm/setup.sh wrote it) with the scheduling settings both systems share
-    (``base.conf`` beside the scenarios), its nodes reachable as Slurm's setup made them."""
+def base_conf(host: str, original: str) -> str:
+    """Slurm's own file as ops/slurm/setup.sh wrote it (``original``) with the scheduling settings both systems
+    share (``base.conf`` beside the scenarios), its nodes reachable as Slurm's setup made them."""
     shared = (SCENARIOS / "base.conf").read_text()
     nodes = "\n".join(NODE.format(i=i, host=host, port=17000 + i) for i in range(1, 5))
-    return over(over(Path("/etc/slurm/slurm.conf").read_text(), shared), nodes)
+    return over(over(original, shared), nodes)
 
 
 class System:
@@ -252,9 +252,9 @@ def _int(text: str) -> int:
         return 0
 
 
-def run(sc: dict, systems: list[System], host: str) -> dict[str, dict]:
-    """Run a scenario on every system at once; what each showed."""
-    conf = scenario_conf(base_conf(host), sc)
+def run(sc: dict, systems: list[System], base: str) -> dict[str, dict]:
+    """Run a scenario on every system at once (``base``: the slurm.conf both start from); what each showed."""
+    conf = scenario_conf(base, sc)
     for s in systems:
         s.start(conf, sc)
     t0 = time.time()
@@ -363,10 +363,14 @@ def main(argv: list[str] | None = None) -> int:
     host = os.uname().nodename.split(".")[0]
     totals = [0, 0, 0, 0, 0, 0]
     rota = Rota(out / "rota")
+    kept = out / "slurm.conf.setup"        # Slurm's file as its setup wrote it: each scenario starts from it
+    if not kept.exists():
+        shutil.copy("/etc/slurm/slurm.conf", kept)
+    base = base_conf(host, kept.read_text())
     try:
         for path in paths:
             sc = load(path)
-            seen = run(sc, [Slurm(), rota], host)
+            seen = run(sc, [Slurm(), rota], base)
             rota.stop()
             (out / f"{sc['name']}.json").write_text(json.dumps(seen, indent=1, sort_keys=True))
             if a.record:
@@ -378,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
                 totals[2 * i + 1] += cmp[k][1]
     finally:
         rota.stop()
+        shutil.copy(kept, "/etc/slurm/slurm.conf")
     print(f"all: decisions {totals[0]}/{totals[1]}, reasons {totals[2]}/{totals[3]}, "
           f"sprio factors {totals[4]}/{totals[5]}")
     return 0
