@@ -34,7 +34,8 @@ def replay(path: Path) -> tuple[dict, dict, object]:
         sim.timeline.put(0, accounting.plan(sim.state, op, entity, names, where, values, by="root"), "root")
     jobs = []
     for i, j in enumerate(sc["job"]):
-        spec, _ = build_spec(["-J", j["name"], *j.get("args", []), "--wrap", f"sleep {j.get('run', 30)}"])
+        spec, _ = build_spec(["-J", j["name"], *j.get("args", []), "--wrap", f"sleep {j.get('run', 30)}"],
+                             now=j["at"])
         spec = {k: v for k, v in spec.items() if not k.startswith("_")}
         user = j.get("user", "alice")
         caller = Caller(UIDS[user], UIDS[user], user)
@@ -49,21 +50,29 @@ def replay(path: Path) -> tuple[dict, dict, object]:
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
 def test_rota_decides_as_the_real_slurm_did(path):
     sc, slurm, result = replay(path)
-    names = {o.trace_id: sc["job"][o.trace_id]["name"] for o in result.outcomes.values()}
-    starts = {names[o.trace_id]: o.start for o in result.outcomes.values() if o.start >= 0}
+    names: dict[int, str] = {}
+    starts: dict[str, int] = {}
+    for env in result.log:        # each job's (each array task's) start, named as the harness names it
+        e = env.event
+        if isinstance(e, ev.JobSubmitted):
+            names[e.job_id] = e.spec.name
+        elif isinstance(e, ev.JobsStarted):
+            for s in e.starts:
+                key = names[s.array_job_id if s.array_job_id is not None else s.job_id]
+                starts.setdefault(key if s.array_task_id is None else f"{key}_{s.array_task_id}", env.ts)
     differ = {k: (slurm["starts"].get(k), starts.get(k)) for k in set(slurm["starts"]) | set(starts)
               if slurm["starts"].get(k) is None or starts.get(k) is None
               or abs(slurm["starts"][k] - starts[k]) > SLACK}
     assert not differ, f"starts (slurm, rota) that differ: {differ}"
-    by_name = {names[o.trace_id]: o.job_id for o in result.outcomes.values()}
+    by_name = {name: jid for jid, name in names.items()}
     for at, seen in slurm["checks"].items():
         state = replay_to(result.log, at_time=int(at))
         d = schedule(state, int(at))
-        reasons = {k: d.pending_of(by_name[k]).display for k in seen["reasons"] if d.pending_of(by_name[k])}
+        reasons = {k: p.display for k in seen["reasons"] if (p := d.pending_of(by_name[k.split("_[")[0]]))}
         assert reasons == seen["reasons"], f"reasons at {at}s"
-        factors = factors_of(state, int(at), [by_name[k] for k in seen["sprio"]])
+        factors = factors_of(state, int(at), [by_name[k.split("_")[0]] for k in seen["sprio"]])
         for k, values in seen["sprio"].items():
-            mine = factors[by_name[k]][1]
+            mine = factors[by_name[k.split("_")[0]]][1]
             ours = [mine.priority, mine.age, mine.fairshare, mine.job_size, mine.partition, mine.qos, mine.nice]
             off = {f: (x, y) for f, x, y in zip(FACTORS, values, ours) if abs(x - y) > 1}
             assert not off, f"sprio of {k} at {at}s (slurm, rota): {off}"
