@@ -104,7 +104,7 @@ CONF
       --bind-address=127.0.0.1 --innodb-buffer-pool-size=256M >/var/log/slurm/mariadbd.out 2>&1 &
     for _ in $(seq 1 60); do mariadb -e 'select 1' >/dev/null 2>&1 && break; sleep 0.5; done
   fi
-  mariadb -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'rotabench';
+  mariadb -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost'; ALTER USER 'slurm'@'localhost' IDENTIFIED BY 'rotabench';
               CREATE DATABASE IF NOT EXISTS slurm_acct_db; GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';"
   if ! running /run/slurm/slurmdbd.pid; then
     /usr/sbin/slurmdbd
