@@ -84,6 +84,15 @@ class SimResult:
 _EXIT, _ARRIVE = 0, 1      # at one moment, runs end before jobs arrive
 
 
+@dataclass(frozen=True, slots=True)
+class Action:
+    """An administrator's command at a moment of a workload (drain, resume...): ``make`` turns the state then
+    into its event."""
+
+    at: int
+    make: Callable[[State], Any]
+
+
 @dataclass(slots=True)
 class _Exit:
     """A run's end, due at a moment: unless the run was stopped or requeued before it."""
@@ -145,15 +154,20 @@ class Simulator:
         return d
 
     def run(self, jobs: Iterable[TraceJob], *, stop_when_all_started: bool = False,
-            progress: Callable[[int, int], None] | None = None) -> SimResult:
-        """Simulate until every job has ended (or started, with ``stop_when_all_started``)."""
+            progress: Callable[[int, int], None] | None = None, actions: Iterable[Action] = ()) -> SimResult:
+        """Simulate until every job has ended (or started, with ``stop_when_all_started``); ``actions`` are
+        applied at their moments, before the jobs that arrive then."""
         trace = sorted(jobs, key=lambda j: (j.submit, j.trace_id))
+        for act in actions:
+            self.timeline.at(act.at, _ARRIVE, act)
         for tj in trace:
             self.timeline.at(tj.submit, _ARRIVE, tj)
         tally = _Tally({}, {}, len(trace), trace[0].submit if trace else 0)
 
-        def handle(now: int, item: TraceJob | _Exit) -> None:
-            if isinstance(item, TraceJob):
+        def handle(now: int, item: TraceJob | _Exit | Action) -> None:
+            if isinstance(item, Action):
+                self.timeline.put(now, item.make(self.state), "admin")
+            elif isinstance(item, TraceJob):
                 self._arrive(now, item, tally)
             else:
                 self._exit(now, item, tally)

@@ -14,7 +14,7 @@ from rota.core import accounting, commands
 from rota.core import events as ev
 from rota.core.auth import Caller
 from rota.core.schedule import factors_of, schedule
-from rota.core.sim import Simulator, TraceJob
+from rota.core.sim import Action, Simulator, TraceJob
 from rota.core.slurmconf import parse_config
 from rota.core.timetravel import replay_to
 
@@ -42,8 +42,23 @@ def replay(path: Path) -> tuple[dict, dict, object]:
         job = commands.submit(sim.state, ev.JobSpec(**spec, user=user, uid=UIDS[user], gid=UIDS[user]), 0,
                               caller).spec
         jobs.append(TraceJob(j["at"], job, j.get("run", 30), i))
-    result = sim.run(jobs)
+    result = sim.run(jobs, actions=[Action(d["at"], _action(d["command"])) for d in sc["do"]])
     return sc, json.loads(path.with_suffix(".slurm.json").read_text()), result
+
+
+def _action(argv: list[str]):
+    """An administrator's command of a scenario as the event it makes (the node commands the scenarios use)."""
+    words = dict(w.split("=", 1) for w in argv[2:] if "=" in w)
+    if argv[:2] != ["scontrol", "update"] or "NodeName" not in words:
+        pytest.fail(f"the replay cannot carry out {' '.join(argv)}")
+    node, state = words["NodeName"], words.get("State", "").upper()
+    if state == "DRAIN":
+        return lambda st: commands.drain(st, node, words.get("Reason", ""))
+    if state == "DOWN":
+        return lambda st: commands.down(st, node, words.get("Reason", ""))
+    if state == "RESUME":
+        return lambda st: commands.resume(st, node)
+    pytest.fail(f"the replay cannot carry out {' '.join(argv)}")
 
 
 @pytest.mark.skipif(not RECORDED, reason="no scenario has Slurm's observations recorded")
