@@ -22,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import tomllib
@@ -99,9 +100,8 @@ class Slurm(System):
     name = "slurm"
 
     def start(self, conf: str, sc: dict) -> None:
-        subprocess.run(["scancel", "-u", "root", "--full"], capture_output=True)
-        for user in USERS:
-            subprocess.run(["scancel", "-u", user, "--full"], capture_output=True)
+        for user in ("root", *USERS):
+            self.run(["scancel", "-u", user, "--full"])
         Path("/etc/slurm/slurm.conf").write_text(conf)
         pid = Path("/run/slurm/slurmctld.pid")
         if pid.exists():
@@ -119,17 +119,15 @@ class Slurm(System):
             self.run(["sacctmgr", "-i", *line.split()])
 
     def _reset_accounts(self) -> None:
-        out = subprocess.run(["sacctmgr", "-n", "-P", "list", "account", "format=account"], capture_output=True,
-                             text=True).stdout.split()
-        subprocess.run(["sacctmgr", "-i", "delete", "user", ",".join(USERS)], capture_output=True)
+        out = self.run(["sacctmgr", "-n", "-P", "list", "account", "format=account"]).stdout.split()
+        self.run(["sacctmgr", "-i", "delete", "user", ",".join(USERS)])
         others = [a for a in out if a != "root"]
         if others:
-            subprocess.run(["sacctmgr", "-i", "delete", "account", ",".join(others)], capture_output=True)
-        qos = subprocess.run(["sacctmgr", "-n", "-P", "list", "qos", "format=name"], capture_output=True,
-                             text=True).stdout.split()
+            self.run(["sacctmgr", "-i", "delete", "account", ",".join(others)])
+        qos = self.run(["sacctmgr", "-n", "-P", "list", "qos", "format=name"]).stdout.split()
         extra = [q for q in qos if q != "normal"]
         if extra:
-            subprocess.run(["sacctmgr", "-i", "delete", "qos", ",".join(extra)], capture_output=True)
+            self.run(["sacctmgr", "-i", "delete", "qos", ",".join(extra)])
 
 
 class Rota(System):
@@ -349,23 +347,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("scenarios", nargs="*", help="scenario files (default: every one in tests/fixtures/parity)")
     ap.add_argument("--record", action="store_true", help="keep Slurm's observations beside each scenario")
     ap.add_argument("--slack", type=float, default=5.0, help="seconds two starts may differ and be the same")
-    ap.add_argument("--out", default="/tmp/rota-parity", help="where both systems' observations are written")
+    ap.add_argument("--out", help="a new directory for both systems' observations (default: a fresh one in the "
+                                  "temporary directory)")
     a = ap.parse_args(argv)
     if not (SLURM_BIN / "slurmctld").exists() and not Path("/usr/sbin/slurmctld").exists():
         print("parity: no Slurm on this machine: run ops/slurm/setup.sh first (WITH_DBD=1 for accounts)")
         return 2
     for user, uid in USERS.items():
-        if subprocess.run(["id", user], capture_output=True).returncode:
-            subprocess.run(["useradd", "-m", "-u", str(uid), "-s", "/bin/bash", user], check=True)
+        if subprocess.run(["/usr/bin/id", user], capture_output=True).returncode:
+            subprocess.run(["/usr/sbin/useradd", "-m", "-u", str(uid), "-s", "/bin/bash", user], check=True)
     paths = [Path(p) for p in a.scenarios] or sorted(SCENARIOS.glob("*.toml"))
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    # root writes /etc/slurm/slurm.conf back from this directory: never one another user made or could change
+    out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="rota-parity-"))
+    if a.out:
+        out.mkdir(mode=0o700)
+    out.chmod(0o755)            # the users' commands reach rota's socket under it
+    print(f"parity: observations in {out}")
     host = os.uname().nodename.split(".")[0]
     totals = [0, 0, 0, 0, 0, 0]
     rota = Rota(out / "rota")
     kept = out / "slurm.conf.setup"        # Slurm's file as its setup wrote it: each scenario starts from it
-    if not kept.exists():
-        shutil.copy("/etc/slurm/slurm.conf", kept)
+    shutil.copy("/etc/slurm/slurm.conf", kept)
     base = base_conf(host, kept.read_text())
     try:
         for path in paths:

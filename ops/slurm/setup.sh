@@ -84,6 +84,10 @@ sleep 0.5
 munge -n | unmunge >/dev/null
 
 if [ "$WITH_DBD" = 1 ]; then
+  # the database password: made here, kept only in root's slurmdbd.conf (never a fixed one other users could read)
+  PASS=$(sed -n 's/^StoragePass=//p' /etc/slurm/slurmdbd.conf 2>/dev/null || true)
+  [ -n "$PASS" ] || PASS=$(head -c 18 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  umask 077
   cat > /etc/slurm/slurmdbd.conf <<CONF
 AuthType=auth/munge
 DbdHost=localhost
@@ -94,9 +98,10 @@ PidFile=/run/slurm/slurmdbd.pid
 StorageType=accounting_storage/mysql
 StorageHost=localhost
 StorageUser=slurm
-StoragePass=rotabench
+StoragePass=$PASS
 StorageLoc=slurm_acct_db
 CONF
+  umask 022
   chown slurm:slurm /etc/slurm/slurmdbd.conf && chmod 600 /etc/slurm/slurmdbd.conf
   mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld
   if ! running /run/mysqld/mysqld.pid; then
@@ -104,7 +109,7 @@ CONF
       --bind-address=127.0.0.1 --innodb-buffer-pool-size=256M >/var/log/slurm/mariadbd.out 2>&1 &
     for _ in $(seq 1 60); do mariadb -e 'select 1' >/dev/null 2>&1 && break; sleep 0.5; done
   fi
-  mariadb -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost'; ALTER USER 'slurm'@'localhost' IDENTIFIED BY 'rotabench';
+  mariadb -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost'; ALTER USER 'slurm'@'localhost' IDENTIFIED BY '$PASS';
               CREATE DATABASE IF NOT EXISTS slurm_acct_db; GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';"
   if ! running /run/slurm/slurmdbd.pid; then
     /usr/sbin/slurmdbd
