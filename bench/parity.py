@@ -2,7 +2,8 @@
 
 A scenario (``tests/fixtures/parity/NAME.toml``) gives slurm.conf lines (weights, partitions, limits),
 ``sacctmgr`` commands, jobs (``sleep`` of a given length, ``sbatch`` options, a user, a moment) and
-administrator commands at moments. Both systems get the same base slurm.conf (4 nodes gpu[01-04] of 64 CPUs,
+administrator commands at moments; ``{NAME}`` in a job's options or a command is the id the job named NAME
+got on that system. Both systems get the same base slurm.conf (4 nodes gpu[01-04] of 64 CPUs,
 257,000 MiB and 8 A100s: ``ops/slurm/setup.sh``'s), the same lines, the same commands, at the same moments,
 through their commands as processes. Every second both queues are read; at each check moment the pending
 reasons, ``sprio`` factors and ``squeue --start`` are taken. Compared, job by job: when it started (equal
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -57,6 +59,20 @@ def scenario_conf(base: str, sc: dict) -> str:
     """``base`` with the scenario's lines: a key it sets replaces the base's, its partitions replace the
     base's."""
     return over(base, sc.get("conf", ""))
+
+
+def for_rota(conf: str) -> str:
+    """The scenario's file as rota gets it: with Slurm's behaviour where rota's differs by design: its cadence
+    (``rota_cadence=slurm``: backfill every ``bf_interval``, the main scheduler's strict-priority pass at a change
+    between) and whole-node reservations (``rota_reserve=nodes``)."""
+    lines = conf.splitlines()
+    for i, ln in enumerate(lines):
+        if ln.lower().startswith("schedulerparameters="):
+            lines[i] = ln + ",rota_cadence=slurm,rota_reserve=nodes"
+            break
+    else:
+        lines.append("SchedulerParameters=rota_cadence=slurm,rota_reserve=nodes")
+    return "\n".join(lines) + "\n"
 
 
 def over(base: str, lines: str) -> str:
@@ -143,7 +159,7 @@ class Rota(System):
         shutil.rmtree(self.base, ignore_errors=True)
         self.base.mkdir(parents=True)
         self.base.chmod(0o755)
-        (self.base / "slurm.conf").write_text(conf)
+        (self.base / "slurm.conf").write_text(for_rota(conf))
         env = {**os.environ, **self.env}
         log = open(self.base / "up.log", "w")
         self.procs = [subprocess.Popen([str(self.bin / "rota"), "up", "--no-agent", "--config",
@@ -205,8 +221,10 @@ class Observer:
         self.ids: dict[str, str] = {}           # job id -> the scenario's key for it
 
     def key(self, jid: str, array: str, name: str) -> str:
+        if jid in self.ids:
+            return self.ids[jid]
         k = name + jid[len(array):] if "_" in jid and jid.startswith(array) else name
-        self.ids[jid] = k
+        self.ids[jid] = k = same_name(k, self.ids.values())
         return k
 
     def poll(self) -> list[list[str]]:
@@ -234,6 +252,15 @@ class Observer:
 
     def result(self) -> dict:
         return {"starts": self.starts, "checks": self.checks}
+
+
+def same_name(key: str, taken: Any) -> str:
+    """A second job of a name (a singleton dependency's) is ``NAME#2``, a third ``NAME#3``: ids go in submit order."""
+    n, k = 1, key
+    while k in taken:
+        n += 1
+        k = f"{key}#{n}"
+    return k
 
 
 def _moment(text: str, t0: float) -> float:
@@ -268,6 +295,7 @@ def run(sc: dict, systems: list[System], base: str) -> dict[str, dict]:
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
+    ids: dict[str, dict[str, str]] = {s.name: {} for s in systems}     # per system: a job's name -> its id
     flip = False
     for at, kind, item in steps:
         delay = t0 + at - time.time()
@@ -277,9 +305,9 @@ def run(sc: dict, systems: list[System], base: str) -> dict[str, dict]:
         flip = not flip
         for s in order:
             if kind == 0:
-                _submit(s, item)
+                _submit(s, item, ids[s.name])
             elif kind == 1:
-                s.run(item["command"])
+                s.run(with_ids(item["command"], ids[s.name]))
             else:
                 obs[s.name].check(at)
     time.sleep(max(0.0, t0 + sc.get("length", 120) - time.time()))
@@ -288,12 +316,19 @@ def run(sc: dict, systems: list[System], base: str) -> dict[str, dict]:
     return {name: o.result() for name, o in obs.items()}
 
 
-def _submit(s: System, job: dict) -> None:
-    argv = ["sbatch", "--parsable", "-J", job["name"], "-o", "/dev/null", *job.get("args", []),
+def with_ids(argv: list[str], ids: dict[str, str]) -> list[str]:
+    """``argv`` with each ``{NAME}`` replaced by the id the job of that name got (dependencies, holds)."""
+    return [re.sub(r"\{(\w+)\}", lambda m: ids.get(m.group(1), m.group(0)), a) for a in argv]
+
+
+def _submit(s: System, job: dict, ids: dict[str, str]) -> None:
+    argv = ["sbatch", "--parsable", "-J", job["name"], "-o", "/dev/null", *with_ids(job.get("args", []), ids),
             "--wrap", f"sleep {job.get('run', 30)}"]
     out = s.run(argv, job.get("user", "alice"))
     if out.returncode:
         print(f"  {s.name}: {job['name']} refused: {out.stderr.strip()}", file=sys.stderr)
+    else:
+        ids[job["name"]] = out.stdout.strip().split(";")[0]
 
 
 def compare(sc: dict, slurm: dict, rota: dict, slack: float) -> dict[str, Any]:

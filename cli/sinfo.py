@@ -32,23 +32,29 @@ class Usage(Exception):
     pass
 
 
-def _state(n: queries.Row, names: dict[str, str], drained: str, draining: str) -> str:
+def _state(n: queries.Row, names: dict[str, str], drained: str, draining: str, planned: dict[str, str]) -> str:
     base = n["base"]
     if n["drain"]:
         s = drained if base in ("IDLE", "DOWN", "UNKNOWN") else draining
+    elif n["not_responding"]:
+        return names.get(base, base.lower()) + "*"
+    elif base in planned and "planned" in n.keys() and n["planned"]:
+        return planned[base]
     else:
         s = names.get(base, base.lower())
     return s + ("*" if n["not_responding"] else "")
 
 
 def state_short(n: queries.Row) -> str:
-    """%t: idle, mix, alloc, drain, drng, down, unk (+ "*" when not responding)."""
-    return _state(n, SHORT, "drain", "drng")
+    """%t: idle, mix, alloc, drain, drng, down, unk (+ "*" when not responding); plnd and mix- for a node kept for
+    a pending job (Slurm's PLANNED)."""
+    return _state(n, SHORT, "drain", "drng", {"IDLE": "plnd", "MIXED": "mix-"})
 
 
 def state_long(n: queries.Row) -> str:
-    """%T: idle, mixed, allocated, drained, draining, down, unknown (+ "*")."""
-    return _state(n, LONG_NAMES, "drained", "draining")
+    """%T: idle, mixed, allocated, drained, draining, down, unknown (+ "*"); planned and mixed- for a node kept
+    for a pending job."""
+    return _state(n, LONG_NAMES, "drained", "draining", {"IDLE": "planned", "MIXED": "mixed-"})
 
 
 def state_value(n: queries.Row) -> int:

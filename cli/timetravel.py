@@ -325,6 +325,7 @@ def why_text(rep: Any, users: dict[int, str]) -> list[str]:
         out.append(f"  It started at {_t(rep.start_time)} (sequence {rep.start_seq}).")
     if rep.from_snapshot:
         out.append(f"Replayed from the snapshot at sequence {rep.from_snapshot}.")
+    out.extend(f"Where Slurm could have decided otherwise: {d}." for d in rep.slurm_differences)
     out.append(f"Derived from log sequences {rep.log_range[0]}-{rep.log_range[1]}, the configuration of sequence "
                f"{rep.config_seq}, rota {', '.join(rep.versions) or '?'} (policy {rep.policy}); reasons are "
                "recomputed at every recorded cycle (from the state just before its decision) and at every change "

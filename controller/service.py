@@ -18,6 +18,7 @@ from rota.core import __version__, commands
 from rota.core import events as ev
 from rota.core.auth import ROOT, Caller
 from rota.core.orders import Order
+from rota.core.policies import cycle_policy
 from rota.core.schedule import Decision, schedule
 from rota.core.state import State, dump_snapshot
 from rota.wire import collector, diskspace, subjects as sj
@@ -187,8 +188,9 @@ class Controller:
 
     # ------------------------------------------------------------ cycles
 
-    async def cycle(self) -> ev.JobsStarted | None:
-        """One scheduling cycle; appends its decision when it started something."""
+    async def cycle(self, backfill: bool = True) -> ev.JobsStarted | None:
+        """One scheduling cycle; appends its decision when it started something. ``backfill``: a backfill cycle
+        (under Slurm's cadence the others are the main scheduler's strict-priority pass)."""
         if not self.leader or not self.state.pending:
             return None
         decided: list[ev.JobsStarted] = []
@@ -198,7 +200,8 @@ class Controller:
 
         def decide(state: State) -> ev.JobsStarted:
             with collector.paused():   # its many short-lived objects would be moved to the oldest generation
-                decision = schedule(state, max(self.now(), state.now), give_way=give_way)
+                policy = cycle_policy(state.config.scheduler, backfill) if state.config is not None else None
+                decision = schedule(state, max(self.now(), state.now), policy, give_way=give_way)
             event = decision.event()
             self.last_decision = (state.seq, decision)
             if event is None:
@@ -212,6 +215,11 @@ class Controller:
             return None
         return decided[0]
 
+    def _backfill_interval(self) -> float | None:
+        """Seconds between backfill cycles under Slurm's cadence; None under rota's (every cycle is one)."""
+        cfg = self.state.config
+        return float(cfg.scheduler.bf_interval) if cfg is not None and cfg.scheduler.cadence == "slurm" else None
+
     def cycle_figures(self) -> dict[str, float]:
         """The latest cycles' durations in ms, as sdiag gives them (none before the first)."""
         t = self.cycle_times
@@ -222,20 +230,28 @@ class Controller:
         """Cycle when something changed and every ``cycle_interval``. A change after a quiet spell is
         scheduled at once; after a cycle that had jobs pending and took d seconds, the next starts no
         sooner than ``debounce`` and 2d later, so a burst of submits against a long queue is not starved
-        by back-to-back cycles."""
+        by back-to-back cycles. Under Slurm's cadence (``rota_cadence=slurm``) only the cycles every
+        ``bf_interval`` run the policy; the others are the main scheduler's pass."""
         last, ended = 0.0, -float("inf")
         dirty = self.writer.dirty
+        backfill_due = time.perf_counter()
         while True:
+            interval = self._backfill_interval()
+            wait = self.cycle_interval if interval is None else min(self.cycle_interval,
+                                                                    max(0.0, backfill_due - time.perf_counter()))
             try:
-                await asyncio.wait_for(dirty.wait(), timeout=self.cycle_interval)
+                await asyncio.wait_for(dirty.wait(), timeout=wait)
             except asyncio.TimeoutError:
                 pass
             await asyncio.sleep(max(0.0, ended + max(self.debounce, 2 * last) - time.perf_counter()))
             dirty.clear()
+            backfill = interval is None or time.perf_counter() >= backfill_due
+            if interval is not None and backfill:
+                backfill_due = time.perf_counter() + interval
             try:
                 t0 = time.perf_counter()
                 ran = self.leader and bool(self.state.pending)
-                await self.cycle()
+                await self.cycle(backfill)
                 spent = time.perf_counter() - t0
                 if ran:         # a cycle with nothing pending cost nothing: no wait after it
                     last, ended = spent, t0 + spent

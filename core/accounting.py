@@ -88,8 +88,9 @@ def _modify(state: State, entity: str, names: list[str], where: dict[str, str], 
         return ev.AccountingChanged(accounts=tuple(_account(state, _existing(state.accounts, n, "account"), values)
                                                    for n in names), by=by)
     if entity == "qos":
-        return ev.AccountingChanged(qos=tuple(_qos(state, _existing(state.qos, n, "qos"), values) for n in names),
-                                    by=by)
+        # "normal" is there from the start, as Slurm's database makes it
+        return ev.AccountingChanged(qos=tuple(_qos(state, state.qos.get(n) or ev.QosRecord(name=n) if n == "normal"
+                                                   else _existing(state.qos, n, "qos"), values) for n in names), by=by)
     accounts = [a for a in where.get("account", "").split(",") if a]
     values = dict(values)
     default = values.pop("defaultaccount", "")

@@ -4,7 +4,7 @@ Keyed on each job's state before and after (Flux's transition -> action): a run 
 requeued without its agent reporting it is killed ("stopped"); a job that became RUNNING, or runs
 again after a requeue, is launched; a running job that was cancelled is killed with the cancel's
 signal; a running job whose time limit changed is updated; a running job preempted with a grace time
-is sent SIGTERM on each of its nodes. Each order goes to the job's batch host,
+is sent SIGTERM on each of its nodes (its steps, as Slurm). Each order goes to the job's batch host,
 the first node of its allocation (as in Slurm).
 """
 from __future__ import annotations
@@ -55,8 +55,9 @@ def _job_orders(jid: int, before: Before, changes: Changes, out: list[tuple[str,
         out.append((node, Update(job_id=jid, restarts=job.restarts, time_limit=job.time_limit or 0)))
     warn = changes.warnings.get(jid)
     if warn is not None and job.cancel_by is None:     # preempted: told now, stopped at its new limit
-        out.extend((a.node, Signal(job_id=jid, restarts=job.restarts, signal=warn, batch=i == 0, steps=True))
-                   for i, a in enumerate(job.alloc))
+        # as Slurm's: the job's steps are told, not its batch script (which runs on to the end of its grace)
+        out.extend((a.node, Signal(job_id=jid, restarts=job.restarts, signal=warn, batch=False, steps=True))
+                   for a in job.alloc)
 
 
 def _step_launches(owner: Job, restarts: int, sid: int, step: Step) -> list[tuple[str, Order]]:

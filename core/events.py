@@ -85,6 +85,14 @@ class SchedulerParams(Model):
     bf_window: int = 1440 * 60        # seconds
     bf_resolution: int = 60           # seconds
     bf_max_job_test: int = 0          # 0 = every pending job
+    # "rota": the policy runs in every cycle (at each change); "slurm" (rota_cadence=slurm): as Slurm's
+    # controller, a change gets the main scheduler's strict-priority pass (fifo) and the policy runs every
+    # bf_interval seconds
+    cadence: Literal["rota", "slurm"] = "rota"
+    # "resources": a reservation holds what its job needs on its nodes, later jobs may use the rest;
+    # "nodes" (rota_reserve=nodes): it holds its nodes whole, as Slurm's backfill does
+    reserve: Literal["resources", "nodes"] = "resources"
+    bf_interval: int = 30             # seconds
     max_array_size: int = 1001
     enforce_part_limits: Literal["NO", "ANY", "ALL"] = "NO"
     min_job_age: int = 300

@@ -113,7 +113,9 @@ def late_starts(envelopes: Iterable[ev.Envelope], latency: int = DEFAULT_LATENCY
 
     def settle(jid: int, until: int, outcome: str) -> None:
         t, seq = since.pop(jid)
-        if until - t > latency:
+        sched = st.config.scheduler if st.config is not None else None
+        # under Slurm's cadence a job that only backfill starts waits for the next backfill cycle
+        if until - t > latency + (sched.bf_interval if sched is not None and sched.cadence == "slurm" else 0):
             late.append(Late(jid, t, seq, until, outcome))
 
     for env, now in moments.walk(envelopes, st, to_seq):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
+from .events import SchedulerParams
 from .profile import INF
 
 
@@ -160,3 +161,32 @@ def make_policy(name: str, now: int, bf_window: int, kept: tuple[int, int] | Non
     if name == "conservative":
         return Conservative(now, bf_window)
     raise ValueError(f"unknown scheduling policy {name!r}; choose one of {', '.join(POLICIES)}")
+
+
+def cycle_policy(sched: SchedulerParams, backfill: bool) -> str:
+    """The policy a cycle runs: the configured one, except under Slurm's cadence (``rota_cadence=slurm``)
+    where only the backfill cycles (every ``bf_interval``) run it and a cycle after a change is the main
+    scheduler's strict-priority pass."""
+    return sched.policy if backfill or sched.cadence != "slurm" else "fifo"
+
+
+def slurm_differences(sched: SchedulerParams) -> list[str]:
+    """The settings under which rota decides differently from Slurm 22.05's sched/backfill, each as a sentence
+    saying how (none under ``rota_policy=conservative`` with ``rota_cadence=slurm``)."""
+    out = []
+    if sched.policy != "conservative":
+        out.append(f"rota_policy={sched.policy}: Slurm's backfill reserves nodes for every job it tests within "
+                   "bf_window (rota's conservative policy), so jobs may start in another order than Slurm's")
+    if sched.cadence != "slurm":
+        out.append(f"rota's cadence: every change gets a backfill pass, where Slurm's backfill runs every bf_interval "
+                   f"({sched.bf_interval}s) and a change gets its main scheduler's strict-priority pass, so a job "
+                   "rota backfilled could have started up to that much later under Slurm, and jobs submitted in "
+                   "between could have gone first (SchedulerParameters=rota_cadence=slurm gives Slurm's)")
+    return out
+
+
+def next_backfill(sched: SchedulerParams, origin: int, now: int) -> int:
+    """Under Slurm's cadence, the first backfill moment after ``now`` on the grid of ``bf_interval`` from
+    ``origin``."""
+    step = max(1, sched.bf_interval)
+    return now + step - (now - origin) % step

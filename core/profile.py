@@ -123,6 +123,19 @@ class Timeline:
                 arr.insert(i, arr[i - 1])
         return i
 
+    def hold(self, start: int, end: int, job_id: int = 0) -> None:
+        """Take everything left free over [start, end): the whole node is kept for a job, as Slurm's backfill
+        keeps the nodes of a job it plans (``rota_reserve=nodes``)."""
+        i = self._split(start)
+        j = self._split(end) if end < INF else len(self.times)
+        arrays = [self.fc, self.fm, self.fg, *(self.fgt.values() if self.fgt is not None else ())]
+        for arr in arrays:
+            for k in range(i, j):
+                arr[k] = min(arr[k], 0)
+        self.version += 1
+        if self.items is not None:
+            self.items.append((start, end, job_id, "resv"))
+
     def reserve(self, start: int, end: int, c: int, m: int, g: int, gpu_type: str | None,
                 job_id: int = 0, kind: str = "resv") -> None:
         """Take c CPUs, m MiB, g GPUs over [start, end)."""

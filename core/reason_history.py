@@ -40,6 +40,8 @@ class ReasonHistory:
         self.moments = Moments(None)
         self.open: dict[int, Span] = {}
         self.touched: list[Span] = []        # spans opened or closed since the last :meth:`take`
+        # nodes the latest evaluation kept for pending jobs and not wholly allocated (Slurm's PLANNED)
+        self.planned: tuple[str, ...] = ()
 
     def fold(self, st: State, envelopes: Iterable[ev.Envelope], changes: Changes = NOTHING) -> None:
         """Apply ``envelopes`` to ``st`` (noting into ``changes``), evaluating at every moment. The last
@@ -82,6 +84,8 @@ class ReasonHistory:
                 self._record(st, schedule(st, e.now, e.policy, kept_shadow=e.shadow,
                                                  give_way=self.give_way), e.now, st.seq + 1, None)
         self.moments.apply(st, env, changes if changes is not NOTHING else None)
+        if not st.pending:
+            self.planned = ()
         if isinstance(e, ev.JobsStarted):
             for s in e.starts:
                 for jid in (s.job_id, s.array_job_id):
@@ -101,6 +105,7 @@ class ReasonHistory:
         self._record(st, d, now, seq, counts)
 
     def _record(self, st: State, d: Decision, now: int, seq: int, counts: Callable[[int], bool] | None) -> None:
+        self.planned = planned_nodes(st, d)
         for jid in st.pending:
             if counts is not None and not counts(jid):
                 continue          # this moment cannot change what is said of it
@@ -124,6 +129,13 @@ class ReasonHistory:
             span.end = job_start if job_start is not None and job_start >= span.start else when
             del self.open[jid]
             self.touched.append(span)
+
+
+def planned_nodes(st: State, d: Decision) -> tuple[str, ...]:
+    """The nodes ``d`` keeps for pending jobs that are not wholly allocated: Slurm 22.05's PLANNED (sinfo's
+    ``planned`` for an idle node, ``mixed-`` for a node partly in use)."""
+    names = {n for r in d.reservations.values() for n in r.nodes}
+    return tuple(sorted(n for n in names if n in st.nodes and st.nodes[n].alloc_cpus < st.nodes[n].cpus))
 
 
 def spans_of(envelopes: Iterable[ev.Envelope], job_id: int) -> Iterator[Span]:

@@ -332,7 +332,8 @@ def _blocked(cy: Cycle, decision: Decision, job: Job, parts: list[str], task: in
             failed.nodes.update(n.name for n in cy.part_nodes.get(p, ()))
     if policy.blocked(parts, best.start if best is not None else None, jid) and best is not None:
         # the focus job is the last walked: nothing is placed after it, its nodes need no booking
-        pend.start = _reserve(decision, jid, task, best, book=cy.focus != jid and policy.book).start
+        pend.start = _reserve(decision, jid, task, best, book=cy.focus != jid and policy.book,
+                              whole=cy.params.reserve == "nodes").start
     if cy.explain and cy.focus in (None, jid):
         _explain_pending(cy, job, parts, pend, decision.reservations.get(jid))
     return pend
@@ -396,12 +397,17 @@ def _earliest(cy: Cycle, job: Job, parts: Sequence[str], policy: Policy) -> _Pla
     return best
 
 
-def _reserve(decision: Decision, job_id: int, task: int | None, place: _Place, book: bool = True) -> Reservation:
-    """Hold ``place`` for the job: later jobs are placed around it (``book``: on its nodes' timelines)."""
+def _reserve(decision: Decision, job_id: int, task: int | None, place: _Place, book: bool = True,
+             whole: bool = False) -> Reservation:
+    """Hold ``place`` for the job: later jobs are placed around it (``book``: on its nodes' timelines; ``whole``:
+    its nodes whole, as Slurm's backfill does, else only what it needs there)."""
     t, d, s = place.start, place.duration, place.search
     resv = Reservation(job_id, t, t + d, tuple(tl.name for tl in place.timelines), place.partition, task)
     if book:
         for tl in place.timelines:
+            if whole:
+                tl.hold(t, t + d, job_id)
+                continue
             c, m, g = s.request_on(tl)
             tl.reserve(t, t + d, c, m, g, s.gtype, job_id, "resv")
         s.placed(t)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from . import events as ev
+from .policies import cycle_policy, next_backfill
 from .schedule import Decision, schedule
 from .state import State
 from .timeline import Timeline
@@ -82,6 +83,7 @@ class SimResult:
 
 
 _EXIT, _ARRIVE = 0, 1      # at one moment, runs end before jobs arrive
+_TICK = object()           # a backfill moment under Slurm's cadence (rota_cadence=slurm)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,15 +143,17 @@ class Simulator:
         self.timeline = Timeline(idem="sim-", record=self.log if record_log else None)
         self.state = self.timeline.state
         self.sample_every = sample_every
+        self.origin, self.next_tick = start_time, -1      # Slurm's cadence: backfill cycles on a grid from here
         self.timeline.put(start_time, ev.ClusterConfigured(config=config, source="simulation"), "admin")
         self.timeline.put(start_time, ev.ControllerStarted(version="sim", policy=self.policy), "controller")
         for event in setup:
             self.timeline.put(start_time, event, "admin")
 
-    def decide(self, state: State, now: int) -> Decision:
-        """One cycle's decision (the scheduler's own; a subclass may stand in for a faulty controller).
-        easy_strict keeps the blocked head job's shadow from cycle to cycle, as the published simulator does."""
-        d = schedule(state, now, self.policy, kept_shadow=self.kept_shadow)
+    def decide(self, state: State, now: int, policy: str | None = None) -> Decision:
+        """One cycle's decision (the scheduler's own; a subclass may stand in for a faulty controller) under
+        ``policy`` (the simulation's by default). easy_strict keeps the blocked head job's shadow from cycle to
+        cycle, as the published simulator does."""
+        d = schedule(state, now, policy or self.policy, kept_shadow=self.kept_shadow)
         self.kept_shadow = d.shadow
         return d
 
@@ -164,12 +168,14 @@ class Simulator:
             self.timeline.at(tj.submit, _ARRIVE, tj)
         tally = _Tally({}, {}, len(trace), trace[0].submit if trace else 0)
 
-        def handle(now: int, item: TraceJob | _Exit | Action) -> None:
+        def handle(now: int, item: TraceJob | _Exit | Action | object) -> None:
+            if item is _TICK:
+                return      # a backfill moment under Slurm's cadence: the instant's cycle is the point
             if isinstance(item, Action):
                 self.timeline.put(now, item.make(self.state), "admin")
             elif isinstance(item, TraceJob):
                 self._arrive(now, item, tally)
-            else:
+            elif isinstance(item, _Exit):
                 self._exit(now, item, tally)
 
         def instant_done(now: int) -> bool:
@@ -204,7 +210,14 @@ class Simulator:
 
     def _cycle(self, now: int, tally: _Tally, progress: Callable[[int, int], None] | None) -> None:
         tally.cycles += 1
-        event = self.decide(self.state, now).event()
+        sched = self.config.scheduler
+        slurm_cadence = sched.cadence == "slurm"
+        backfill = not slurm_cadence or (now - self.origin) % max(1, sched.bf_interval) == 0
+        event = self.decide(self.state, now, cycle_policy(sched, backfill)).event()
+        # the next backfill moment, unless nothing is left to happen (a job no cycle can start would tick forever)
+        if slurm_cadence and self.next_tick <= now and (event is not None or self.timeline.waiting()):
+            self.next_tick = next_backfill(sched, self.origin, now)
+            self.timeline.at(self.next_tick, _ARRIVE, _TICK)
         if event is None:
             return
         for v in [v for p in event.preemptions for v in p.victims]:   # what stops now stops being busy now

@@ -597,6 +597,10 @@ SCHEDULER_PARAMETERS: dict[str, tuple[str, Reader]] = {
     "bf_window": ("bf_window", _count(1, scale=60)),          # minutes in slurm.conf, seconds in rota
     "bf_resolution": ("bf_resolution", _count(1)),
     "bf_max_job_test": ("bf_max_job_test", _count(0)),
+    "bf_interval": ("bf_interval", _count(1)),
+    "rota_reserve": ("reserve", _choice({"resources": "resources", "nodes": "nodes"}, "is not a way to reserve",
+                                        "use resources or nodes")),
+    "rota_cadence": ("cadence", _choice({"rota": "rota", "slurm": "slurm"}, "is not a cadence", "use rota or slurm")),
     "rota_max_submit_per_user": ("max_submit_per_user", _count(1)),
     "rota_policy": ("policy", _choice({p: p for p in POLICIES}, "is not a policy", "use fifo, easy or conservative")),
 }

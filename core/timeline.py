@@ -32,6 +32,10 @@ class Timeline:
         self._count += 1
         heapq.heappush(self._heap, (t, cls, self._count if tie is None else tie, self._count, item))
 
+    def waiting(self) -> int:
+        """How many items are still due."""
+        return len(self._heap)
+
     def put(self, ts: int, event: Any, actor: str, changes: Changes = NOTHING) -> ev.Envelope:
         """Apply ``event`` at ``ts`` as the log's next record (noting what it changed in ``changes``)."""
         self.seq += 1

@@ -13,6 +13,7 @@ from . import events as ev
 from .apply import apply
 from .changes import Changes
 from .cycle import NodeBases
+from .policies import slurm_differences
 from .schedule import factors_of, outranked, plan, schedule
 from .state import PENDING, RUNNING, TERMINAL_STATES, State
 
@@ -85,6 +86,8 @@ class WhyReport:
     from_snapshot: int = 0            # the replay started from a snapshot at this sequence (0: from the start)
     preempted: list[dict] = field(default_factory=list)          # each time it was preempted: by whom, why it
     preempting: list[dict] = field(default_factory=list)         # each time it preempted others
+    # settings under which Slurm could have decided otherwise about this job's backfilling (rota.core.policies)
+    slurm_differences: list[str] = field(default_factory=list)
 
 
 def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None,
@@ -252,6 +255,8 @@ class _Story:
         rep.config_seq = st.config_seq
         rep.versions = tuple(self.versions)
         rep.policy = st.config.scheduler.policy if st.config is not None else ""
+        if st.config is not None and (rep.backfilled or rep.backfilled_past):
+            rep.slurm_differences = slurm_differences(st.config.scheduler)
         if rep.intervals and rep.start_time is None:
             rep.intervals[-1].end = self.ended if self.ended is not None else st.now
         return rep

@@ -77,6 +77,18 @@ def value_at(entry: list[int] | None, now: int, half_life: int) -> tuple[int, in
     return decayed(entry[0], dt, half_life), decayed(entry[1], dt, half_life)
 
 
+def with_running(entries: Mapping, running: Mapping, now: int, half_life: int) -> dict:
+    """``entries`` with the CPU-seconds running jobs have used so far (``running``, by the same keys) added as
+    of ``now``."""
+    if not running:
+        return dict(entries)
+    out = dict(entries)
+    for key, cpu_s in running.items():
+        cpu, gpu = value_at(entries.get(key), now, half_life)
+        out[key] = [cpu + cpu_s, gpu, now]
+    return out
+
+
 def ancestors(parents: Mapping[str, str], account: str) -> Iterable[str]:
     """``account`` and each account above it, up to (not including) root; a cycle in the tree stops."""
     seen: set[str] = set()

@@ -173,7 +173,9 @@ def runs(conn, job_ids: list[int]) -> dict:
 
 
 def nodes(conn) -> list:
-    return conn.execute("SELECT * FROM nodes ORDER BY idx").fetchall()
+    """The nodes, each with ``planned``: kept by the scheduler's latest plan for a pending job (the reason lane's)."""
+    return conn.execute("SELECT n.*, n.name IN (SELECT value FROM json_each((SELECT value FROM meta WHERE "
+                        "key = 'planned'))) AS planned FROM nodes n ORDER BY idx").fetchall()
 
 
 def partitions(conn) -> list:

@@ -9,6 +9,7 @@ sequence): a batch written twice after a crash writes the same rows.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -43,6 +44,7 @@ class ReasonLane:
         self.state = State()
         self.history = ReasonHistory(give_way)   # the scheduler it re-runs pauses there for requests beside it
         self._lock = threading.Lock()      # the state is folded in a worker thread
+        self._planned: tuple[str, ...] | None = None     # as last written
 
     async def open(self, meta: dict) -> None:
         """Resume from the lane's stored state (``meta``: the projection's meta table)."""
@@ -104,6 +106,7 @@ class ReasonLane:
         db = self.db
         if spans:
             await db.executemany(_UPSERT_SPAN, spans)
+        await self._write_planned()
         await db.execute("INSERT OR REPLACE INTO meta VALUES ('reasons_seq', ?)", (self.state.seq,))
         if snapshot is not None:
             await db.execute("INSERT OR REPLACE INTO meta VALUES ('reasons_state', ?)", (snapshot,))
@@ -115,7 +118,17 @@ class ReasonLane:
         spans = await asyncio.to_thread(self._settle, now)
         if spans:
             await self.db.executemany(_UPSERT_SPAN, spans)
+        if spans or await self._write_planned():
             await self.db.commit()
+
+    async def _write_planned(self) -> bool:
+        """Keep the planned nodes (sinfo's ``planned``) in the meta table when they changed; whether they did."""
+        planned = self.history.planned
+        if planned == self._planned:
+            return False
+        await self.db.execute("INSERT OR REPLACE INTO meta VALUES ('planned', ?)", (json.dumps(list(planned)),))
+        self._planned = planned
+        return True
 
     async def follow(self, stop: asyncio.Event, poll: float = 1.0) -> None:
         """Keep the lane up to date until ``stop`` is set."""

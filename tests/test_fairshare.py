@@ -58,8 +58,9 @@ def test_classic_fairshare_is_two_to_the_minus_effective_usage_over_shares():
     h.advance(1000)
     h.finish(job)
     f = factors(h.state, h.now)
-    # alice used it all: UE = 1, S = 1/2 -> 2^-2; bob: UE = 0 + (1 - 0) / 2 -> 2^(-1/2 / 1/2) = 2^-1
-    assert f == {("alice", "physics"): 250_000, ("bob", "physics"): 500_000}
+    # root's own root user (1 share, as Slurm's database makes it) halves physics' shares: S = 1/4 each;
+    # alice used it all: UE = 1 -> 2^-4; bob: UE = 0 + (1 - 0) / 2 -> 2^(-1/2 / 1/4) = 2^-2
+    assert f == {("alice", "physics"): 62_500, ("bob", "physics"): 250_000, ("root", "root"): 1_000_000}
     rows = {(r.account, r.user): r for r in share_rows(h.state, h.now)}
     assert rows[("physics", "alice")].raw_usage == 4000 and rows[("root", "")].raw_usage == 4000
 
@@ -74,9 +75,10 @@ def test_fair_tree_ranks_users_of_the_account_furthest_under_its_share_first():
         h.advance(seconds)
         h.finish(job)
     f = factors(h.state, h.now)
-    # chem used 100 of 500 (LF 2.5) before bio (LF 0.625); in chem ben (no usage) before ann; in bio dan before cat
-    assert f == {("ben", "chem"): 1_000_000, ("ann", "chem"): 750_000, ("dan", "bio"): 500_000,
-                 ("cat", "bio"): 250_000}
+    # root's own root user (no usage) first, as in Slurm; chem used 100 of 500 (LF 2.5) before bio (LF 0.625);
+    # in chem ben (no usage) before ann; in bio dan before cat
+    assert f == {("root", "root"): 1_000_000, ("ben", "chem"): 800_000, ("ann", "chem"): 600_000,
+                 ("dan", "bio"): 400_000, ("cat", "bio"): 200_000}
 
 
 def test_fairshare_feeds_priority_and_sprio_factors_add_up():
@@ -92,8 +94,8 @@ def test_fairshare_feeds_priority_and_sprio_factors_add_up():
     ctx = PriorityContext(cfg, 256, h.state.qos, factors(h.state, h.now))
     fa = priority_factors(h.state.jobs[a], h.now, cfg.partitions[0], JobSize(1, 1), ctx)
     fb = priority_factors(h.state.jobs[b], h.now, cfg.partitions[0], JobSize(1, 1), ctx)
-    assert (fa.fairshare, fb.fairshare) == (2500, 5000)
-    assert fb.fairshare + fb.age + fb.job_size + fb.partition + fb.qos - fb.nice == 5000
+    assert (fa.fairshare, fb.fairshare) == (625, 2500)        # 2^-4 and 2^-2: root's root user holds half the shares
+    assert fb.fairshare + fb.age + fb.job_size + fb.partition + fb.qos - fb.nice == 2500
 
 
 def test_an_accounts_grp_limits_count_its_sub_accounts_jobs():
@@ -142,7 +144,8 @@ def test_fairshare_evens_out_two_accounts_usage_over_a_simulated_week():
 def test_fair_tree_gives_everyone_the_top_rank_while_nobody_has_used_anything():
     h = Harness(cluster(fair_tree=True, half_life=0))
     h.put(accounting(("chem", "root", 40), ("phys", "root", 60), users=(("ann", "chem", 1), ("bob", "phys", 1))))
-    assert factors(h.state, h.now) == {("ann", "chem"): 1_000_000, ("bob", "phys"): 1_000_000}
+    assert factors(h.state, h.now) == {("ann", "chem"): 1_000_000, ("bob", "phys"): 1_000_000,
+                                       ("root", "root"): 1_000_000}
 
 
 def test_why_names_the_priority_factors_that_ranked_a_job_behind_another():
@@ -163,8 +166,8 @@ def test_why_names_the_priority_factors_that_ranked_a_job_behind_another():
     h.cycle()
     assert h.state.jobs[blocker].state == "RUNNING"
     text = "\n".join(why_text(why(h.log, mine), {}))
-    assert f"Ranked behind job {theirs} (?) by its priority factors: 5000 (fair-share 5000), against this job's " \
-           "2500 (fair-share 2500)." in text, text
+    assert f"Ranked behind job {theirs} (?) by its priority factors: 2500 (fair-share 2500), against this job's " \
+           "625 (fair-share 625)." in text, text
 
 
 def test_a_cycles_priorities_are_sprios_factors_summed():

@@ -20,10 +20,10 @@ class SkipsAStart(Simulator):
         super().__init__(*args, **kw)
         self.victim, self.until = victim, until
 
-    def decide(self, state: State, now: int) -> Decision:
+    def decide(self, state: State, now: int, policy: str | None = None) -> Decision:
         if self.victim in state.pending and now < self.until:
             return Decision(now=now, policy=self.policy, cycle=state.cycle + 1)
-        return super().decide(state, now)
+        return super().decide(state, now, policy)
 
 
 def two_jobs(controller: type[Simulator] = Simulator, **kw) -> list[ev.Envelope]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rota.bench.parity import FACTORS, SCENARIOS, load, over
+from rota.bench.parity import FACTORS, SCENARIOS, for_rota, load, over, same_name, with_ids
 from rota.cli.sacctmgr import parse as sacctmgr_line
 from rota.cli.sbatch import build_spec
 from rota.core import accounting, commands
@@ -26,28 +26,36 @@ SLACK = 5          # seconds: Slurm's backfill runs every bf_interval, its launc
 def replay(path: Path) -> tuple[dict, dict, object]:
     """The scenario, what Slurm showed, and rota's simulation of it."""
     sc = load(path)
-    text = over((SCENARIOS / "base.conf").read_text(), sc.get("conf", ""))
+    text = for_rota(over((SCENARIOS / "base.conf").read_text(), sc.get("conf", "")))
     config = parse_config(text, str(path))
     sim = Simulator(config)
     for line in sc["sacctmgr"]:
         _, op, entity, names, where, values, _ = sacctmgr_line(line.split())
         sim.timeline.put(0, accounting.plan(sim.state, op, entity, names, where, values, by="root"), "root")
     jobs = []
+    # the simulator numbers jobs from 1 in the order they arrive
+    order = sorted(range(len(sc["job"])), key=lambda i: (sc["job"][i]["at"], i))
+    ids = {sc["job"][i]["name"]: str(n) for n, i in enumerate(order, 1)}
     for i, j in enumerate(sc["job"]):
-        spec, _ = build_spec(["-J", j["name"], *j.get("args", []), "--wrap", f"sleep {j.get('run', 30)}"],
-                             now=j["at"])
+        spec, _ = build_spec(["-J", j["name"], *with_ids(j.get("args", []), ids), "--wrap",
+                              f"sleep {j.get('run', 30)}"], now=j["at"])
         spec = {k: v for k, v in spec.items() if not k.startswith("_")}
         user = j.get("user", "alice")
         caller = Caller(UIDS[user], UIDS[user], user)
+        # checked here as sbatch's request is (its dependencies' jobs exist only once the simulation runs)
+        dependency = spec.pop("dependency", None)
         job = commands.submit(sim.state, ev.JobSpec(**spec, user=user, uid=UIDS[user], gid=UIDS[user]), 0,
                               caller).spec
-        jobs.append(TraceJob(j["at"], job, j.get("run", 30), i))
-    result = sim.run(jobs, actions=[Action(d["at"], _action(d["command"])) for d in sc["do"]])
+        jobs.append(TraceJob(j["at"], job.model_copy(update={"dependency": dependency}), j.get("run", 30), i))
+    result = sim.run(jobs, actions=[Action(d["at"], _action(with_ids(d["command"], ids))) for d in sc["do"]])
     return sc, json.loads(path.with_suffix(".slurm.json").read_text()), result
 
 
 def _action(argv: list[str]):
     """An administrator's command of a scenario as the event it makes (the node commands the scenarios use)."""
+    if argv[:2] in (["scontrol", "release"], ["scontrol", "hold"]):
+        job = int(argv[2])
+        return lambda st: (commands.release if argv[1] == "release" else commands.hold)(st, job)
     words = dict(w.split("=", 1) for w in argv[2:] if "=" in w)
     if argv[:2] != ["scontrol", "update"] or "NodeName" not in words:
         pytest.fail(f"the replay cannot carry out {' '.join(argv)}")
@@ -70,7 +78,7 @@ def test_rota_decides_as_the_real_slurm_did(path):
     for env in result.log:        # each job's (each array task's) start, named as the harness names it
         e = env.event
         if isinstance(e, ev.JobSubmitted):
-            names[e.job_id] = e.spec.name
+            names[e.job_id] = same_name(e.spec.name, names.values())
         elif isinstance(e, ev.JobsStarted):
             for s in e.starts:
                 key = names[s.array_job_id if s.array_job_id is not None else s.job_id]

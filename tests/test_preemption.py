@@ -96,7 +96,8 @@ def test_grace_time_sends_sigterm_now_and_stops_the_victim_when_it_runs_out():
     assert job.state == "RUNNING" and job.preempted_by == high and job.time_limit == 720
     told = orders(h.state, changes)
     assert ("gpu01", Update(job_id=low, restarts=0, time_limit=720)) in told
-    assert ("gpu01", Signal(job_id=low, restarts=0, signal=15, batch=True, steps=True)) in told
+    # its steps are told, as Slurm tells them; the batch script is not (it runs on until its grace runs out)
+    assert ("gpu01", Signal(job_id=low, restarts=0, signal=15, batch=False, steps=True)) in told
     d = h.cycle()
     assert d.preemptions == [] and d.pending[high].start == h.now + 120   # nothing more preempted: it waits
     h.advance(120)

@@ -142,3 +142,39 @@ def test_the_history_gives_way_in_its_scheduler_runs_and_records_the_same():
         hist.fold(State(), h.log)
         spans.append(sorted((s.job_id, s.code, s.start, s.end) for s in hist.take()))
     assert runs and spans[0] == spans[1] and len(spans[0]) >= 1100
+
+
+def test_the_nodes_kept_for_a_pending_job_are_planned_until_it_starts():
+    import sqlite3
+
+    from rota.cli.sinfo import state_long, state_short
+    from rota.core.reason_history import ReasonHistory
+    from rota.core.state import State
+
+    h = Harness(make_cluster(nodes=2, gpus=4))
+    a = h.submit(user="ann", gpus_per_node=4, time_limit=100)          # gpu01's GPUs, one of its CPUs
+    h.cycle()
+    h.submit(user="bob", gpus_per_node=4, nodes=2, time_limit=100)     # both nodes, once `a` ends
+    history, st_ = ReasonHistory(), State()
+    history.fold(st_, h.log)
+    history.settle(st_, None)
+    assert history.planned == ("gpu01", "gpu02")
+    h.advance(100)
+    h.finish(a)
+    h.cycle()
+    again, st_ = ReasonHistory(), State()
+    again.fold(st_, h.log)
+    again.settle(st_, None)
+    assert again.planned == ()
+
+    conn = sqlite3.connect(":memory:")
+    conn.row_factory = sqlite3.Row
+
+    def row(base: str, planned: int, not_responding: int = 0) -> sqlite3.Row:
+        return conn.execute("SELECT ? AS base, 0 AS drain, ? AS not_responding, ? AS planned",
+                            (base, not_responding, planned)).fetchone()
+    assert [state_short(row("IDLE", 1)), state_short(row("MIXED", 1)), state_short(row("IDLE", 0))] == \
+        ["plnd", "mix-", "idle"]
+    assert [state_long(row("IDLE", 1)), state_long(row("MIXED", 1)), state_long(row("ALLOCATED", 1))] == \
+        ["planned", "mixed-", "allocated"]
+    assert state_long(row("IDLE", 1, not_responding=1)) == "idle*"        # as Slurm: not responding comes first

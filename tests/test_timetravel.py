@@ -48,6 +48,22 @@ def test_why_names_the_backfilled_job_that_did_not_delay_it():
     (bf,) = rep.backfilled_past
     assert bf["job_id"] == ids["small"] and bf["ends_by"] <= bf["reserved_start"]
     assert rep.start_time == bf["reserved_start"]   # and indeed it started at its reserved time
+    # rota backfills at every change, Slurm every bf_interval: why says so where it matters
+    assert any("bf_interval (30s)" in d and "rota_cadence=slurm" in d for d in rep.slurm_differences)
+    assert why(h.log, ids["small"]).slurm_differences and not why(h.log, ids["running"]).slurm_differences
+
+
+def test_why_names_no_difference_from_slurm_under_slurms_cadence():
+    cfg = make_cluster(nodes=1, gpus=8)
+    cfg = cfg.model_copy(update={"scheduler": cfg.scheduler.model_copy(update={"cadence": "slurm"})})
+    h = Harness(cfg)
+    first = h.submit(name="running", gpus_per_node=8, time_limit=600, user="ann")
+    h.cycle()
+    h.submit(name="wide", gpus_per_node=8, time_limit=600, user="bob")
+    small = h.submit(name="small", gpus_per_node=0, cpus_per_task=1, time_limit=60, user="dan")
+    h.cycle()
+    assert h.state.jobs[first].state == "RUNNING" and h.state.jobs[small].state == "RUNNING"
+    assert not why(h.log, small).slurm_differences
 
 
 def test_why_held_by_the_user_then_blocked_by_a_drained_node():
