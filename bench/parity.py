@@ -248,7 +248,9 @@ class Observer:
             jid, _, start = line.partition("|")
             if jid in self.ids and start not in ("N/A", ""):
                 expected[self.ids[jid]] = _moment(start, self.t0)
-        self.checks[str(at)] = {"reasons": reasons, "sprio": prio, "expected": expected}
+        nodes = dict(ln.split("|", 1) for ln in self.system.run(["sinfo", "-h", "-N", "-o", "%N|%t"]).stdout.split()
+                     if "|" in ln)
+        self.checks[str(at)] = {"reasons": reasons, "sprio": prio, "expected": expected, "nodes": nodes}
 
     def result(self) -> dict:
         return {"starts": self.starts, "checks": self.checks}
@@ -361,7 +363,23 @@ def compare(sc: dict, slurm: dict, rota: dict, slack: float) -> dict[str, Any]:
                     f_same += 1
                 else:
                     rows.append((f"sprio {name}@{at}", k, str(x), str(y)))
-    return {"decisions": (same, total), "reasons": (r_same, r_total), "factors": (f_same, f_total), "rows": rows}
+    n_same, n_total = _node_states(slurm, rota, rows)
+    return {"decisions": (same, total), "reasons": (r_same, r_total), "factors": (f_same, f_total),
+            "nodes": (n_same, n_total), "rows": rows}
+
+
+def _node_states(slurm: dict, rota: dict, rows: list) -> tuple[int, int]:
+    """How many node states (sinfo's %t: idle, mix, plnd, mix-...) were the same at the checks."""
+    same = total = 0
+    for at, sl in slurm["checks"].items():
+        ro = rota["checks"].get(at, {}).get("nodes", {})
+        for node, state in sorted(sl.get("nodes", {}).items()):
+            total += 1
+            if ro.get(node) == state:
+                same += 1
+            else:
+                rows.append((f"node@{at}", node, state, ro.get(node, "-")))
+    return same, total
 
 
 def _t(v: float | None) -> str:
@@ -369,8 +387,9 @@ def _t(v: float | None) -> str:
 
 
 def report(name: str, cmp: dict[str, Any]) -> None:
-    d, r, f = cmp["decisions"], cmp["reasons"], cmp["factors"]
-    print(f"{name}: decisions {d[0]}/{d[1]}, reasons {r[0]}/{r[1]}, sprio factors {f[0]}/{f[1]}")
+    d, r, f, n = cmp["decisions"], cmp["reasons"], cmp["factors"], cmp["nodes"]
+    print(f"{name}: decisions {d[0]}/{d[1]}, reasons {r[0]}/{r[1]}, sprio factors {f[0]}/{f[1]}, "
+          f"node states {n[0]}/{n[1]}")
     if cmp["rows"]:
         print(f"  {'what':<22}{'job':<14}{'slurm':<44}rota")
         for what, k, a, b in cmp["rows"]:
@@ -399,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     out.chmod(0o755)            # the users' commands reach rota's socket under it
     print(f"parity: observations in {out}")
     host = os.uname().nodename.split(".")[0]
-    totals = [0, 0, 0, 0, 0, 0]
+    totals = [0] * 8
     rota = Rota(out / "rota")
     kept = out / "slurm.conf.setup"        # Slurm's file as its setup wrote it: each scenario starts from it
     shutil.copy("/etc/slurm/slurm.conf", kept)
@@ -414,14 +433,14 @@ def main(argv: list[str] | None = None) -> int:
                 path.with_suffix(".slurm.json").write_text(json.dumps(seen["slurm"], indent=1, sort_keys=True) + "\n")
             cmp = compare(sc, seen["slurm"], seen["rota"], a.slack)
             report(sc["name"], cmp)
-            for i, k in enumerate(("decisions", "reasons", "factors")):
+            for i, k in enumerate(("decisions", "reasons", "factors", "nodes")):
                 totals[2 * i] += cmp[k][0]
                 totals[2 * i + 1] += cmp[k][1]
     finally:
         rota.stop()
         shutil.copy(kept, "/etc/slurm/slurm.conf")
     print(f"all: decisions {totals[0]}/{totals[1]}, reasons {totals[2]}/{totals[3]}, "
-          f"sprio factors {totals[4]}/{totals[5]}")
+          f"sprio factors {totals[4]}/{totals[5]}, node states {totals[6]}/{totals[7]}")
     return 0
 
 

@@ -46,15 +46,15 @@ def _state(n: queries.Row, names: dict[str, str], drained: str, draining: str, p
 
 
 def state_short(n: queries.Row) -> str:
-    """%t: idle, mix, alloc, drain, drng, down, unk (+ "*" when not responding); plnd and mix- for a node kept for
-    a pending job (Slurm's PLANNED)."""
-    return _state(n, SHORT, "drain", "drng", {"IDLE": "plnd", "MIXED": "mix-"})
+    """%t: idle, mix, alloc, drain, drng, down, unk (+ "*" when not responding); plnd for an idle node kept for a
+    pending job (Slurm's PLANNED)."""
+    return _state(n, SHORT, "drain", "drng", {"IDLE": "plnd"})
 
 
 def state_long(n: queries.Row) -> str:
-    """%T: idle, mixed, allocated, drained, draining, down, unknown (+ "*"); planned and mixed- for a node kept
-    for a pending job."""
-    return _state(n, LONG_NAMES, "drained", "draining", {"IDLE": "planned", "MIXED": "mixed-"})
+    """%T: idle, mixed, allocated, drained, draining, down, unknown (+ "*"); planned for an idle node kept for a
+    pending job."""
+    return _state(n, LONG_NAMES, "drained", "draining", {"IDLE": "planned"})
 
 
 def state_value(n: queries.Row) -> int:

@@ -40,7 +40,7 @@ class ReasonHistory:
         self.moments = Moments(None)
         self.open: dict[int, Span] = {}
         self.touched: list[Span] = []        # spans opened or closed since the last :meth:`take`
-        # nodes the latest evaluation kept for pending jobs and not wholly allocated (Slurm's PLANNED)
+        # idle nodes the latest evaluation kept for pending jobs (Slurm's PLANNED)
         self.planned: tuple[str, ...] = ()
 
     def fold(self, st: State, envelopes: Iterable[ev.Envelope], changes: Changes = NOTHING) -> None:
@@ -132,10 +132,10 @@ class ReasonHistory:
 
 
 def planned_nodes(st: State, d: Decision) -> tuple[str, ...]:
-    """The nodes ``d`` keeps for pending jobs that are not wholly allocated: Slurm 22.05's PLANNED (sinfo's
-    ``planned`` for an idle node, ``mixed-`` for a node partly in use)."""
+    """The idle nodes ``d`` keeps for pending jobs: Slurm 22.05's PLANNED (sinfo's ``planned``; Slurm flags only
+    nodes no job holds any of)."""
     names = {n for r in d.reservations.values() for n in r.nodes}
-    return tuple(sorted(n for n in names if n in st.nodes and st.nodes[n].alloc_cpus < st.nodes[n].cpus))
+    return tuple(sorted(n for n in names if n in st.nodes and not st.nodes[n].jobs))
 
 
 def spans_of(envelopes: Iterable[ev.Envelope], job_id: int) -> Iterator[Span]:

@@ -23,10 +23,11 @@ RECORDED = sorted(p for p in SCENARIOS.glob("*.toml") if p.with_suffix(".slurm.j
 SLACK = 5          # seconds: Slurm's backfill runs every bf_interval, its launches take a moment
 
 
-def replay(path: Path) -> tuple[dict, dict, object]:
-    """The scenario, what Slurm showed, and rota's simulation of it."""
+def replay(path: Path, reserve: str = "nodes") -> tuple[dict, dict, object]:
+    """The scenario, what Slurm showed, and rota's simulation of it (``reserve``: rota_reserve's value)."""
     sc = load(path)
     text = for_rota(over((SCENARIOS / "base.conf").read_text(), sc.get("conf", "")))
+    text = text.replace("rota_reserve=nodes", f"rota_reserve={reserve}")
     config = parse_config(text, str(path))
     sim = Simulator(config)
     for line in sc["sacctmgr"]:
@@ -69,13 +70,11 @@ def _action(argv: list[str]):
     pytest.fail(f"the replay cannot carry out {' '.join(argv)}")
 
 
-@pytest.mark.skipif(not RECORDED, reason="no scenario has Slurm's observations recorded")
-@pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
-def test_rota_decides_as_the_real_slurm_did(path):
-    sc, slurm, result = replay(path)
+def started(result) -> tuple[dict[int, str], dict[str, int]]:
+    """The jobs' names by id, and each job's (each array task's) first start, named as the harness names it."""
     names: dict[int, str] = {}
     starts: dict[str, int] = {}
-    for env in result.log:        # each job's (each array task's) start, named as the harness names it
+    for env in result.log:
         e = env.event
         if isinstance(e, ev.JobSubmitted):
             names[e.job_id] = same_name(e.spec.name, names.values())
@@ -83,6 +82,14 @@ def test_rota_decides_as_the_real_slurm_did(path):
             for s in e.starts:
                 key = names[s.array_job_id if s.array_job_id is not None else s.job_id]
                 starts.setdefault(key if s.array_task_id is None else f"{key}_{s.array_task_id}", env.ts)
+    return names, starts
+
+
+@pytest.mark.skipif(not RECORDED, reason="no scenario has Slurm's observations recorded")
+@pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
+def test_rota_decides_as_the_real_slurm_did(path):
+    sc, slurm, result = replay(path)
+    names, starts = started(result)
     differ = {k: (slurm["starts"].get(k), starts.get(k)) for k in set(slurm["starts"]) | set(starts)
               if slurm["starts"].get(k) is None or starts.get(k) is None
               or abs(slurm["starts"][k] - starts[k]) > SLACK}
@@ -99,3 +106,13 @@ def test_rota_decides_as_the_real_slurm_did(path):
             ours = [mine.priority, mine.age, mine.fairshare, mine.job_size, mine.partition, mine.qos, mine.nice]
             off = {f: (x, y) for f, x, y in zip(FACTORS, values, ours) if abs(x - y) > 1}
             assert not off, f"sprio of {k} at {at}s (slurm, rota): {off}"
+
+
+def test_rotas_finer_reservations_start_the_cpu_job_beside_the_planned_one_and_delay_nobody():
+    path = SCENARIOS / "planned.toml"
+    _, slurm, whole = replay(path, reserve="nodes")
+    _, _, finer = replay(path, reserve="resources")
+    (_, as_slurm), (_, mine) = started(whole), started(finer)
+    assert abs(as_slurm["cpus"] - slurm["starts"]["cpus"]) <= SLACK       # Slurm kept the planned node whole
+    assert mine["cpus"] == 8          # at the next backfill moment (bf_interval=2), on CPUs nobody plans for
+    assert mine["gpus"] == as_slurm["gpus"] and mine["fill"] == as_slurm["fill"]      # nobody started later
