@@ -86,7 +86,8 @@ class Agent:
                  tls_ca: str | None = None, fake_gpus: str | None = None,
                  faults_file: str | None = None, heartbeat: float = 5.0, health_interval: float = 30.0,
                  kill_wait: float = 30.0, health_program: str | None = None, cpus: int | None = None,
-                 memory: int | None = None, use_cgroups: bool = True, max_tasks: int | None = None) -> None:
+                 memory: int | None = None, use_cgroups: bool = True, max_tasks: int | None = None,
+                 gpu_max_temp: int = 90, gpu_drain_on: str = "") -> None:
         if not credentials.valid_host(node):
             raise ValueError(f"node name {node!r} cannot be used: letters, digits, '_' and '-' only")
         self.node, self.url = node, nats_url
@@ -104,6 +105,11 @@ class Agent:
         self.memory = memory or _mem_total_mib()
         self.gpus: Gpus | None
         self.gpus, self.gpu_note = open_gpus(fake_gpus, faults_file or str(self.dir / "fake-nvml.json"), node)
+        drain_on = frozenset(w.strip() for w in gpu_drain_on.split(",") if w.strip())
+        if drain_on - {"throttle", "pcie", "temp"}:
+            raise ValueError(f"--gpu-drain-on {gpu_drain_on!r}: choose among throttle, pcie and temp")
+        if self.gpus is not None:
+            self.gpus.max_temp, self.gpus.drain_on = gpu_max_temp, drain_on
         scope = f"{node}-{credentials.derived_key(self.key, 'cgroup scope')[:4].hex()}"   # this cluster's node
         self.all_tasks = node_tasks_limit()
         self.max_tasks = max_tasks            # each job's process limit (None: its share of the node's)
@@ -217,18 +223,23 @@ class Agent:
             await asyncio.sleep(self.heartbeat)
 
     async def _health(self) -> None:
-        """NVML faults and the admin's health-check program, every interval, while they persist."""
+        """NVML's findings and the admin's health-check program, every interval: faults that drain while they
+        persist (the controller keeps the first), warnings once until they clear."""
+        warned: set[tuple[str, int | None]] = set()
         while True:
-            reasons: list[tuple[str, str, int | None]] = []
+            found: list[ev.HealthFault] = []
             if self.gpus is not None:
-                for f in self.gpus.faults():
-                    reasons.append((f.code, f.reason, f.gpu_index))
+                found.extend(ev.HealthFault(node=self.node, reason=f.reason, gpu_index=f.gpu_index, code=f.code,
+                                            action=f.action, drains=f.drains) for f in self.gpus.faults())
             if self.health_program:
                 problem = await _run_health_program(self.health_program)
                 if problem:
-                    reasons.append(("healthcheck", problem[:1000], None))
-            for code, reason, index in reasons:
-                await self.report(ev.HealthFault(node=self.node, reason=reason, gpu_index=index, code=code))
+                    found.append(ev.HealthFault(node=self.node, reason=problem[:1000], code="healthcheck"))
+            now = {(f.code, f.gpu_index) for f in found if not f.drains}
+            for fault in found:
+                if fault.drains or (fault.code, fault.gpu_index) not in warned:
+                    await self.report(fault)
+            warned = now
             await asyncio.sleep(self.health_interval)
 
     # ------------------------------------------------------------ assignments

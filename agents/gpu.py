@@ -9,31 +9,12 @@ from __future__ import annotations
 import json
 import os
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rota.core import gpuhealth
 from rota.core.events import GpuInfo
-
-# XIDs that mean the GPU needs attention (NVIDIA's XID catalogue); the text goes into drain reasons.
-XID_TEXT = {
-    13: "graphics engine exception", 31: "GPU memory page fault", 43: "GPU stopped processing",
-    45: "preemptive cleanup", 48: "double bit ECC error", 61: "internal micro-controller breakpoint",
-    62: "internal micro-controller halt", 63: "ECC page retirement or row remapping recording event",
-    64: "ECC page retirement or row remapper recording failure", 74: "NVLink error",
-    79: "fell off the bus", 92: "high single-bit ECC error rate", 94: "contained ECC error",
-    95: "uncontained ECC error", 119: "GSP RPC timeout", 120: "GSP error",
-}
-# XIDs caused by the application (a bad kernel), not the hardware: reported, never drained for.
-APPLICATION_XIDS = frozenset({13, 31, 43, 45})
-
-
-@dataclass(frozen=True)
-class Fault:
-    gpu_index: int | None
-    code: str        # "xid:79", "ecc", "lost"
-    reason: str      # "gpu 2: xid 79 (fell off the bus)"
-
+from rota.core.gpuhealth import Finding
 
 class NVMLError(Exception):
     """Raised by :class:`FakeNvml` like pynvml's ``NVMLError``."""
@@ -53,6 +34,11 @@ class _Mem:
         self.total, self.free, self.used = total, total, 0
 
 
+class _Util:
+    def __init__(self, gpu: int) -> None:
+        self.gpu, self.memory = gpu, 0
+
+
 class _EventData:
     def __init__(self, device: Any, xid: int) -> None:
         self.device, self.eventData, self.eventType = device, xid, FakeNvml.nvmlEventTypeXidCriticalError
@@ -61,13 +47,18 @@ class _EventData:
 class FakeNvml:
     """A fake NVML module: ``count`` GPUs of one model, faults read from ``faults_file`` on each call.
 
-    The faults file (JSON, any key optional)::
+    The faults file (JSON, any key optional; GPU indices as strings where they are keys)::
 
-        {"xid": [[2, 79]], "lost": [1], "retired_pending": [3], "count": 3}
+        {"xid": [[2, 79]], "lost": [1], "retired_pending": [3], "count": 3,
+         "remap": {"0": "pending", "1": "failed", "2": "corrected"}, "throttle": {"0": 64},
+         "pcie": {"1": [3, 8]}, "temp": {"2": 91}, "util": {"0": 0}, "mem_used": {"0": 512}}
 
     ``xid``: (index, code) events delivered once each; ``lost``: indices whose queries fail with
     GPU_IS_LOST; ``retired_pending``: indices with ECC pages pending retirement; ``count``: how many GPUs
-    the driver reports (fewer than installed = a GPU that vanished).
+    the driver reports (fewer than installed = a GPU that vanished); ``remap``: a row remap pending, failed
+    or done; ``throttle``: NVML's clock event reasons bitmask; ``pcie``: the link's current generation and
+    width (the maximum is gen4 x16); ``temp``: degrees C (40 otherwise); ``util`` and ``mem_used``: the GPU's
+    utilisation in percent (100 otherwise) and memory in use in MiB.
     """
 
     NVMLError = NVMLError
@@ -128,6 +119,40 @@ class FakeNvml:
         self._check(handle)
         return _Mem(self.MODELS.get(self.gpu_type, ("", 16384))[1] * 1024 * 1024)
 
+    def _knob(self, name: str, handle: int, default: Any) -> Any:
+        value = self._faults().get(name, {})
+        return value.get(str(handle), default) if isinstance(value, dict) else default
+
+    def nvmlDeviceGetRemappedRows(self, handle: int) -> tuple[int, int, int, int]:
+        self._check(handle)
+        kind = self._knob("remap", handle, "")
+        return (1 if kind == "corrected" else 0, 1 if kind in ("pending", "failed") else 0, int(kind == "pending"),
+                int(kind == "failed"))
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: int) -> int:
+        self._check(handle)
+        return int(self._knob("throttle", handle, 0))
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: int) -> int:
+        return int(self._knob("pcie", handle, [4, 16])[0])
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: int) -> int:
+        return int(self._knob("pcie", handle, [4, 16])[1])
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: int) -> int:
+        return 4
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: int) -> int:
+        return 16
+
+    def nvmlDeviceGetTemperature(self, handle: int, sensor: int) -> int:
+        self._check(handle)
+        return int(self._knob("temp", handle, 40))
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> _Util:
+        self._check(handle)
+        return _Util(int(self._knob("util", handle, 100)))
+
     def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: int) -> int:
         self._check(handle)
         return 1 if handle in self._faults().get("retired_pending", []) else 0
@@ -149,13 +174,17 @@ class FakeNvml:
 class Gpus:
     """Inventory and health checks over an NVML module (pynvml or :class:`FakeNvml`)."""
 
-    def __init__(self, nvml: Any, gpu_type: str | None = None) -> None:
+    def __init__(self, nvml: Any, gpu_type: str | None = None, max_temp: int = 90,
+                 drain_on: frozenset[str] = frozenset()) -> None:
+        """``max_temp``: degrees C at which a GPU is reported; ``drain_on``: the warnings that drain instead
+        ("throttle", "pcie", "temp")."""
         self.nvml = nvml
         self.gpu_type = gpu_type
+        self.max_temp, self.drain_on = max_temp, drain_on
         nvml.nvmlInit()
         self.installed = nvml.nvmlDeviceGetCount()
         self._events = None
-        self._xids: dict[int, int] = {}      # GPU index -> last critical XID seen (sticky)
+        self._xids: dict[int, int] = {}      # GPU index -> last XID seen that drains (sticky)
         try:
             self._events = nvml.nvmlEventSetCreate()
             for i in range(self.installed):
@@ -179,24 +208,22 @@ class Gpus:
                 continue
         return out
 
-    def faults(self) -> list[Fault]:
-        """Current hardware faults: critical XIDs seen, GPUs lost or gone, ECC pages pending retirement."""
+    def faults(self) -> list[Finding]:
+        """What NVML says now, by NVIDIA's resolution buckets (rota.core.gpuhealth): critical XIDs (sticky: they
+        stay until the node is resumed and the agent restarted), GPUs lost or gone, row remaps, and warnings
+        (throttling, PCIe link, temperature). An application's XID is returned once."""
         nvml = self.nvml
-        found: list[Fault] = []
-        if self._events is not None:
-            while True:
-                try:
-                    data = nvml.nvmlEventSetWait(self._events, 0)
-                except Exception:  # noqa: BLE001 - timeout: no more events
-                    break
-                xid = int(data.eventData)
-                if xid not in APPLICATION_XIDS:
-                    self._xids[_index_of(nvml, data.device)] = xid
-        for index, xid in sorted(self._xids.items()):
-            found.append(Fault(index, f"xid:{xid}", f"gpu {index}: xid {xid} ({XID_TEXT.get(xid, 'critical error')})"))
+        found: list[Finding] = []
+        for index, code in self._new_xids():
+            finding = gpuhealth.xid(index, code)
+            if finding.drains:
+                self._xids[index] = code
+            else:
+                found.append(finding)
+        found.extend(gpuhealth.xid(index, code) for index, code in sorted(self._xids.items()))
         count = nvml.nvmlDeviceGetCount()
         if count < self.installed:
-            found.append(Fault(None, "lost", f"gpu count dropped from {self.installed} to {count}"))
+            found.append(gpuhealth.lost(None, f"gpu count dropped from {self.installed} to {count}"))
         for i in range(count):
             if i in self._xids:
                 continue
@@ -204,14 +231,58 @@ class Gpus:
                 h = nvml.nvmlDeviceGetHandleByIndex(i)
                 nvml.nvmlDeviceGetUUID(h)
             except Exception:  # noqa: BLE001
-                found.append(Fault(i, "lost", f"gpu {i}: lost (not answering the driver)"))
+                found.append(gpuhealth.lost(i, f"gpu {i}: lost (not answering the driver)"))
                 continue
-            try:
-                if nvml.nvmlDeviceGetRetiredPagesPendingStatus(h):
-                    found.append(Fault(i, "ecc", f"gpu {i}: ECC pages pending retirement (reset needed)"))
-            except Exception:  # noqa: BLE001 - not supported on consumer GPUs
-                pass
+            found.extend(self._memory(i, h))
+            found.extend(gpuhealth.warnings(i, _optional(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", h) or 0,
+                                            _link(nvml, h), _optional(nvml, "nvmlDeviceGetTemperature", h, 0),
+                                            self.max_temp, self.drain_on))
         return found
+
+    def _new_xids(self) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        if self._events is None:
+            return out
+        while True:
+            try:
+                data = self.nvml.nvmlEventSetWait(self._events, 0)
+            except Exception:  # noqa: BLE001 - timeout: no more events
+                return out
+            out.append((_index_of(self.nvml, data.device), int(data.eventData)))
+
+    def _memory(self, i: int, h: Any) -> list[Finding]:
+        """Row remapping (Ampere and later), else ECC pages pending retirement (older GPUs)."""
+        rows = _optional(self.nvml, "nvmlDeviceGetRemappedRows", h)
+        if rows is not None:
+            finding = gpuhealth.remapped_rows(i, bool(rows[2]), bool(rows[3]))
+            return [finding] if finding is not None else []
+        if _optional(self.nvml, "nvmlDeviceGetRetiredPagesPendingStatus", h):
+            return [Finding(i, "ecc", f"gpu {i}: ECC pages pending retirement: {gpuhealth.RESET_GPU}",
+                            gpuhealth.RESET_GPU, True)]
+        return []
+
+    def utilisation(self, index: int) -> tuple[int, int] | None:
+        """GPU ``index``'s utilisation (percent) and memory in use (MiB); None when NVML cannot say."""
+        try:
+            h = self.nvml.nvmlDeviceGetHandleByIndex(index)
+            return (int(self.nvml.nvmlDeviceGetUtilizationRates(h).gpu),
+                    int(self.nvml.nvmlDeviceGetMemoryInfo(h).used) // (1024 * 1024))
+        except Exception:  # noqa: BLE001 - lost, or not supported
+            return None
+
+
+def _optional(nvml: Any, name: str, *args: Any) -> Any:
+    """An NVML query that a GPU or driver may not support: None then."""
+    try:
+        return getattr(nvml, name)(*args)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _link(nvml: Any, h: Any) -> tuple[int, int, int, int] | None:
+    values = [_optional(nvml, f"nvmlDevice{name}", h) for name in ("GetCurrPcieLinkGeneration", "GetCurrPcieLinkWidth",
+                                                                   "GetMaxPcieLinkGeneration", "GetMaxPcieLinkWidth")]
+    return None if None in values else (values[0], values[1], values[2], values[3])
 
 
 def _text(v: Any) -> str:

@@ -9,11 +9,12 @@ records every job and node the events touched (effects and rows are derived from
 from __future__ import annotations
 
 from bisect import insort
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from . import events as ev
 from .arrays import parse_array
 from .changes import NOTHING, Changes, EndedRun
+from .gpuhealth import gpu_gone
 from .request import node_request
 from .state import (
     CANCELLED, COMPLETED, NODE_FAIL, PENDING, PREEMPTED, RUNNING, TERMINAL_STATES, Job, Node, State, Step,
@@ -178,7 +179,12 @@ def _requeue(state: State, job: Job, ts: int, ch: Changes, hold: bool, user_hold
 def _node_failed(state: State, node: Node, ts: int, ch: Changes) -> None:
     """A DOWN node kills its jobs: NODE_FAIL, or back to the queue when they asked to requeue."""
     ch.node(node.name)
-    for jid in list(node.jobs):
+    _fail_jobs(state, node.jobs, ts, ch)
+
+
+def _fail_jobs(state: State, job_ids: Iterable[int], ts: int, ch: Changes) -> None:
+    """Running jobs whose node or GPU failed: NODE_FAIL, or back to the queue when they asked to requeue."""
+    for jid in list(job_ids):
         job = state.jobs.get(jid)
         if job is None or job.state != RUNNING:
             continue
@@ -630,10 +636,22 @@ def _health_fault(state: State, env: ev.Envelope, e: ev.HealthFault, ch: Changes
     if node is None:
         ch.ignored(f"node {e.node!r} does not exist")
         return
+    if not e.drains:
+        return           # a warning: kept in the log, the node's state is unchanged
     ch.node(e.node)
     if not node.drain:
         node.drain = True
         _set_reason(node, e.reason, SYSTEM, env.ts)
+    if gpu_gone(e.code):
+        _gpu_failed(state, node, e.gpu_index, env.ts, ch)
+
+
+def _gpu_failed(state: State, node: Node, index: int | None, ts: int, ch: Changes) -> None:
+    """A GPU gone from under its job (``index`` None: any of the node's): the job ends NODE_FAIL, or goes back to
+    the queue when it asked to requeue."""
+    owners = node.gpu_owner if index is None else node.gpu_owner[index:index + 1] if 0 <= index < len(node.gpu_owner) \
+        else []
+    _fail_jobs(state, sorted({j for j in owners if j}), ts, ch)
 
 
 _HANDLERS: dict[type, Callable[[State, ev.Envelope, Any, Changes], None]] = {

@@ -464,7 +464,7 @@ def check_report(state: State, node: str, event: ev.Event) -> ev.Event:
         if step is None or node not in step.nodes or node in step.ended:
             raise Rejected(f"step {event.job_id}.{event.step_id} is not running on {node}", code="stale")
         return event
-    if isinstance(event, ev.HealthFault) and n.drain:
+    if isinstance(event, ev.HealthFault) and n.drain and event.drains:
         raise Rejected(f"{node} is already drained", code="noop")
     return event
 

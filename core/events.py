@@ -550,14 +550,18 @@ class NodeNotResponding(Model):
 
 
 class HealthFault(Model):
-    """A node's agent found a fault (an NVML XID, a failed health check): the node drains with this reason."""
+    """A node's agent found a fault (an NVML XID, a failed health check): the node drains with this reason, or,
+    for a warning (``drains`` False: an application's XID, throttling...), it is only recorded. A fault that took
+    a GPU from under its job (rota.core.gpuhealth.gpu_gone) ends that job, requeued where it allows."""
 
     type: Literal["node.health_fault"] = "node.health_fault"
     v: int = 1
     node: str
-    reason: str                   # readable, e.g. "gpu 2: xid 79 (fell off the bus)"
+    reason: str                   # readable, e.g. "gpu 2: xid 79 (fell off the bus): RESTART_BM"
     gpu_index: int | None = None
-    code: str = ""                # "xid:79", "ecc", "lost", "healthcheck"
+    code: str = ""                # "xid:79", "remap:pending", "lost", "throttle", "pcie", "temp", "healthcheck"
+    action: str = ""              # NVIDIA's resolution bucket, e.g. RESET_GPU (rota.core.gpuhealth)
+    drains: bool = True
 
 
 class RequestDenied(Model):

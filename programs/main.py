@@ -86,6 +86,9 @@ def agent(
     heartbeat: float = typer.Option(5.0, help="seconds between heartbeats"),
     health_interval: float = typer.Option(30.0, help="seconds between health checks (NVML, health program)"),
     health_program: Optional[str] = typer.Option(None, help="admin health check: a non-zero exit drains the node"),
+    gpu_max_temp: int = typer.Option(90, help="GPU temperature (C) that is reported (a warning, or a drain with "
+                                     "--gpu-drain-on temp)"),
+    gpu_drain_on: str = typer.Option("", help="GPU warnings that drain the node instead: any of throttle,pcie,temp"),
     kill_wait: float = typer.Option(30.0, help="seconds between SIGTERM and SIGKILL (KillWait)"),
     max_tasks: Optional[int] = typer.Option(None, min=16, help="the most processes and threads one job may hold "
         "(default: its share of the node's, by its CPUs)"),
@@ -103,6 +106,7 @@ def agent(
                                 socket_path=socket, fake_gpus=fake_gpus,
                                 faults_file=faults_file, cpus=cpus, memory=memory, heartbeat=heartbeat,
                                 health_interval=health_interval, health_program=health_program,
+                                gpu_max_temp=gpu_max_temp, gpu_drain_on=gpu_drain_on,
                                 kill_wait=kill_wait, use_cgroups=not no_cgroups, max_tasks=max_tasks,
                                 echo=typer.echo))
 

@@ -257,7 +257,8 @@ async def test_xid_drains_the_node_running_job_completes_and_resume_redrains(clu
     await cluster.until(lambda s: s.jobs[jid].state == "RUNNING", what="job running")
     cluster.faults("n1", xid=[[1, 79]])
     node = await cluster.until(lambda s: s.nodes["n1"] if s.nodes["n1"].drain else None, what="drain")
-    assert node.reason == "gpu 1: xid 79 (fell off the bus)" and node.display_state() == "DRAINING"
+    # NVIDIA's bucket for it in the reason; the job's GPU (0) is not the one that fell: it runs on
+    assert node.reason == "gpu 1: xid 79 (fell off the bus): RESTART_BM" and node.display_state() == "DRAINING"
     assert (await cluster.ended(jid)).state == "COMPLETED"
     assert cluster.c.state.nodes["n1"].display_state() == "DRAINED"
     later = await cluster.submit("true")
@@ -266,6 +267,34 @@ async def test_xid_drains_the_node_running_job_completes_and_resume_redrains(clu
     assert (await cluster.c.handle("resume", {"node": "n1"}))["ok"]
     node = await cluster.until(lambda s: s.nodes["n1"] if s.nodes["n1"].drain else None, what="re-drain")
     assert "xid 79" in node.reason
+
+
+async def test_an_applications_xid_is_recorded_and_a_gpu_off_the_bus_requeues_its_job(cluster):
+    from rota.core import events as ev
+
+    cluster.start_agent("n1")
+    await cluster.registered("n1")
+    jid = await cluster.submit("sleep 60", gpus_per_node=1, requeue=True)
+    job = await cluster.until(lambda s: s.jobs[jid] if s.jobs[jid].state == "RUNNING" else None, what="job running")
+    (gpu,) = job.alloc[0].gpus
+    cluster.faults("n1", xid=[[gpu, 13]])           # the application's own fault: RESTART_APP, never a drain
+
+    async def recorded(code: str) -> list[ev.HealthFault]:
+        return [e.event async for e in cluster.c.log.read(1)
+                if isinstance(e.event, ev.HealthFault) and e.event.code == code]
+    deadline = time.monotonic() + 10
+    while not await recorded("xid:13") and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    (fault,) = await recorded("xid:13")
+    assert (fault.action, fault.drains) == ("RESTART_APP", False)
+    await asyncio.sleep(1.0)                         # a few health intervals: reported once, never drained
+    assert len(await recorded("xid:13")) == 1
+    assert not cluster.c.state.nodes["n1"].drain and cluster.c.state.jobs[jid].state == "RUNNING"
+    cluster.faults("n1", xid=[[gpu, 13], [gpu, 79]])
+    node = await cluster.until(lambda s: s.nodes["n1"] if s.nodes["n1"].drain else None, what="drain")
+    assert node.reason == f"gpu {gpu}: xid 79 (fell off the bus): RESTART_BM"
+    job = cluster.c.state.jobs[jid]
+    assert job.state == "PENDING" and job.restarts == 1        # requeued: it asked to be, its GPU is gone
 
 
 async def test_fewer_gpus_than_configured_drains_and_resume_redrains(cluster):
