@@ -57,7 +57,7 @@ OPTIONS = table(
     ("", "hint", REQUIRED, "~hint"), ("H", "hold", NO, "hold"), ("", "ignore-pbs", NO, "~ignore-pbs"),
     ("i", "input", REQUIRED, "!input"), ("J", "job-name", REQUIRED, "job_name"),
     ("", "kill-on-invalid-dep", REQUIRED, "~kill-on-invalid-dep"), ("L", "licenses", REQUIRED, "!licenses"),
-    ("", "mail-type", REQUIRED, "~mail-type"), ("", "mail-user", REQUIRED, "~mail-user"),
+    ("", "mail-type", REQUIRED, "mail_type"), ("", "mail-user", REQUIRED, "mail_user"),
     ("", "mcs-label", REQUIRED, "!mcs-label"), ("", "mem", REQUIRED, "mem"), ("", "mem-bind", REQUIRED, "~mem-bind"),
     ("", "mem-per-cpu", REQUIRED, "mem_per_cpu"), ("", "mem-per-gpu", REQUIRED, "mem_per_gpu"),
     ("", "mincpus", REQUIRED, "mincpus"), ("", "network", REQUIRED, "!network"), ("", "nice", OPTIONAL, "nice"),
@@ -223,6 +223,7 @@ def spec_from_options(o: dict, script: str, default_name: str, now: float | None
     _memory_and_gpus(o, spec)
     _times(o, spec, now)
     _nice(o, spec)
+    _mail(o, spec)
     _lists(o, spec)
     return spec
 
@@ -303,6 +304,24 @@ def _times(o: dict, spec: dict, now: float | None) -> None:
             spec["begin"] = parse_moment(o["begin"], time.time() if now is None else now, future=True)
         except MomentError as exc:
             raise SbatchError(f"{exc}\nsbatch: error: Invalid --begin specification", 255) from None
+
+
+def _mail(o: dict, spec: dict) -> None:
+    """--mail-type (BEGIN, END, FAIL, REQUEUE, ALL, TIME_LIMIT[_50|_80|_90], ... or NONE) and --mail-user (an
+    address or a user name: one line of printable characters)."""
+    from rota.core.notify import MailTypeError, expand
+
+    if o.get("mail_type") is not None:
+        try:
+            spec["mail_type"] = expand(o["mail_type"])
+        except MailTypeError as exc:
+            raise SbatchError(f"sbatch: error: --mail-type={o['mail_type']} invalid: {exc} is not a notice "
+                              "(BEGIN, END, FAIL, REQUEUE, ALL, TIME_LIMIT, TIME_LIMIT_90/80/50 or NONE)", 1) from None
+    user = o.get("mail_user")
+    if user is not None:
+        if not user or len(user) > 254 or not user.isprintable() or any(c.isspace() for c in user):
+            raise SbatchError(f"sbatch: error: --mail-user={user!r} invalid: give one address, as name@example.org", 1)
+        spec["mail_user"] = user
 
 
 def _nice(o: dict, spec: dict) -> None:

@@ -196,6 +196,8 @@ class JobSpec(Model):
     array: str | None = None              # --array, raw
     requeue: bool = False
     nice: int = 0
+    mail_type: tuple[str, ...] = ()       # --mail-type, expanded (ALL named by its parts): rota.core.notify
+    mail_user: str = ""                   # --mail-user (the submitting user when empty)
     script: str = ""
     argv: tuple[str, ...] = ()
     workdir: str = "/"

@@ -44,7 +44,8 @@ GLOBAL_KEYS = {
 }
 # rota's own keys for how its processes run here (not part of the cluster's configuration in the log)
 SHELL_KEYS = {"rotanatslisten": "listen", "rotatlscertfile": "cert_file", "rotatlskeyfile": "key_file",
-              "rotatlscafile": "ca_file"}
+              "rotatlscafile": "ca_file", "rotanotifywebhook": "notify_webhook", "rotanotifysmtp": "notify_smtp",
+              "rotanotifyfrom": "notify_from", "rotanotifycommand": "notify_command"}
 # Slurm keys rota accepts and does not act on (so real slurm.conf files pass the check).
 IGNORED_KEYS = {
     "authtype", "credtype", "mpidefault", "proctracktype",
@@ -688,7 +689,8 @@ def _parse_auth(ctx: _Ctx, vals: dict[str, tuple[int, str]]) -> ev.AuthConfig:
 
 
 def shell_settings(text: str) -> dict:
-    """rota's own keys (TLS for the NATS servers, their listen address), read from slurm.conf text."""
+    """rota's own keys (TLS for the NATS servers, their listen address, where notices go), read from slurm.conf
+    text."""
     out: dict = {}
     tls: dict[str, str] = {}
     for _lineno, line in _lines(text):
@@ -699,8 +701,8 @@ def shell_settings(text: str) -> dict:
         for tok in tokens:
             key, eq, value = tok.partition("=")
             name = SHELL_KEYS.get(key.lower()) if eq else None
-            if name == "listen":
-                out["listen"] = value
+            if name == "listen" or name is not None and name.startswith("notify_"):
+                out[name] = value
             elif name is not None:
                 tls[name] = value
     if tls:

@@ -70,6 +70,7 @@ async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, n
     sys.setswitchinterval(SWITCH_INTERVAL)
     up = _Up(state_dir, config, echo, agent_node, fake_gpus, node_timeout, agent_options, tls)
     up.config_path = config_path
+    up.settings = shell_settings(config_path)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -78,6 +79,7 @@ async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, n
         await up.start_log(nats_url, nats_port, listen)
         await up.start_controller(stop, standby)
         await up.start_projection(stop)
+        await up.start_notifier(stop)
         await up.start_agent_and_signer()
         up.announce()
         watching = asyncio.create_task(up.watch_server(stop))
@@ -113,6 +115,9 @@ class _Up:
         self.agent: Agent | None = None
         self.signer: Any = None
         self.config_path: str | None = None
+        self.settings: dict = {}             # rota's own keys of the configuration file (notifications)
+        self.notifier: Any = None
+        self.notifying: asyncio.Task | None = None
         self.candidacy: Any = None
         self.candidating: asyncio.Task | None = None
         self.announced = False
@@ -200,6 +205,22 @@ class _Up:
         wake = asyncio.Event()
         await self.eventlog.nc.subscribe(f"{SUBJECT_PREFIX}.>", cb=_waker(wake))
         self.projecting = asyncio.create_task(projector.follow(stop, wake))
+
+    async def start_notifier(self, stop: asyncio.Event) -> None:
+        """The notifier (--mail-type), where rota's configuration names a webhook, an SMTP relay or a command."""
+        from rota.projections.notifier import Notifier, transports
+
+        try:
+            sinks = transports(self.settings)
+        except ValueError as exc:
+            self.echo(f"rota up: notifications disabled: {exc}")
+            return
+        if not sinks:
+            return
+        notifier = Notifier(self.state_dir / "notify.sqlite", self.eventlog, sinks)
+        await notifier.open()
+        self.notifier = notifier
+        self.notifying = asyncio.create_task(notifier.follow(stop))
 
     async def start_agent_and_signer(self) -> None:
         """This host's agent (when it is a node) and the local signer every command goes through."""
@@ -298,6 +319,8 @@ class _Up:
             steps.append(("agent", self.agent.stop))
         if self.projector is not None:
             steps.append(("projections", lambda: _stop_projector(self.projector, self.projecting)))
+        if self.notifier is not None:
+            steps.append(("notifier", lambda: _stop_projector(self.notifier, self.notifying)))
         if self.controller is not None:
             steps.append(("controller", self.controller.stop))
         if self.link is not None:
@@ -315,10 +338,12 @@ def _write_public(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-async def _stop_projector(projector: Projector, projecting: asyncio.Task | None) -> None:
+async def _stop_projector(projector: Any, projecting: asyncio.Task | None) -> None:
+    """A follower of the log (the projection, the notifier): its task ends (its stop is set), then it closes."""
     if projecting is not None:
         await asyncio.gather(projecting, return_exceptions=True)
-    await projector.save_state()
+    if hasattr(projector, "save_state"):
+        await projector.save_state()
     await projector.close()
 
 
