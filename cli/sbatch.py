@@ -11,6 +11,7 @@ import sys
 from .options import NO, OPTIONAL, REQUIRED, OptionError, node_count, parse, unsupported, table
 
 from rota.core.limits import MAX_MEM_MIB, MAX_SCRIPT, MAX_TIME
+from rota.core.mailtypes import MailTypeError, expand
 
 UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 
@@ -309,8 +310,6 @@ def _times(o: dict, spec: dict, now: float | None) -> None:
 def _mail(o: dict, spec: dict) -> None:
     """--mail-type (BEGIN, END, FAIL, REQUEUE, ALL, TIME_LIMIT[_50|_80|_90], ... or NONE) and --mail-user (an
     address or a user name: one line of printable characters)."""
-    from rota.core.notify import MailTypeError, expand
-
     if o.get("mail_type") is not None:
         try:
             spec["mail_type"] = expand(o["mail_type"])

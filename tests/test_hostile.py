@@ -206,7 +206,9 @@ def test_a_submit_flood_by_one_user_is_refused_past_its_share_and_others_still_s
     assert "Job violates accounting/QOS policy" in why, why
     code, out, err = run_as("nobody", _submit_many, ["50"], str(site.base), env=site.env)   # refused at once, whole
     assert code == 0 and out.split("|")[:2] == ["0", "50"], (out, err)
-    r = site.run(site.served, "sbatch", "-H", "--wrap", "true", cwd=site.base, as_nobody=True)
+    # (through the command server's worker, which imports nothing more once it serves: every option must be warm)
+    r = site.run(site.served, "sbatch", "-H", "--mail-type=END", "--nice=5", "--wrap", "true", cwd=site.base,
+                 as_nobody=True)
     assert r.returncode == 1 and "MaxSubmitJobsPerUser: you have 300 jobs pending or running, at most 300" \
         in r.stderr and "Job violates accounting/QOS policy" in r.stderr, r
     r = site.run(site.served, "sbatch", "-H", "--parsable", "--wrap", "true", cwd=site.base)
