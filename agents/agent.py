@@ -34,6 +34,7 @@ from . import cgroups as cg
 from . import launch
 from .exitwatch import ExitWatch
 from .gpu import Gpus, open_gpus
+from .gpuuse import GpuUse
 from .steps import Steps, warning
 
 log = logging.getLogger("rota.agent")
@@ -87,7 +88,8 @@ class Agent:
                  faults_file: str | None = None, heartbeat: float = 5.0, health_interval: float = 30.0,
                  kill_wait: float = 30.0, health_program: str | None = None, cpus: int | None = None,
                  memory: int | None = None, use_cgroups: bool = True, max_tasks: int | None = None,
-                 gpu_max_temp: int = 90, gpu_drain_on: str = "") -> None:
+                 gpu_max_temp: int = 90, gpu_drain_on: str = "", gpu_sample: float = 10.0,
+                 gpu_idle_report: float = 60.0) -> None:
         if not credentials.valid_host(node):
             raise ValueError(f"node name {node!r} cannot be used: letters, digits, '_' and '-' only")
         self.node, self.url = node, nats_url
@@ -110,6 +112,7 @@ class Agent:
             raise ValueError(f"--gpu-drain-on {gpu_drain_on!r}: choose among throttle, pcie and temp")
         if self.gpus is not None:
             self.gpus.max_temp, self.gpus.drain_on = gpu_max_temp, drain_on
+        self.gpu_sample, self.gpu_idle_report = gpu_sample, gpu_idle_report
         scope = f"{node}-{credentials.derived_key(self.key, 'cgroup scope')[:4].hex()}"   # this cluster's node
         self.all_tasks = node_tasks_limit()
         self.max_tasks = max_tasks            # each job's process limit (None: its share of the node's)
@@ -162,7 +165,7 @@ class Agent:
                                             agent_version=__version__, boot_time=_boot_time(),
                                             running=tuple(sorted(running))))
         self._tasks = [asyncio.create_task(c) for c in (self._heartbeats(), self._assignments(),
-                                                        self._supervise(), self._health())]
+                                                        self._supervise(), self._health(), self._gpu_use())]
 
     async def run_forever(self) -> None:
         await self.start()
@@ -241,6 +244,16 @@ class Agent:
                     await self.report(fault)
             warned = now
             await asyncio.sleep(self.health_interval)
+
+    async def _gpu_use(self) -> None:
+        """Sample the running jobs' GPUs every ``gpu_sample`` seconds; report idleness and its end (GpuUse)."""
+        if self.gpus is None or self.gpu_sample <= 0:
+            return
+        use = GpuUse(self.node, self.gpus.utilisation, self.gpu_idle_report)
+        while True:
+            for report in use.sample(self.runs, int(time.time())):
+                await self.report(report)
+            await asyncio.sleep(self.gpu_sample)
 
     # ------------------------------------------------------------ assignments
 

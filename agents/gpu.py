@@ -117,7 +117,10 @@ class FakeNvml:
 
     def nvmlDeviceGetMemoryInfo(self, handle: int) -> _Mem:
         self._check(handle)
-        return _Mem(self.MODELS.get(self.gpu_type, ("", 16384))[1] * 1024 * 1024)
+        mem = _Mem(self.MODELS.get(self.gpu_type, ("", 16384))[1] * 1024 * 1024)
+        mem.used = int(self._knob("mem_used", handle, 0)) * 1024 * 1024
+        mem.free = mem.total - mem.used
+        return mem
 
     def _knob(self, name: str, handle: int, default: Any) -> Any:
         value = self._faults().get(name, {})

@@ -551,6 +551,30 @@ def whatif(
 
 
 @app.command()
+def idle(as_json: bool = typer.Option(False, "--json", help="the idle jobs as JSON")) -> None:
+    """The running jobs whose GPUs sit idle: since when, for how long, the GPU-hours that wasted, and the policy."""
+    import json as _json
+
+    from .client import ask
+    from rota.core.timefmt import format_utc
+
+    reply = ask("rota idle", "idle", {})
+    if reply is None:
+        raise typer.Exit(1)
+    if as_json:
+        typer.echo(_json.dumps({"jobs": reply["jobs"], "policy": reply["policy"]}, indent=2))
+        return
+    p = reply["policy"] or {}
+    then = f", then {p['action']} after {p['grace']}s more" if p.get("action", "warn") != "warn" else ""
+    typer.echo(f"policy: after {p['after']}s idle: warn{then}" if p.get("after") else "policy: off (RotaIdleGpu)")
+    typer.echo(f"{'JOBID':>8} {'USER':<10} {'PARTITION':<10} {'NODE':<10} {'GPUS':>4} {'IDLE_SINCE':<24} "
+               f"{'IDLE_FOR':>9} {'GPU_HOURS':>9}")
+    for j in reply["jobs"]:
+        typer.echo(f"{j['job_id']:>8} {j['user']:<10} {j['partition']:<10} {j['node']:<10} {j['gpus']:>4} "
+                   f"{format_utc(j['since']):<24} {j['idle_for']:>8}s {j['gpu_hours']:>9.2f}")
+
+
+@app.command()
 def version() -> None:
     """Print rota's version."""
     from rota.core import __version__

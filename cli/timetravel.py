@@ -279,14 +279,7 @@ def _story(rep: Any, users: dict[int, str]) -> list[tuple[int, int, list[str]]]:
             f"by {_t(b['ends_by'])}, before this job's reserved start {_t(b['reserved_start'])}, so it did not "
             "delay it."]))
     for a in rep.actions:
-        what = {"node.drained": "drained", "node.down": "set down", "node.resumed": "resumed",
-                "node.health_fault": "reported a health fault on", "job.held": "held the job",
-                "job.released": "released the job", "job.updated": "updated the job",
-                "cluster.configured": "changed the cluster configuration"}[a["action"]]
-        target = f" {a['node']}" if "node" in a else ""
-        reason = f' ("{a["reason"]}")' if a.get("reason") else ""
-        story.append((a["time"], a["seq"], [f"  At {_t(a['time'])} {a['actor']} {what}{target}{reason} "
-                                            f"(sequence {a['seq']})."]))
+        story.append((a["time"], a["seq"], _action_lines(a)))
     for p in rep.preempted:
         story.append((p["time"], p["seq"], _preempted_lines(p)))
     for p in rep.preempting:
@@ -294,6 +287,24 @@ def _story(rep: Any, users: dict[int, str]) -> list[tuple[int, int, list[str]]]:
         story.append((p["time"], p["seq"], [f"  At {_t(p['time'])} it preempted {victims}, chosen from "
                                             f"{p['candidates']} candidate(s) (sequence {p['seq']})."]))
     return story
+
+
+_ACTION_WORDS = {"node.drained": "drained", "node.down": "set down", "node.resumed": "resumed",
+                 "node.health_fault": "reported a health fault on", "job.held": "held the job",
+                 "job.released": "released the job", "job.updated": "updated the job",
+                 "cluster.configured": "changed the cluster configuration", "job.cancelled": "cancelled the job",
+                 "job.requeued": "requeued the job", "job.gpu_busy": "found its GPUs busy again on"}
+
+
+def _action_lines(a: dict) -> list[str]:
+    """One action in a job's story; idle GPUs with the samples that showed it."""
+    if a["action"] == "job.gpu_idle":
+        samples = "; ".join(f"{_t(s['t'])} gpu {s['gpu']} {s['util']}% {s['mem']} MiB" for s in a["samples"])
+        return [f"  At {_t(a['time'])} the agent on {a['node']} reported its GPUs idle since {_t(a['since'])} "
+                f"(sequence {a['seq']}); the samples: {samples or 'none kept'}."]
+    target = f" {a['node']}" if "node" in a else ""
+    reason = f' ("{a["reason"]}")' if a.get("reason") else ""
+    return [f"  At {_t(a['time'])} {a['actor']} {_ACTION_WORDS[a['action']]}{target}{reason} (sequence {a['seq']})."]
 
 
 def why_text(rep: Any, users: dict[int, str]) -> list[str]:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 from rota.core import __version__, commands
 from rota.core import events as ev
 from rota.core.auth import ROOT, Caller
+from rota.core.idle import idle_actions
 from rota.core.orders import Order
 from rota.core.policies import cycle_policy
 from rota.core.schedule import Decision, schedule
@@ -215,6 +216,21 @@ class Controller:
             return None
         return decided[0]
 
+    async def idle_sweep(self) -> None:
+        """Cancel or requeue what the idle-GPU policy says is due (rota.core.idle), each checked again on the state
+        it lands on."""
+        if not self.leader or not self.state.running:
+            return
+        for due in idle_actions(self.state, self.now()):
+            def prepare(st: State, due: Any = due) -> Any:
+                if not any(a.job_id == due.job_id for a in idle_actions(st, self.now())):
+                    raise commands.Rejected(f"job {due.job_id} is no longer due", code="noop")
+                return due
+            try:
+                await self.write(prepare, "idle-gpu-policy")
+            except commands.Rejected:
+                pass
+
     def _backfill_interval(self) -> float | None:
         """Seconds between backfill cycles under Slurm's cadence; None under rota's (every cycle is one)."""
         cfg = self.state.config
@@ -252,6 +268,7 @@ class Controller:
                 t0 = time.perf_counter()
                 ran = self.leader and bool(self.state.pending)
                 await self.cycle(backfill)
+                await self.idle_sweep()
                 spent = time.perf_counter() - t0
                 if ran:         # a cycle with nothing pending cost nothing: no wait after it
                     last, ended = spent, t0 + spent

@@ -252,6 +252,20 @@ async def _submit_many(c: ControllerPort, caller: Caller, request: rq.SubmitMany
             "errors": [[i, r.lines[-1]] for i, r in enumerate(results) if isinstance(r, commands.Rejected)]}
 
 
+async def _idle(c: ControllerPort, caller: Caller, r: rq.NoArgs, rid: str) -> dict:
+    """The running jobs whose GPUs are idle (rota.core.idle), the caller's own when jobs are private."""
+    from dataclasses import asdict
+
+    from rota.core.idle import idle_jobs
+
+    from .views import private_jobs
+
+    mine = private_jobs(c.state, caller)
+    now = c.now()
+    return {"ok": True, "now": now, "policy": c.state.config.idle_gpu.model_dump() if c.state.config else None,
+            "jobs": [asdict(j) for j in idle_jobs(c.state, now) if not mine or c.state.jobs[j.job_id].spec.uid == caller.uid]}
+
+
 async def _job_states(c: ControllerPort, caller: Caller, request: rq.JobStates, rid: str) -> dict:
     return {"ok": True, "jobs": c.views.job_states(request.job_ids, caller)}
 
@@ -288,4 +302,5 @@ VERBS: dict[str, Verb] = {v.name: v for v in (
     Verb("ping", rq.NoArgs, _ping),
     Verb("submit_many", rq.SubmitMany, _submit_many, writes=True),
     Verb("job_states", rq.JobStates, _job_states),
+    Verb("idle", rq.NoArgs, _idle),
 )}

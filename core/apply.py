@@ -339,6 +339,24 @@ def _job_requeued(state: State, env: ev.Envelope, e: ev.JobRequeued, ch: Changes
     _requeue(state, job, env.ts, ch, e.hold, e.user_hold)
 
 
+def _gpu_idle(state: State, env: ev.Envelope, e: ev.GpuIdle, ch: Changes) -> None:
+    job = state.jobs.get(e.job_id)
+    if job is None or job.state != RUNNING or job.restarts != e.restarts:
+        ch.ignored(f"job {e.job_id} is not running that run")
+        return
+    ch.job(job)
+    job.idle_since = e.since
+
+
+def _gpu_busy(state: State, env: ev.Envelope, e: ev.GpuBusy, ch: Changes) -> None:
+    job = state.jobs.get(e.job_id)
+    if job is None or job.state != RUNNING or job.restarts != e.restarts:
+        ch.ignored(f"job {e.job_id} is not running that run")
+        return
+    ch.job(job)
+    job.idle_since = None
+
+
 def _misfit(nodes: dict[str, Node], start: ev.Start) -> str | None:
     """What makes an allocation impossible to apply (a node or GPU that does not exist), if anything."""
     for a in start.alloc:
@@ -407,6 +425,7 @@ def _jobs_started(state: State, env: ev.Envelope, e: ev.JobsStarted, ch: Changes
         job.alloc = s.alloc
         job.backfilled = s.backfilled
         job.start_cycle = e.cycle
+        job.idle_since = None
         for a in s.alloc:
             node = nodes[a.node]
             ch.node(a.node)
@@ -674,4 +693,6 @@ _HANDLERS: dict[type, Callable[[State, ev.Envelope, Any, Changes], None]] = {
     ev.NodeDown: _node_down,
     ev.NodeNotResponding: _node_not_responding,
     ev.HealthFault: _health_fault,
+    ev.GpuIdle: _gpu_idle,
+    ev.GpuBusy: _gpu_busy,
 }

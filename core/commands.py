@@ -437,7 +437,7 @@ def resume(state: State, node: str, caller: Caller = ROOT, undrain_only: bool = 
 
 # ---------------------------------------------------------------- agents and silent nodes
 
-AGENT_REPORTS = (ev.NodeRegistered, ev.JobExited, ev.HealthFault, ev.StepEnded)
+AGENT_REPORTS = (ev.NodeRegistered, ev.JobExited, ev.HealthFault, ev.StepEnded, ev.GpuIdle, ev.GpuBusy)
 """What an agent may report, and only about its own node."""
 
 
@@ -457,6 +457,12 @@ def check_report(state: State, node: str, event: ev.Event) -> ev.Event:
             raise Rejected(f"job {event.job_id} is not running on {node}", code="stale")
         # (a late report, after its node was declared dead, is kept with the job: how it really ended)
         return event.model_copy(update={"node": node, "released": False})
+    if isinstance(event, (ev.GpuIdle, ev.GpuBusy)):
+        job = state.jobs.get(event.job_id)
+        if job is None or job.state != RUNNING or job.restarts != event.restarts or not job.alloc \
+                or job.alloc[0].node != node:
+            raise Rejected(f"job {event.job_id} is not running on {node}", code="stale")
+        return event.model_copy(update={"node": node})
     if isinstance(event, ev.StepEnded):
         job = state.jobs.get(event.job_id)
         step = job.steps.get(event.step_id) if job is not None and job.steps and job.restarts == event.restarts \

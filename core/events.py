@@ -131,6 +131,18 @@ class RateLimit(Model):
     refill_period: int = 1
 
 
+class IdleGpuPolicy(Model):
+    """What happens to a job whose GPUs sit idle (``RotaIdleGpu=after=2h,action=cancel,grace=30m,...``): after
+    ``after`` seconds idle its owner is warned; ``grace`` seconds later the job is cancelled or requeued (``action``
+    warn: only warned). ``partitions``: where it applies (all when empty); ``exempt_qos``: QOS it spares."""
+
+    after: int = 0                    # seconds; 0 = off
+    action: Literal["warn", "cancel", "requeue"] = "warn"
+    grace: int = 0
+    partitions: tuple[str, ...] = ()
+    exempt_qos: tuple[str, ...] = ()
+
+
 class ClusterConfig(Model):
     """The whole cluster configuration, as parsed from slurm.conf (or made for this machine)."""
 
@@ -148,6 +160,7 @@ class ClusterConfig(Model):
     preempt_mode: Literal["off", "cancel", "requeue"] = "off"   # PreemptMode: for QOS that set none
     controllers: tuple[str, ...] = ()  # SlurmctldHost lines, in order (the first is the primary)
     rate_limit: RateLimit = RateLimit()
+    idle_gpu: IdleGpuPolicy = IdleGpuPolicy()
 
     def default_partition(self) -> PartitionConfig | None:
         for p in self.partitions:
@@ -282,6 +295,7 @@ class JobCancelled(Model):
     tasks: tuple[int, ...] | None = None   # array task indices; None = the whole job
     by_uid: int = 0
     signal: int = 15
+    reason: str = ""              # why, when a policy cancelled it (its GPUs idle)
 
 
 class JobHeld(Model):
@@ -320,6 +334,7 @@ class JobRequeued(Model):
     job_id: int
     hold: bool = False
     user_hold: bool = False       # held by its owner (requeuehold by a user), not by an administrator
+    reason: str = ""              # why, when a policy requeued it (its GPUs idle)
 
 
 class Victim(Model):
@@ -566,6 +581,38 @@ class HealthFault(Model):
     drains: bool = True
 
 
+class GpuSample(Model):
+    """One NVML reading of one GPU of a job: when, which GPU, its utilisation (percent) and memory in use (MiB)."""
+
+    t: int
+    gpu: int
+    util: int
+    mem: int
+
+
+class GpuIdle(Model):
+    """A job's agent found its GPUs idle since ``since``: the samples that show it (``rota idle``, the idle
+    policy of rota.core.idle, and ``why`` read them)."""
+
+    type: Literal["job.gpu_idle"] = "job.gpu_idle"
+    v: int = 1
+    node: str
+    job_id: int
+    restarts: int = 0
+    since: int
+    samples: tuple[GpuSample, ...] = ()
+
+
+class GpuBusy(Model):
+    """The GPUs of a job reported idle are in use again."""
+
+    type: Literal["job.gpu_busy"] = "job.gpu_busy"
+    v: int = 1
+    node: str
+    job_id: int
+    restarts: int = 0
+
+
 class RequestDenied(Model):
     """A request refused for want of rights: the audit trail of attempts (changes no state)."""
 
@@ -583,13 +630,13 @@ EVENT_TYPES: tuple[type[Model], ...] = (
     ClusterConfigured, ControllerStarted, JobSubmitted, JobCancelled, JobHeld, JobReleased,
     JobUpdated, JobRequeued, JobsStarted, JobExited, NodeRegistered, NodeDrained,
     NodeResumed, NodeDown, NodeNotResponding, HealthFault, RequestDenied, StepStarted, StepEnded,
-    AccountingChanged,
+    AccountingChanged, GpuIdle, GpuBusy,
 )
 
 Event = Annotated[Union[ClusterConfigured, ControllerStarted, JobSubmitted, JobCancelled, JobHeld, JobReleased,
                         JobUpdated, JobRequeued, JobsStarted, JobExited, NodeRegistered, NodeDrained,
                         NodeResumed, NodeDown, NodeNotResponding, HealthFault, RequestDenied, StepStarted,
-                        StepEnded, AccountingChanged],
+                        StepEnded, AccountingChanged, GpuIdle, GpuBusy],
                   Field(discriminator="type")]   # the same types as EVENT_TYPES (a test keeps them equal)
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import events as ev
+from .idle import due_warning
 from .mailtypes import MailTypeError, expand
 from .state import RUNNING, State
 
@@ -82,10 +83,16 @@ def _ended(job: Any, how: str, exit_code: int, elapsed: int) -> list[Notice]:
 
 def time_notices(state: State, now: int) -> list[Notice]:
     """TIME_LIMIT_50/80/90 and TIME_LIMIT for the running jobs that asked, once their run has used that share of
-    its limit (the notifier drops the keys it already sent)."""
+    its limit; IDLE_GPU for every job the idle-GPU policy warns (the notifier drops the keys it already sent)."""
     out: list[Notice] = []
     for jid in state.running:
         job = state.jobs[jid]
+        if due_warning(state, job, now) and job.idle_since is not None and state.config is not None:
+            policy = state.config.idle_gpu
+            then = f", {policy.action} at t={job.idle_since + policy.after + policy.grace}" \
+                if policy.action != "warn" else ""
+            out.append(_notice(job, f"IDLE_GPU.{job.idle_since}", f"GPUs idle since t={job.idle_since}{then}",
+                               idle_since=job.idle_since))
         limit = job.time_limit
         if not limit or not any(k.startswith("TIME_LIMIT") for k in job.spec.mail_type):
             continue

@@ -41,6 +41,7 @@ GLOBAL_KEYS = {
     "priorityweightqos", "prioritymaxage", "priorityfavorsmall", "enforcepartlimits", "maxarraysize",
     "minjobage", "slurmuser", "authinfo", "privatedata", "adminusers", "operatorusers", "accountingstorageenforce",
     "priorityflags", "prioritydecayhalflife", "preempttype", "preemptmode", "maxjobcount", "slurmctldparameters",
+    "rotaidlegpu",
 }
 # rota's own keys for how its processes run here (not part of the cluster's configuration in the log)
 SHELL_KEYS = {"rotanatslisten": "listen", "rotatlscertfile": "cert_file", "rotatlskeyfile": "key_file",
@@ -296,6 +297,7 @@ def check_config(text: str, file: str = "slurm.conf", gres_text: str | None = No
     sched, prio, cluster_name = _parse_globals(ctx, global_vals)
     auth = _parse_auth(ctx, global_vals)
     rate_limit = _parse_rate_limit(ctx, global_vals)
+    idle_gpu = _parse_idle_gpu(ctx, global_vals)
     enforce = _parse_enforce(ctx, global_vals)
     preempt_type, preempt_mode = _parse_preempt(ctx, global_vals)
     if gres_text is not None:
@@ -312,7 +314,7 @@ def check_config(text: str, file: str = "slurm.conf", gres_text: str | None = No
                                gres_types=tuple(sorted(gres_types)) if gres_types else ("gpu",),
                                accounting_enforce=enforce, preempt_type=preempt_type,
                                preempt_mode=preempt_mode, controllers=tuple(controllers),
-                               rate_limit=rate_limit)
+                               rate_limit=rate_limit, idle_gpu=idle_gpu)
     except ValueError as exc:   # pydantic validation: should not happen after the checks above
         ctx.err(1, f"invalid configuration: {exc}")
         return None, _ordered(ctx.diags)
@@ -657,6 +659,30 @@ def _parse_rate_limit(ctx: _Ctx, vals: dict[str, tuple[int, str]]) -> ev.RateLim
             elif (n := _int(ctx, lineno, key, v, 1)) is not None:
                 fields[key[3:]] = n
     return ev.RateLimit(**fields)
+
+
+def _parse_idle_gpu(ctx: _Ctx, vals: dict[str, tuple[int, str]]) -> ev.IdleGpuPolicy:
+    """rota's RotaIdleGpu=after=TIME[,action=warn|cancel|requeue][,grace=TIME][,partitions=A:B][,exempt_qos=Q:R]
+    (times as 90s, 30m, 2h or 1d, or as Slurm writes them: minutes, H:M:S, D-H:M:S)."""
+    if "rotaidlegpu" not in vals:
+        return ev.IdleGpuPolicy()
+    lineno, value = vals["rotaidlegpu"]
+    fields: dict = {}
+    for item in value.split(","):
+        key, _, v = item.strip().partition("=")
+        key = key.lower()
+        if key in ("after", "grace"):
+            unit = {"s": 1, "m": 60, "h": 3600, "d": 86400}.get(v[-1:].lower())
+            fields[key] = int(v[:-1]) * unit if unit and v[:-1].isdecimal() else \
+                _time(ctx, lineno, f"RotaIdleGpu {key}", v) or 0
+        elif key == "action" and v in ("warn", "cancel", "requeue"):
+            fields[key] = v
+        elif key in ("partitions", "exempt_qos"):
+            fields[key] = tuple(sorted(n for n in v.split(":") if n))
+        else:
+            ctx.err(lineno, f"RotaIdleGpu: {item.strip()!r} is not understood",
+                    "write RotaIdleGpu=after=2:00:00,action=cancel,grace=30,partitions=gpu:debug,exempt_qos=long")
+    return ev.IdleGpuPolicy(**fields)
 
 
 def _parse_auth(ctx: _Ctx, vals: dict[str, tuple[int, str]]) -> ev.AuthConfig:

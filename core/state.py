@@ -51,6 +51,7 @@ class Job:
     steps: dict[int, "Step"] | None = None  # the run's steps still running (None: none yet)
     preempted_by: int | None = None         # the job that preempted this run (it ends at its grace time)
     preempt_mode: str = ""                  # how: "cancel" or "requeue"
+    idle_since: int | None = None           # its GPUs idle since then, as its agent reported (rota.core.idle)
 
     @property
     def is_array_remainder(self) -> bool:
@@ -288,11 +289,12 @@ class State:
 # A snapshot is the primary facts as compact JSON: jobs and nodes as positional rows (field order
 # below), job specs stored once and referenced by index. Loading trusts nothing but the version.
 
-SNAPSHOT_VERSION = 4
+SNAPSHOT_VERSION = 5
 _JOB_SCALARS = ("job_id", "submit_seq", "submit_time", "state", "hold", "priority_override", "nice",
                 "time_limit", "partition", "eligible_time", "start_time", "end_time", "exit_code", "signal",
                 "max_rss", "elapsed", "array_job_id", "array_task_id", "array_pending", "array_throttle",
-                "restarts", "cancel_by", "backfilled", "start_cycle", "next_step", "preempted_by", "preempt_mode")
+                "restarts", "cancel_by", "backfilled", "start_cycle", "next_step", "preempted_by", "preempt_mode",
+                "idle_since")
 _NODE_SCALARS = ("name", "index", "cpus", "memory", "gpu_types", "weight", "alloc_cpus", "alloc_mem",
                  "gpu_owner", "jobs", "drain", "down", "not_responding", "invalid_reg", "registered", "reason",
                  "reason_by", "reason_time", "last_busy", "boot_time", "reported_gpus", "awaiting_agent")

@@ -128,7 +128,9 @@ def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None
 
 _JOB_ACTIONS = (ev.JobHeld, ev.JobReleased, ev.JobUpdated)                       # on the job itself
 _NODE_ACTIONS = (ev.NodeDrained, ev.NodeDown, ev.NodeResumed, ev.HealthFault)     # on a node it may use
-_ACTIONS = _JOB_ACTIONS + _NODE_ACTIONS + (ev.ClusterConfigured, ev.ControllerStarted)   # what a story notes
+# what happened to its run that a policy acts on: idle GPUs (with the samples) and what the policy did
+_RUN_ACTIONS = (ev.GpuIdle, ev.GpuBusy, ev.JobCancelled, ev.JobRequeued)
+_ACTIONS = _JOB_ACTIONS + _NODE_ACTIONS + _RUN_ACTIONS + (ev.ClusterConfigured, ev.ControllerStarted)
 
 
 def why_all(envelopes: Iterable[ev.Envelope], job_ids: Iterable[int] | None = None) -> dict[int, WhyReport]:
@@ -216,6 +218,10 @@ class _Story:
             self.versions.append(e.version)
         if self.pending(st):
             _note_action(self.rep, env, e, self.job_id, self.watching)
+        elif isinstance(e, _RUN_ACTIONS) and e.job_id == self.job_id and (not isinstance(e, (ev.JobCancelled, ev.JobRequeued))
+                                                                          or e.reason):
+            detail = {k: v for k, v in e.model_dump(mode="json").items() if k not in ("type", "v")}
+            self.rep.actions.append({"time": env.ts, "seq": env.seq, "actor": env.actor, "action": e.type, **detail})
         if isinstance(e, ev.JobsStarted) and e.preemptions:
             _note_preemptions(self.rep, st, env, e, self.job_id)
 

@@ -89,6 +89,8 @@ def agent(
     gpu_max_temp: int = typer.Option(90, help="GPU temperature (C) that is reported (a warning, or a drain with "
                                      "--gpu-drain-on temp)"),
     gpu_drain_on: str = typer.Option("", help="GPU warnings that drain the node instead: any of throttle,pcie,temp"),
+    gpu_sample: float = typer.Option(10.0, help="seconds between samples of the running jobs' GPU use (0: off)"),
+    gpu_idle_report: float = typer.Option(60.0, help="seconds a job's GPUs stay idle before it is reported idle"),
     kill_wait: float = typer.Option(30.0, help="seconds between SIGTERM and SIGKILL (KillWait)"),
     max_tasks: Optional[int] = typer.Option(None, min=16, help="the most processes and threads one job may hold "
         "(default: its share of the node's, by its CPUs)"),
@@ -106,7 +108,8 @@ def agent(
                                 socket_path=socket, fake_gpus=fake_gpus,
                                 faults_file=faults_file, cpus=cpus, memory=memory, heartbeat=heartbeat,
                                 health_interval=health_interval, health_program=health_program,
-                                gpu_max_temp=gpu_max_temp, gpu_drain_on=gpu_drain_on,
+                                gpu_max_temp=gpu_max_temp, gpu_drain_on=gpu_drain_on, gpu_sample=gpu_sample,
+                                gpu_idle_report=gpu_idle_report,
                                 kill_wait=kill_wait, use_cgroups=not no_cgroups, max_tasks=max_tasks,
                                 echo=typer.echo))
 

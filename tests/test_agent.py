@@ -91,13 +91,14 @@ class Cluster:
 
 
 @pytest.fixture
-async def cluster(tmp_path):
+async def cluster(tmp_path, request):
     (tmp_path / "state").mkdir()
     keys.generate(str(tmp_path / "state" / "cluster.key"))
     keyring = keys.load_keyring(str(tmp_path / "state" / "cluster.key"))
     srv = natsserver.start(tmp_path / "nats")
     lg = await JetStreamLog.connect(srv.url, keyring=keyring)
-    config = parse_config(CONF, "slurm.conf").model_copy(update={"agents": True})
+    marker = request.node.get_closest_marker("slurm_conf")
+    config = parse_config(marker.args[0] if marker else CONF, "slurm.conf").model_copy(update={"agents": True})
     c = Controller(lg, config=config, debounce=0.01, cycle_interval=0.5, keyring=keyring, outbox=Outbox())
     await c.start()
     await c.serve(lg.nc)
@@ -527,3 +528,29 @@ def test_a_launch_that_came_late_still_gets_its_whole_time_limit():
     assert Run(order, 1, start + 0.2).deadline == start + 60.2
     assert Run(order, 1, start + 90.0).deadline == start + 150.0
     assert Run(order, 1, start - 5.0).deadline == start + 60          # a clock a little behind the log's
+
+
+@pytest.mark.slurm_conf(CONF + "RotaIdleGpu=after=2s,action=cancel,grace=1s\n")
+async def test_an_idle_gpu_job_is_warned_then_cancelled_with_the_samples_in_why(cluster):
+    from rota.cli.timetravel import why_text
+    from rota.core.notify import time_notices
+    from rota.core.timetravel import why
+
+    cluster.start_agent("n1", "a100:2", "--gpu-sample", "0.3", "--gpu-idle-report", "0.5")
+    await cluster.registered("n1")
+    busy = await cluster.submit("sleep 60", gpus_per_node=1)
+    job = await cluster.until(lambda s: s.jobs[busy] if s.jobs[busy].state == "RUNNING" else None, what="running")
+    (gpu,) = job.alloc[0].gpus
+    cluster.faults("n1", util={str(gpu): 0}, mem_used={str(gpu): 1024})          # nothing runs on its GPU
+    job = await cluster.until(lambda s: s.jobs[busy] if s.jobs[busy].idle_since else None, what="reported idle")
+    since = job.idle_since
+    assert cluster.c.state.config.idle_gpu.after == 2, cluster.c.state.config.idle_gpu
+    assert [n.kind for n in time_notices(cluster.c.state, since + 2)] == [f"IDLE_GPU.{since}"]    # the warning
+    ended = await cluster.ended(busy, timeout=30)
+    assert ended.state == "CANCELLED"
+    log = [e async for e in cluster.c.log.read(1)]
+    cancel = next(e.event for e in log if isinstance(e.event, ev.JobCancelled) and e.event.job_id == busy)
+    assert cancel.reason.startswith(f"its GPUs were idle from t={since} for 3s") and cancel.by_uid == 0
+    text = "\n".join(why_text(why(log, busy), {}))
+    assert "reported its GPUs idle since" in text and f"gpu {gpu} 0% 1024 MiB" in text, text
+    assert "idle-gpu-policy cancelled the job" in text, text

@@ -14,7 +14,6 @@ import pytest
 
 from harness import Harness, make_cluster
 from helpers import wait_for
-from rota.core import events as ev
 from rota.core.notify import MailTypeError, expand, notices, time_notices
 
 BIN = Path(sys.executable).parent
