@@ -3,7 +3,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import Harness, make_cluster
+from harness import Harness
 from rota.agents.gpuuse import GpuUse
 from rota.core import events as ev
 from rota.core.idle import idle_actions, idle_jobs

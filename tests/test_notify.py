@@ -66,7 +66,7 @@ class Hook(http.server.BaseHTTPRequestHandler):
     received: list[dict] = []
     refused = 0
 
-    def do_POST(self):  # noqa: N802 - http.server's name
+    def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if Hook.refused == 0:
             Hook.refused += 1
