@@ -27,14 +27,16 @@ def acctmgr(ctx: typer.Context) -> None:
              add_help_option=False)
 def report(ctx: typer.Context) -> None:
     """Reports from the accounting projection: `rota report usage [-S START] [-E END] [-P] [--parquet FILE]`
-    (CPU and GPU hours per account and user)."""
-    from .usage_report import USAGE, run
+    (CPU and GPU hours per account and user), `rota report time-accuracy [-S START] [-E END] [-P]` (--time asked
+    for against used, and the limit each user's history suggests)."""
+    from . import time_report, usage_report
 
     args = list(ctx.args)
-    if not args or args[0] != "usage":
-        sys.stderr.write("rota report: give a report: usage\n" + USAGE)
+    if not args or args[0] not in ("usage", "time-accuracy"):
+        sys.stderr.write("rota report: give a report: usage or time-accuracy\n" + usage_report.USAGE + time_report.USAGE)
         raise typer.Exit(1 if args and args[0] not in ("-h", "--help") else 0)
-    raise typer.Exit(run(args[1:], sys.stdout, sys.stderr))
+    report_of = usage_report if args[0] == "usage" else time_report
+    raise typer.Exit(report_of.run(args[1:], sys.stdout, sys.stderr))
 
 
 @app.command()

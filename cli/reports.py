@@ -12,7 +12,7 @@ def runner(db: str) -> ReportRunner:
     def run(command: str, argv: list[str], uid: int, only_uid: int | None, seq: int) -> tuple[int, str, str]:
         from rota.projections.queries import reading_at
 
-        from . import sacct, scontrol, sinfo, usage_report
+        from . import sacct, scontrol, sinfo, time_report, usage_report
 
         reading_at(seq)     # this thread's own context: the controller's state when the caller asked
         out, err = io.StringIO(), io.StringIO()
@@ -22,6 +22,8 @@ def runner(db: str) -> ReportRunner:
             code = sinfo.run(argv, out, err, db=db, uid=uid)
         elif command == "scontrol":
             code = scontrol.run_show(argv, out, err, db=db, uid=uid)
+        elif command == "report" and argv[:1] == ["time-accuracy"]:
+            code = time_report.run(argv[1:], out, err, db=db, uid=uid, only_uid=only_uid)
         elif command == "report":
             code = usage_report.run(argv, out, err, db=db, uid=uid, only_uid=only_uid)
         else:

@@ -13,6 +13,7 @@ from . import events as ev
 from .idle import due_warning
 from .mailtypes import MailTypeError, expand
 from .state import RUNNING, State
+from .timefmt import format_duration
 
 __all__ = ["MailTypeError", "Notice", "expand", "notices", "time_notices"]
 
@@ -31,13 +32,6 @@ class Notice:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
-def _hms(seconds: int) -> str:
-    seconds = max(0, int(seconds))
-    days, rest = divmod(seconds, 86400)
-    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
-    return f"{days}-{text}" if days else text
-
-
 def _notice(job: Any, kind: str, subject: str, **fields: Any) -> Notice:
     spec = job.spec
     return Notice(f"{job.job_id}.{job.restarts}.{kind}", job.job_id, kind, spec.mail_user or spec.user,
@@ -54,7 +48,7 @@ def notices(state: State, env: ev.Envelope) -> list[Notice]:
         for s in e.starts:
             job = state.jobs.get(s.job_id)
             if job is not None and "BEGIN" in job.spec.mail_type:
-                out.append(_notice(job, "BEGIN", f"Began, Queued time {_hms(e.now - job.submit_time)}",
+                out.append(_notice(job, "BEGIN", f"Began, Queued time {format_duration(e.now - job.submit_time)}",
                                    queued=e.now - job.submit_time, nodes=[a.node for a in s.alloc]))
     elif isinstance(e, ev.JobExited):
         job = state.jobs.get(e.job_id)
@@ -73,7 +67,7 @@ def notices(state: State, env: ev.Envelope) -> list[Notice]:
 
 def _ended(job: Any, how: str, exit_code: int, elapsed: int) -> list[Notice]:
     kinds = job.spec.mail_type
-    run = f"Run time {_hms(elapsed)}, {how}, ExitCode {exit_code}"
+    run = f"Run time {format_duration(elapsed)}, {how}, ExitCode {exit_code}"
     if how != "COMPLETED" and "FAIL" in kinds:
         return [_notice(job, "FAIL", f"Failed, {run}", exit_code=exit_code, elapsed=elapsed, end_state=how)]
     if "END" in kinds:
@@ -100,5 +94,5 @@ def time_notices(state: State, now: int) -> list[Notice]:
         for kind, share in SHARES:
             if kind in job.spec.mail_type and used * 100 >= share * limit:
                 what = "Reached time limit" if share == 100 else f"Reached {share}% of time limit"
-                out.append(_notice(job, kind, f"{what}, Run time {_hms(used)}", elapsed=used, time_limit=limit))
+                out.append(_notice(job, kind, f"{what}, Run time {format_duration(used)}", elapsed=used, time_limit=limit))
     return out

@@ -119,10 +119,32 @@ def _touched(st: State, e: Any) -> list[Any]:
     return [job] if job is not None else []
 
 
+TIME_LIMITS = "time_limits"     # not a field: every job's --time replaced, "used*1.2" = its real run time x 1.2
+
+
+def limit_factor(settings: dict[str, str]) -> float | None:
+    """``time_limits=used*F``: each job's limit becomes its recorded run time times F (None: limits as recorded)."""
+    value = settings.get(TIME_LIMITS)
+    if value is None:
+        return None
+    word, _, factor = value.partition("*")
+    try:
+        f = float(factor) if factor else 1.0
+    except ValueError:
+        f = 0.0
+    if word != "used" or f < 1.0:
+        raise ValueError(f"{TIME_LIMITS}={value!r}: give used*F with F at least 1, e.g. used*1.2")
+    return f
+
+
 def apply_settings(config: ev.ClusterConfig, settings: dict[str, str]) -> ev.ClusterConfig:
-    """``scheduler.policy=easy``, ``scheduler.bf_window=3600``, ``priority.age=1000`` ... on a config."""
+    """``scheduler.policy=easy``, ``scheduler.bf_window=3600``, ``priority.age=1000`` ... on a config
+    (``time_limits`` is the replay's, not the configuration's: see :func:`limit_factor`)."""
     data = config.model_dump(mode="json")
+    limit_factor(settings)
     for key, value in settings.items():
+        if key == TIME_LIMITS:
+            continue
         parts = key.split(".")
         if len(parts) == 1:
             parts = ["scheduler", parts[0]]
@@ -166,6 +188,10 @@ class _Replay:
         self.keys: dict[int, Key] = {}
         self.cycle_at: set[int] = set()      # moments a cycle that follows a change is already due
         self.cycles = 0
+        self.factor = limit_factor(settings)
+        self.longest: dict[int, int] = {}    # job (or array) id -> its longest recorded run, in seconds
+        for key, runs in rec.runs.items():
+            self.longest[key[0]] = max([self.longest.get(key[0], 0), *(r.seconds for r in runs)])
         for env in rec.inputs:
             self.timeline.at(env.ts, _LOGGED, env, tie=env.seq)
         for now, seq in rec.cycles:
@@ -197,6 +223,8 @@ class _Replay:
             e = item.event
             if isinstance(e, ev.ClusterConfigured):
                 e = e.model_copy(update={"config": apply_settings(e.config, self.settings)})
+            elif isinstance(e, ev.JobSubmitted) and self.factor is not None and e.job_id in self.longest:
+                e = e.model_copy(update={"spec": e.spec.model_copy(update={"time_limit": self._limit(e)})})
             self.timeline.put(t, e, "whatif")
             if isinstance(e, ev.JobCancelled):
                 self._stop_cancelled(e, t)
@@ -204,6 +232,13 @@ class _Replay:
         if after not in self.cycle_at:
             self.cycle_at.add(after)
             self.timeline.at(after, _AFTER, None, tie=0)
+
+    def _limit(self, e: ev.JobSubmitted) -> int | None:
+        """The job's limit closer to its use: its longest run times the factor, in whole minutes, never longer
+        than the limit it asked for."""
+        assert self.factor is not None
+        closer = max(60, -(-int(self.longest[e.job_id] * self.factor) // 60) * 60)
+        return closer if e.spec.time_limit is None else min(e.spec.time_limit, closer)
 
     def _cycle(self, t: int) -> None:
         st = self.timeline.state

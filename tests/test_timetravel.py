@@ -296,3 +296,30 @@ def test_whatif_keeps_the_logs_order_of_a_cycle_and_an_end_in_the_same_second():
     assert h.state.jobs[b].state == "RUNNING"
     res = whatif(h.log, {})
     assert res.replayed == res.baseline_matches_history == 3, res
+
+
+def test_whatif_with_limits_closer_to_use_lets_a_short_job_backfill_that_waited():
+    cfg = make_cluster(nodes=1, gpus=4)
+    jobs = [TraceJob(0, ev.JobSpec(user="ann", name="a", gpus_per_node=3, time_limit=3600), 100, 1),
+            TraceJob(1, ev.JobSpec(user="bob", name="b", gpus_per_node=4, time_limit=3600), 100, 2),
+            TraceJob(2, ev.JobSpec(user="cat", name="c", gpus_per_node=1, time_limit=3600), 50, 3)]
+    log = Simulator(cfg, record_log=True).run(jobs).log
+    res = whatif(log, {"time_limits": "used*1.2"})
+    waits = {j["user"]: (j["wait_before"], j["wait_after"]) for j in res.per_job}
+    # as asked, c's hour would run past b's reserved start: it waited for b; with a's and c's limits near their
+    # use (2 and 1 minutes), c fits beside a and ends before b's start
+    assert waits["cat"][0] > 100 and waits["cat"][1] == 0 and waits["bob"][1] <= waits["bob"][0]
+    with pytest.raises(ValueError, match="used\\*F"):
+        whatif(log, {"time_limits": "half"})
+
+
+def test_time_accuracy_per_user_and_the_limit_their_history_suggests():
+    from rota.core.timeaccuracy import accuracy, suggest
+
+    rows = [("phys", "ann", 3600, 600)] * 9 + [("phys", "ann", 3600, 3600), ("bio", "bob", 600, 590), ("x", "y", 0, 5)]
+    ann, bob = accuracy(rows)
+    assert (ann.user, ann.jobs, ann.requested_hours, ann.used_hours) == ("ann", 10, 10.0, 2.5)
+    assert (ann.used_share, ann.median_share, ann.under_half) == (0.25, 0.167, 0.9)
+    assert ann.suggested == 900        # 90th percentile 600 s x 1.2, in whole 5 minutes
+    assert (bob.used_share, bob.under_half, bob.suggested) == (0.983, 0.0, 900)
+    assert suggest([]) == 0 and suggest([10]) == 300

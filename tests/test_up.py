@@ -526,6 +526,20 @@ def test_a_preempted_job_is_requeued_keeps_its_id_and_sacct_why_and_report_tell_
     run(up, "scancel", victim, urgent)
 
 
+def test_the_time_accuracy_report_and_the_idle_list_through_the_commands(up):
+    job = run(up, "sbatch", "--parsable", "-t", "30", "--wrap", "true").stdout.strip()
+    wait_until(lambda: run(up, "sacct", "-n", "-X", "-P", "-j", job, "-o", "State").stdout.strip() == "COMPLETED", 30,
+               f"job {job} to complete")
+    r = run(up, "rota", "report", "time-accuracy", "-P")
+    assert r.returncode == 0, r.stderr
+    header, *rows = r.stdout.splitlines()
+    assert header == "Account|User|Jobs|Asked hours|Used hours|Used|Median job|Under half|Suggested"
+    root = next(row.split("|") for row in rows if row.split("|")[1] == "root")
+    assert int(root[2]) >= 1 and root[7] != "0%" and root[8].count(":") == 2, r.stdout     # asked 30 min, used ~0
+    r = run(up, "rota", "idle")
+    assert r.returncode == 0 and r.stdout.splitlines()[0] == "policy: off (RotaIdleGpu)", r.stdout + r.stderr
+
+
 def _nats_server_pid(state_dir: str) -> int:
     conf = f"{state_dir}/nats/nats-server.conf"
     for proc in Path("/proc").iterdir():
