@@ -82,6 +82,8 @@ def job_env(o: Launch, node: str) -> dict[str, str]:
         "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)), "GPU_DEVICE_ORDINAL": ",".join(map(str, gpus)),
         "SLURM_JOB_GPUS": ",".join(map(str, gpus)),
     }
+    if spec.shards_per_node:           # shards of the one GPU above, shared with other shard jobs
+        s["SLURM_SHARDS_ON_NODE"] = str(spec.shards_per_node)
     if spec.cpus_per_task_given:
         s["SLURM_CPUS_PER_TASK"] = str(spec.cpus_per_task)
     if spec.ntasks_per_node:

@@ -271,8 +271,13 @@ def _memory_and_gpus(o: dict, spec: dict) -> None:
 
 
 def _gres(item: str, spec: dict) -> None:
-    """One --gres item: ``gpu``, ``gpu:N``, ``gpu:TYPE`` or ``gpu:TYPE:N``."""
+    """One --gres item: ``gpu``, ``gpu:N``, ``gpu:TYPE``, ``gpu:TYPE:N`` or ``shard:N``."""
     parts = item.split(":")
+    if parts[0] == "shard":
+        if len(parts) != 2 or not parts[1].isdecimal() or int(parts[1]) < 1:
+            raise SbatchError("sbatch: error: Invalid generic resource (gres) specification")
+        spec["shards_per_node"] = int(parts[1])
+        return
     if parts[0] != "gpu":
         raise SbatchError("sbatch: error: Invalid generic resource (gres) specification")
     count = parts[-1] if len(parts) > 1 else "1"

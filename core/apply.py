@@ -17,7 +17,7 @@ from .changes import NOTHING, Changes, EndedRun
 from .gpuhealth import gpu_gone
 from .request import node_request
 from .state import (
-    CANCELLED, COMPLETED, NODE_FAIL, PENDING, PREEMPTED, RUNNING, TERMINAL_STATES, Job, Node, State, Step,
+    CANCELLED, COMPLETED, NODE_FAIL, PENDING, PREEMPTED, RUNNING, SHARED, TERMINAL_STATES, Job, Node, State, Step,
     job_weight,
     node_from_config,
 )
@@ -98,18 +98,21 @@ def _purge(state: State) -> None:
 def _release(state: State, job: Job, ts: int, ch: Changes) -> None:
     nodes = state.nodes
     jid = job.job_id
-    cpus = gpus = 0
+    cpus = 0
+    gpus = 0.0
     for a in job.alloc:
         cpus += a.cpus
-        gpus += len(a.gpus)
         node = nodes.get(a.node)
+        gpus += len(a.gpus) if not a.shards else a.shards / max(1, node.shards_per_gpu if node is not None else 1)
         if node is None:
             continue
         ch.node(a.node)
         node.alloc_cpus -= a.cpus
         node.alloc_mem -= a.mem
         owner = node.gpu_owner
-        for g in a.gpus:
+        if a.shards:
+            _release_shards(node, a)
+        for g in () if a.shards else a.gpus:
             if 0 <= g < len(owner) and owner[g] == jid:
                 owner[g] = 0
         if jid in node.jobs:
@@ -120,8 +123,18 @@ def _release(state: State, job: Job, ts: int, ch: Changes) -> None:
     if seconds > 0:      # what the run used, charged to its account and association (GrpTRESMins, fair-share)
         half_life = state.config.priority.decay_half_life if state.config is not None else 0
         spec = job.spec
-        charge(state.usage, spec.account, cpus * seconds, gpus * seconds, ts, half_life)
-        charge(state.assoc_usage, (spec.user, spec.account), cpus * seconds, gpus * seconds, ts, half_life)
+        gpu_s = int(gpus * seconds)      # a shard job: its share of the GPU
+        charge(state.usage, spec.account, cpus * seconds, gpu_s, ts, half_life)
+        charge(state.assoc_usage, (spec.user, spec.account), cpus * seconds, gpu_s, ts, half_life)
+
+
+def _release_shards(node: Node, a: ev.NodeAlloc) -> None:
+    """A shard job's shards go back to its GPU; the GPU is free again once no shard of it is used."""
+    for g in a.gpus[:1]:
+        if 0 <= g < len(node.shard_used):
+            node.shard_used[g] = max(0, node.shard_used[g] - a.shards)
+            if node.shard_used[g] == 0 and node.gpu_owner[g] == SHARED:
+                node.gpu_owner[g] = 0
 
 
 def _end_steps(job: Job, ts: int, ch: Changes) -> None:
@@ -211,7 +224,9 @@ def _cluster_configured(state: State, env: ev.Envelope, e: ev.ClusterConfigured,
             types = node_from_config(nc, i).gpu_types
             if len(types) != len(node.gpu_types):
                 node.gpu_owner = (node.gpu_owner + [0] * len(types))[: len(types)]
+                node.shard_used = (node.shard_used + [0] * len(types))[: len(types)]
             node.gpu_types = types
+            node.shards_per_gpu = nc.shards // len(types) if types else 0
         new[nc.name] = node
     for name, node in old.items():
         if name not in new:
@@ -366,6 +381,9 @@ def _misfit(nodes: dict[str, Node], start: ev.Start) -> str | None:
         gpus = a.gpus
         if a.cpus < 0 or a.mem < 0 or gpus and (min(gpus) < 0 or max(gpus) >= len(node.gpu_owner)):
             return f"{a.node} has no such CPUs, memory or GPUs {list(a.gpus)}"
+        if a.shards and (len(gpus) != 1 or a.shards < 0 or node.gpu_owner[gpus[0]] not in (0, SHARED)
+                         or node.shard_used[gpus[0]] + a.shards > node.shards_per_gpu):
+            return f"{a.node} has no room for {a.shards} shard(s) on GPU {list(gpus)}"
     return None
 
 
@@ -432,8 +450,12 @@ def _jobs_started(state: State, env: ev.Envelope, e: ev.JobsStarted, ch: Changes
             node.alloc_cpus += a.cpus
             node.alloc_mem += a.mem
             owner = node.gpu_owner
-            for g in a.gpus:
-                owner[g] = jid
+            if a.shards:
+                owner[a.gpus[0]] = SHARED
+                node.shard_used[a.gpus[0]] += a.shards
+            else:
+                for g in a.gpus:
+                    owner[g] = jid
             node.jobs.append(jid)
         state.pending.pop(jid, None)
         state.running[jid] = None
@@ -670,7 +692,9 @@ def _gpu_failed(state: State, node: Node, index: int | None, ts: int, ch: Change
     the queue when it asked to requeue."""
     owners = node.gpu_owner if index is None else node.gpu_owner[index:index + 1] if 0 <= index < len(node.gpu_owner) \
         else []
-    _fail_jobs(state, sorted({j for j in owners if j}), ts, ch)
+    sharing = {jid for jid in node.jobs for a in state.jobs[jid].alloc
+               if a.node == node.name and a.shards and (index is None or a.gpus[:1] == (index,))}
+    _fail_jobs(state, sorted({j for j in owners if j > 0} | sharing), ts, ch)
 
 
 _HANDLERS: dict[type, Callable[[State, ev.Envelope, Any, Changes], None]] = {

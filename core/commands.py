@@ -227,6 +227,25 @@ def _check_partition(state: State, spec: ev.JobSpec, part: ev.PartitionConfig, e
 
 def _check_nodes(state: State, spec: ev.JobSpec, req: Any, nodes: list) -> None:
     """Why none of ``nodes`` (a partition's, or one of each kind) can ever hold the request (raises)."""
+    nodes = _candidates(state, spec, nodes)
+    if spec.shards_per_node:
+        nodes = _shard_nodes(spec, nodes)
+    if req.gpus or spec.gpu_type:
+        typed = [n for n in nodes if spec.gpu_type is None or spec.gpu_type in n.gpu_types]
+        if not typed or not any(_gpus_of(n, spec.gpu_type) >= req.gpus for n in typed):
+            raise Rejected(NODE_CONFIG_UNAVAILABLE, code="gres")
+        nodes = typed
+    if not any(n.cpus >= req.cpus for n in nodes):
+        raise Rejected("CPU count per node can not be satisfied", NODE_CONFIG_UNAVAILABLE, code="cpus")
+    if not any(n.memory >= req.mem for n in nodes):
+        raise Rejected("Memory specification can not be satisfied", NODE_CONFIG_UNAVAILABLE, code="memory")
+    if not any(n.cpus >= req.cpus and n.memory >= req.mem and _gpus_of(n, spec.gpu_type) >= req.gpus
+               for n in nodes):
+        raise Rejected(NODE_CONFIG_UNAVAILABLE, code="nodes")
+
+
+def _candidates(state: State, spec: ev.JobSpec, nodes: list) -> list:
+    """``nodes`` narrowed by the job's --constraint, --nodelist and --exclude (raises where they name nothing)."""
     if spec.constraint and not any(constraint_matches(spec.constraint, n.features) for n in nodes):
         raise Rejected("Invalid feature specification", code="constraint")
     if spec.nodelist:
@@ -240,18 +259,18 @@ def _check_nodes(state: State, spec: ev.JobSpec, req: Any, nodes: list) -> None:
         nodes = [n for n in nodes if n.name not in set(spec.exclude)]
     if spec.constraint:
         nodes = [n for n in nodes if constraint_matches(spec.constraint, n.features)]
-    if req.gpus or spec.gpu_type:
-        typed = [n for n in nodes if spec.gpu_type is None or spec.gpu_type in n.gpu_types]
-        if not typed or not any(_gpus_of(n, spec.gpu_type) >= req.gpus for n in typed):
-            raise Rejected(NODE_CONFIG_UNAVAILABLE, code="gres")
-        nodes = typed
-    if not any(n.cpus >= req.cpus for n in nodes):
-        raise Rejected("CPU count per node can not be satisfied", NODE_CONFIG_UNAVAILABLE, code="cpus")
-    if not any(n.memory >= req.mem for n in nodes):
-        raise Rejected("Memory specification can not be satisfied", NODE_CONFIG_UNAVAILABLE, code="memory")
-    if not any(n.cpus >= req.cpus and n.memory >= req.mem and _gpus_of(n, spec.gpu_type) >= req.gpus
-               for n in nodes):
-        raise Rejected(NODE_CONFIG_UNAVAILABLE, code="nodes")
+    return nodes
+
+
+def _shard_nodes(spec: ev.JobSpec, nodes: list) -> list:
+    """The nodes whose GPUs have as many shards as ``--gres=shard:N`` asks (raises when none, or with GPUs too)."""
+    if spec.gpus_per_node or spec.gpus_total:
+        raise Rejected("Invalid generic resource (gres) specification: a job asks for GPUs or for shards of one",
+                       code="gres")
+    fit = [n for n in nodes if n.shards_per_gpu >= spec.shards_per_node]
+    if not fit:
+        raise Rejected(NODE_CONFIG_UNAVAILABLE, code="gres")
+    return fit
 
 
 def _job(state: State, job_id: int) -> Job:

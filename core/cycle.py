@@ -11,7 +11,7 @@ from .priority import JobSize, PriorityContext
 from .profile import INF, ShapeSearch, Timeline
 from .reasons import Reason
 from .request import NodeRequest, constraint_matches, effective_time_limit, node_request, partition_shape
-from .state import RUNNING, Job, Node, State
+from .state import RUNNING, SHARED, Job, Node, State
 from .usage_limits import LimitUse, limits_enforced
 
 
@@ -23,6 +23,7 @@ class SearchKey(NamedTuple):
     nodelist: tuple[str, ...]
     exclude: tuple[str, ...]
     request: NodeRequest
+    shards: int = 0          # --gres=shard:N: only nodes whose GPUs have N shards
 
 
 class FilterKey(NamedTuple):
@@ -33,6 +34,7 @@ class FilterKey(NamedTuple):
     nodelist: tuple[str, ...]
     exclude: tuple[str, ...]
     gpu_type: str | None
+    shards: int = 0
 
 
 class NodeBases:
@@ -79,6 +81,7 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         self.fit_counts: dict[SearchKey, tuple[int, int]] = {}
         self.verdicts: dict[tuple, Reason | None] = {}          # by SearchKey, or a plain tuple equal to one
         self.gpu_owner: dict[str, list[int]] = {}
+        self.shards: dict[str, tuple[list[int], dict[int, int]]] = {}    # node -> shards used per GPU, held until
         self.next_id = state.next_job_id
         # per-user QOS limits (AccountingStorageEnforce=limits): what each user holds under each QOS
         self.limit_use = LimitUse(state, now) if limits_enforced(state) else None
@@ -136,13 +139,14 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
             for a in job.alloc:
                 if a.node == name:
                     by_type: dict[str, int] | None = None
-                    if multi:
+                    if multi and not a.shards:
                         by_type = {}
                         for gi in a.gpus:
                             t = types[gi]
                             by_type[t] = by_type.get(t, 0) + 1
-                    releases.append((job.start_time + limit, a.cpus, a.mem, len(a.gpus), by_type))
+                    releases.append((job.start_time + limit, a.cpus, a.mem, 0 if a.shards else len(a.gpus), by_type))
                     break
+        releases.extend(self._shared_releases(node))
         releases.sort(key=lambda r: r[0])
         free_by_type: dict[str, int] | None = None
         if multi:
@@ -152,11 +156,31 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         return (node.cpus - node.alloc_cpus, node.memory - node.alloc_mem, node.gpu_owner.count(0), free_by_type,
                 tuple(releases), tuple(items))
 
+    def shared_until(self, node: Node) -> dict[int, int]:
+        """Each shared GPU of ``node`` (SHARED: --gres=shard jobs on it) -> when its last shard job's limit ends (INF:
+        one runs unlimited)."""
+        out: dict[int, int] = {}
+        for jid in node.jobs:
+            job = self.state.jobs[jid]
+            for a in job.alloc:
+                if a.node == node.name and a.shards and job.state == RUNNING:
+                    end = job.start_time + job.time_limit if job.time_limit else INF
+                    out[a.gpus[0]] = max(out.get(a.gpus[0], 0), end)
+        return out
+
+    def _shared_releases(self, node: Node) -> list[tuple[int, int, int, int, dict[str, int] | None]]:
+        """A shared GPU comes back whole when the last of its shard jobs ends."""
+        if not node.shards_per_gpu or SHARED not in node.gpu_owner:
+            return []
+        multi = bool(node.gpu_types) and node.gpu_types.count(node.gpu_types[0]) != len(node.gpu_types)
+        return [(end, 0, 0, 1, {node.gpu_types[g]: 1} if multi else None)
+                for g, end in self.shared_until(node).items() if end < INF]
+
     # -- eligibility
 
     def eligible(self, spec: ev.JobSpec, part: str) -> tuple[list[Timeline], list[Node]]:
         """Usable timelines and all candidate nodes (usable or not) of ``spec`` in ``part``."""
-        key = FilterKey(part, spec.constraint, spec.nodelist, spec.exclude, spec.gpu_type)
+        key = FilterKey(part, spec.constraint, spec.nodelist, spec.exclude, spec.gpu_type, spec.shards_per_node)
         hit = self.filters.get(key)
         if hit is not None:
             return hit
@@ -171,6 +195,8 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
             nodes = [n for n in nodes if constraint_matches(spec.constraint, n.features)]
         if spec.gpu_type:
             nodes = [n for n in nodes if spec.gpu_type in n.gpu_types]
+        if spec.shards_per_node:
+            nodes = [n for n in nodes if n.shards_per_gpu >= spec.shards_per_node]
         tls = [self.timelines[n.name] for n in nodes if n.name in self.timelines]
         self.filters[key] = (tls, nodes)
         return tls, nodes
@@ -203,7 +229,7 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         """
         req = self.request(job, part)
         spec = job.spec
-        base_key = SearchKey(part, spec.constraint, spec.nodelist, spec.exclude, req)
+        base_key = SearchKey(part, spec.constraint, spec.nodelist, spec.exclude, req, spec.shards_per_node)
         key = (base_key, d, tmax)
         s = self.searches.get(key)
         if s is None:
@@ -220,7 +246,7 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
 
     def fit_counts_for(self, spec: ev.JobSpec, part: str, req: NodeRequest) -> tuple[int, int]:
         """How many candidate nodes could ever hold one node's share, and how many are usable."""
-        key = SearchKey(part, spec.constraint, spec.nodelist, spec.exclude, req)
+        key = SearchKey(part, spec.constraint, spec.nodelist, spec.exclude, req, spec.shards_per_node)
         hit = self.fit_counts.get(key)
         if hit is None:
             _tls, cands = self.eligible(spec, part)
@@ -228,6 +254,44 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
             hit = (len(fit_all), sum(1 for n in fit_all if n.usable))
             self.fit_counts[key] = hit
         return hit
+
+    def _shards_of(self, node_name: str) -> tuple[list[int], dict[int, int]]:
+        """This cycle's view of a node's shards in use per GPU and when each shared GPU is held until."""
+        hit = self.shards.get(node_name)
+        if hit is None:
+            node = self.state.nodes[node_name]
+            hit = self.shards[node_name] = (list(node.shard_used), self.shared_until(node))
+        return hit
+
+    def shared_gpu(self, tl: Timeline, shards: int, gpu_type: str | None, end: int) -> int | None:
+        """A GPU of the node that shard jobs share with room for ``shards`` more until ``end`` (None: none): held
+        already until then, or free on the timeline from its hold's end to ``end`` (no plan wants it then)."""
+        node = self.state.nodes[tl.name]
+        used, until = self._shards_of(tl.name)
+        owner = self.gpu_owner.get(tl.name, node.gpu_owner)
+        for g, o in enumerate(owner):
+            if o != SHARED or used[g] + shards > node.shards_per_gpu or gpu_type not in (None, node.gpu_types[g]):
+                continue
+            held = until.get(g, INF)
+            garr = tl.gpu_array(node.gpu_types[g] if tl.fgt is not None else None)
+            if held >= end or tl.fits_at(0, 0, 1, garr, end - held, held):
+                return g
+        return None
+
+    def share(self, tl: Timeline, g: int, shards: int, end: int, gpu_type: str | None, job_id: int,
+              fresh: bool = False) -> None:
+        """Shard job ``job_id`` takes ``shards`` of GPU ``g`` until ``end``: the GPU is shared (``fresh``: newly,
+        its booking made by the caller) and held on the timeline until its last shard job's end."""
+        used, until = self._shards_of(tl.name)
+        used[g] += shards
+        if fresh:
+            until[g] = end
+            owner = self.gpu_owner.setdefault(tl.name, list(self.state.nodes[tl.name].gpu_owner))
+            owner[g] = SHARED
+        elif end > until.get(g, 0):
+            if until.get(g, 0) < INF:
+                tl.reserve(until.get(g, self.now), end, 0, 0, 1, gpu_type, job_id, "start")
+            until[g] = end
 
     def pick_gpus(self, node_name: str, count: int, gpu_type: str | None, job_id: int) -> tuple[int, ...]:
         owner = self.gpu_owner.get(node_name)

@@ -37,6 +37,7 @@ class NodeConfig(Model):
     features: tuple[str, ...] = ()
     weight: int = 1
     state: str = "UNKNOWN"  # configured State= (UNKNOWN, DOWN, DRAIN, ...)
+    shards: int = 0         # ``Gres=...,shard:N``: N shards spread evenly over its GPUs (--gres=shard:K jobs share one)
 
     @property
     def gpu_count(self) -> int:
@@ -194,6 +195,7 @@ class JobSpec(Model):
     mem_per_node: int | None = None       # --mem, MiB; 0 = whole node
     mem_per_cpu: int | None = None        # --mem-per-cpu, MiB
     gpus_per_node: int = 0                # --gres=gpu[:type]:N / --gpus-per-node
+    shards_per_node: int = 0              # --gres=shard:N: N shards of one GPU it shares with other such jobs
     gpus_total: int | None = None         # --gpus
     gpu_type: str | None = None
     time_limit: int | None = None         # --time, seconds; 0 = UNLIMITED; None = partition default
@@ -237,6 +239,7 @@ class NodeAlloc(Model):
     cpus: int
     mem: int                      # MiB
     gpus: tuple[int, ...] = ()    # concrete GPU indices on the node
+    shards: int = 0               # shards of ``gpus[0]`` it holds (--gres=shard:N); the GPU is shared, not its own
 
 
 class Start(Model):

@@ -51,6 +51,7 @@ class NodeKind(NamedTuple):
     memory: int
     gpu_types: tuple[str, ...]
     features: tuple[str, ...]
+    shards_per_gpu: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +69,7 @@ class PartitionShape:
 def partition_shape(nodes: list["Node"], part: PartitionConfig | None = None) -> PartitionShape:
     """The shape of a partition of ``nodes`` (``part``: its configuration, for DefMemPerCPU/DefMemPerNode;
     without them a CPU brings the smallest MiB/CPU of the partition's nodes)."""
-    kinds = dict.fromkeys(NodeKind(n.cpus, n.memory, tuple(n.gpu_types), n.features) for n in nodes)
+    kinds = dict.fromkeys(NodeKind(n.cpus, n.memory, tuple(n.gpu_types), n.features, n.shards_per_gpu) for n in nodes)
     per_cpu = part.def_mem_per_cpu if part is not None else None
     return PartitionShape(max((n.cpus for n in nodes), default=1) or 1,
                           max((n.gpu_count for n in nodes), default=0),
@@ -98,7 +99,8 @@ def node_request(spec: JobSpec, shape: PartitionShape) -> NodeRequest:
     else:
         tasks_per_node = _ceil_div(ntasks, nnodes)
     cpus = max((1 if spec.overcommit else tasks_per_node) * cpt, spec.mincpus)
-    gpus = _ceil_div(spec.gpus_total, nnodes) if spec.gpus_total else spec.gpus_per_node
+    # a shard job is planned as holding one GPU (it may share one already shared: rota.core.schedule)
+    gpus = 1 if spec.shards_per_node else _ceil_div(spec.gpus_total, nnodes) if spec.gpus_total else spec.gpus_per_node
     if spec.mem_per_node is not None:
         mem = spec.mem_per_node
     elif spec.mem_per_cpu is not None:

@@ -375,6 +375,7 @@ class _Place:
     partition: str
     limit: int                       # its effective time limit there (0 = UNLIMITED)
     search: ShapeSearch
+    shared_gpu: int | None = None    # a --gres=shard job put beside others on this already shared GPU
 
     @property
     def duration(self) -> int:
@@ -382,8 +383,13 @@ class _Place:
 
 
 def _earliest(cy: Cycle, job: Job, parts: Sequence[str], policy: Policy) -> _Place | None:
-    """The earliest start within the policy's horizon over the partitions it may try (None: none)."""
+    """The earliest start within the policy's horizon over the partitions it may try (None: none); a shard job
+    goes beside others on a GPU already shared where one has room now."""
     horizon = policy.horizon()
+    if job.spec.shards_per_node:
+        packed = _beside(cy, job, parts, policy, horizon)
+        if packed is not None:
+            return packed
     best: _Place | None = None
     for pname in parts:
         limit = effective_time_limit(job.time_limit, cy.parts[pname])
@@ -395,6 +401,26 @@ def _earliest(cy: Cycle, job: Job, parts: Sequence[str], policy: Policy) -> _Pla
         if found is not None and (best is None or found[0] < best.start):
             best = _Place(found[0], found[1], pname, limit, s)
     return best
+
+
+def _beside(cy: Cycle, job: Job, parts: Sequence[str], policy: Policy, horizon: int) -> _Place | None:
+    """A one-node shard job's place now beside other shard jobs: a shared GPU with room for its shards, on a node
+    whose CPUs and memory it fits (it takes no GPU of its own, so nothing any plan holds)."""
+    n = job.spec.shards_per_node
+    for pname in parts:
+        limit = effective_time_limit(job.time_limit, cy.parts[pname])
+        d = limit if limit else UNLIMITED_DURATION
+        req = cy.request(job, pname)
+        if req.nnodes != 1 or not policy.may_try(pname, d):
+            continue
+        tls, _ = cy.eligible(job.spec, pname)
+        s = cy.search(job, pname, d, horizon)
+        for tl in tls:
+            g = cy.shared_gpu(tl, n, req.gpu_type, cy.now + d)
+            c, m, _g = s.request_on(tl)
+            if g is not None and tl.fits_at(c, m, 0, tl.gpu_array(None), d, cy.now):
+                return _Place(cy.now, [tl], pname, limit, s, shared_gpu=g)
+    return None
 
 
 def _reserve(decision: Decision, job_id: int, task: int | None, place: _Place, book: bool = True,
@@ -428,10 +454,18 @@ def _start(cy: Cycle, decision: Decision, job: Job, task: int | None, tasks: lis
         cy.next_id += 1
     d = limit if limit else UNLIMITED_DURATION
     allocs = []
+    shards = job.spec.shards_per_node
     for tl in tls:
         c, m, g = s.request_on(tl)
+        if place.shared_gpu is not None:          # beside other shard jobs: their GPU, held as long as it must be
+            cy.share(tl, place.shared_gpu, shards, now + d, s.gtype, run_id)
+            allocs.append(ev.NodeAlloc(node=tl.name, cpus=c, mem=m, gpus=(place.shared_gpu,), shards=shards))
+            tl.reserve(now, now + d, c, m, 0, s.gtype, run_id, "start")
+            continue
         gpus = cy.pick_gpus(tl.name, g, s.gtype, run_id) if g else ()
-        allocs.append(ev.NodeAlloc(node=tl.name, cpus=c, mem=m, gpus=gpus))
+        if shards:                                 # a GPU of its own to share from now on
+            cy.share(tl, gpus[0], shards, now + d, s.gtype, run_id, fresh=True)
+        allocs.append(ev.NodeAlloc(node=tl.name, cpus=c, mem=m, gpus=gpus, shards=shards))
         tl.reserve(now, now + d, c, m, g, s.gtype, run_id, "start")
     s.placed(now)
     decision.starts.append(ev.Start(

@@ -213,6 +213,8 @@ def _gres(ctx: _Ctx, lineno: int, value: str, gres_types: set[str] | None) -> li
             ctx.err(lineno, f"Gres={item}: gres type {name!r} is not listed in GresTypes",
                     f"add GresTypes={name} (rota schedules gpu)")
             continue
+        if name == "shard":       # counted by _shards
+            continue
         if name != "gpu":
             continue
         count_s = parts[-1].split("(")[0] if len(parts) > 1 else "1"
@@ -224,6 +226,25 @@ def _gres(ctx: _Ctx, lineno: int, value: str, gres_types: set[str] | None) -> li
             continue
         out.append(ev.GpuConfig(type=gtype, count=int(count_s)))
     return out
+
+
+def _shards(ctx: _Ctx, lineno: int, value: str, gpus: int) -> int:
+    """``shard:N`` among a node's Gres: N shards, spread evenly over its GPUs (as Slurm's gres/shard)."""
+    total = 0
+    for item in value.split(","):
+        parts = item.split(":")
+        if parts[0] != "shard":
+            continue
+        count = parts[-1].split("(")[0]
+        if len(parts) != 2 or not count.isdecimal():
+            ctx.err(lineno, f"Gres={item} is not shard:count", "for example Gres=gpu:a100:4,shard:32")
+            continue
+        total += int(count)
+    if total and (not gpus or total % gpus):
+        ctx.err(lineno, f"Gres=shard:{total} cannot be spread evenly over the node's {gpus} GPU(s)",
+                "give a multiple of its GPU count, e.g. shard:8 per GPU")
+        return 0
+    return total
 
 
 def parse_config(text: str, file: str = "slurm.conf", gres_text: str | None = None,
@@ -417,6 +438,7 @@ def _parse_nodes(ctx: _Ctx, lines, gres_types, declared: dict[str, None]) -> dic
         mem = _int(ctx, lineno, "RealMemory", vals.get("realmemory", ("", "1"))[1], 1)
         weight = _int(ctx, lineno, "Weight", vals.get("weight", ("", "1"))[1], 0)
         gpus = _gres(ctx, lineno, vals.get("gres", ("", ""))[1], gres_types)
+        shards = _shards(ctx, lineno, vals.get("gres", ("", ""))[1], sum(g.count for g in gpus))
         feats = tuple(f for f in vals.get("features", vals.get("feature", ("", "")))[1].split(",") if f)
         state = vals.get("state", ("", "UNKNOWN"))[1].upper()
         if state not in NODE_STATES:
@@ -430,7 +452,7 @@ def _parse_nodes(ctx: _Ctx, lines, gres_types, declared: dict[str, None]) -> dic
                         "define each node once")
                 continue
             nodes[n] = ev.NodeConfig(name=n, cpus=cpus, memory=mem, gpus=tuple(gpus), features=feats,
-                                     weight=weight, state=state)
+                                     weight=weight, state=state, shards=shards)
             where[n] = lineno
     return nodes
 

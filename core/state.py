@@ -81,6 +81,9 @@ class Step:
         return tuple(a.node for a in self.started.alloc)
 
 
+SHARED = -1      # the owner of a GPU that --gres=shard jobs share (Node.shard_used counts their shards)
+
+
 @dataclass(slots=True)
 class Node:
     name: str
@@ -106,6 +109,8 @@ class Node:
     boot_time: int = 0
     reported_gpus: int | None = None
     awaiting_agent: bool = False            # agents configured and this node's never registered
+    shards_per_gpu: int = 0                 # each GPU's shards (Gres=shard:N over its GPUs)
+    shard_used: list[int] = field(default_factory=list)  # shards in use on each GPU (its owner is then SHARED)
 
     @property
     def gpu_count(self) -> int:
@@ -144,7 +149,8 @@ def node_from_config(cfg: NodeConfig, index: int, agents: bool = False) -> Node:
     for g in cfg.gpus:
         types.extend([g.type] * g.count)
     node = Node(name=cfg.name, index=index, cpus=cfg.cpus, memory=cfg.memory, gpu_types=types,
-                features=cfg.features, weight=cfg.weight, gpu_owner=[0] * len(types), awaiting_agent=agents)
+                features=cfg.features, weight=cfg.weight, gpu_owner=[0] * len(types), awaiting_agent=agents,
+                shards_per_gpu=cfg.shards // len(types) if types else 0, shard_used=[0] * len(types))
     st = cfg.state.upper()
     if st in ("DOWN", "FAIL"):
         node.down, node.reason, node.reason_by = True, "configured down", "slurm.conf"
@@ -297,7 +303,8 @@ _JOB_SCALARS = ("job_id", "submit_seq", "submit_time", "state", "hold", "priorit
                 "idle_since")
 _NODE_SCALARS = ("name", "index", "cpus", "memory", "gpu_types", "weight", "alloc_cpus", "alloc_mem",
                  "gpu_owner", "jobs", "drain", "down", "not_responding", "invalid_reg", "registered", "reason",
-                 "reason_by", "reason_time", "last_busy", "boot_time", "reported_gpus", "awaiting_agent")
+                 "reason_by", "reason_time", "last_busy", "boot_time", "reported_gpus", "awaiting_agent",
+                 "shards_per_gpu", "shard_used")
 _META = ("config_seq", "seq", "now", "next_job_id", "cycle", "controller_version")
 
 

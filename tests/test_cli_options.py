@@ -107,9 +107,9 @@ def test_sbatch_begin_time_and_unsupported_options():
     now = time.mktime((2026, 12, 2, 12, 0, 0, 0, 0, -1))
     spec, _ = sbatch.build_spec(["--begin", "now+1hour", "--wrap", "true"], now=now)
     assert spec["begin"] == int(now) + 3600
-    spec, _ = sbatch.build_spec(["--begin=10:00", "--mail-type=END", "--wrap", "true"], now=now)
+    spec, _ = sbatch.build_spec(["--begin=10:00", "--comment=x", "--wrap", "true"], now=now)
     assert spec["begin"] == int(now) + 22 * 3600          # 10:00 has passed today: tomorrow
-    assert spec["_warnings"] == ["sbatch: warning: --mail-type is ignored by rota"]
+    assert spec["_warnings"] == ["sbatch: warning: --comment is ignored by rota"]
     with pytest.raises(sbatch.SbatchError, match="--time-min is not supported"):
         sbatch.build_spec(["--time-min=5", "--wrap", "true"])
 

@@ -35,6 +35,8 @@ EXAMPLES = [
     ev.NodeDown(node="gpu01", reason="dead", by="root"),
     ev.NodeNotResponding(node="gpu01"),
     ev.HealthFault(node="gpu01", reason="gpu 2: xid 79 (fell off the bus)", gpu_index=2, code="xid:79"),
+    ev.GpuIdle(node="gpu01", job_id=9, since=100, samples=(ev.GpuSample(t=100, gpu=0, util=0, mem=512),)),
+    ev.GpuBusy(node="gpu01", job_id=9),
     ev.RequestDenied(verb="cancel", uid=65534, user="nobody", host="gpu01", target="job 7",
                      reason="Access/permission denied"),
     ev.StepStarted(job_id=9, step_id=0, name="python", ntasks=2, cpus_per_task=2,
@@ -114,7 +116,8 @@ def test_logs_written_by_earlier_versions_fold_to_the_state_they_had(path):
     seen = InvalidOnly()
     state = fold(envs, None, seen)
     assert not state.set_aside and not seen.invalid
-    later = {ev.RequestDenied, ev.StepStarted, ev.StepEnded, ev.AccountingChanged}   # added after these logs
+    later = {ev.RequestDenied, ev.StepStarted, ev.StepEnded, ev.AccountingChanged, ev.GpuIdle,   # added after
+             ev.GpuBusy}                                                                             # these logs
     assert {type(e.event) for e in envs} >= set(ev.EVENT_TYPES) - later
     want = json.loads(path.with_suffix(".state.json").read_text())
     assert (state.seq, state.next_job_id) == (want["seq"], want["next_job_id"])
