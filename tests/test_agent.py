@@ -554,3 +554,15 @@ async def test_an_idle_gpu_job_is_warned_then_cancelled_with_the_samples_in_why(
     text = "\n".join(why_text(why(log, busy), {}))
     assert "reported its GPUs idle since" in text and f"gpu {gpu} 0% 1024 MiB" in text, text
     assert "idle-gpu-policy cancelled the job" in text, text
+
+
+@pytest.mark.slurm_conf("GresTypes=gpu,shard\nNodeName=n[1-3] CPUs=4 RealMemory=2000 Gres=gpu:a100:2,shard:8\n"
+                        "PartitionName=main Nodes=n[1-3] Default=YES MaxTime=1:00:00\n")
+async def test_shard_jobs_see_the_card_they_share(cluster):
+    cluster.start_agent("n1")
+    await cluster.registered("n1")
+    script = "echo $CUDA_VISIBLE_DEVICES $SLURM_SHARDS_ON_NODE; sleep 1"
+    jobs = [await cluster.submit(script, shards_per_node=n, nodelist=("n1",)) for n in (2, 2, 3)]
+    for jid in jobs:
+        assert (await cluster.ended(jid)).state == "COMPLETED"
+    assert [cluster.output(j).split() for j in jobs] == [["0", "2"], ["0", "2"], ["1", "3"]]
