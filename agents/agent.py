@@ -161,6 +161,7 @@ class Agent:
             if done is not None:               # a registration without it would have the controller fail it
                 await self._finished(run, *done)
         inventory = self.gpus.inventory() if self.gpus is not None else []
+        launch.DEVICES[self.node] = launch.device_names(inventory)
         await self.report(ev.NodeRegistered(node=self.node, cpus=self.cpus, memory=self.memory, gpus=tuple(inventory),
                                             agent_version=__version__, boot_time=_boot_time(),
                                             running=tuple(sorted(running))))

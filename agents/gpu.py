@@ -27,6 +27,7 @@ class NVMLError(Exception):
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NOT_FOUND = 6
 
 
 class _Mem:
@@ -51,14 +52,16 @@ class FakeNvml:
 
         {"xid": [[2, 79]], "lost": [1], "retired_pending": [3], "count": 3,
          "remap": {"0": "pending", "1": "failed", "2": "corrected"}, "throttle": {"0": 64},
-         "pcie": {"1": [3, 8]}, "temp": {"2": 91}, "util": {"0": 0}, "mem_used": {"0": 512}}
+         "pcie": {"1": [3, 8]}, "temp": {"2": 91}, "util": {"0": 0}, "mem_used": {"0": 512},
+         "mig": {"0": ["3g.40gb", "1g.10gb"]}}
 
     ``xid``: (index, code) events delivered once each; ``lost``: indices whose queries fail with
     GPU_IS_LOST; ``retired_pending``: indices with ECC pages pending retirement; ``count``: how many GPUs
     the driver reports (fewer than installed = a GPU that vanished); ``remap``: a row remap pending, failed
     or done; ``throttle``: NVML's clock event reasons bitmask; ``pcie``: the link's current generation and
     width (the maximum is gen4 x16); ``temp``: degrees C (40 otherwise); ``util`` and ``mem_used``: the GPU's
-    utilisation in percent (100 otherwise) and memory in use in MiB.
+    utilisation in percent (100 otherwise) and memory in use in MiB; ``mig``: GPUs in MIG mode and the profiles
+    of their instances.
     """
 
     NVMLError = NVMLError
@@ -107,15 +110,38 @@ class FakeNvml:
         if handle in self._faults().get("lost", []):
             raise NVMLError(NVML_ERROR_GPU_IS_LOST)
 
-    def nvmlDeviceGetUUID(self, handle: int) -> str:
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        if isinstance(handle, tuple):          # a MIG instance: (its GPU, its index)
+            return f"MIG-{zlib.crc32(f'{self.node}/{handle[0]}/{handle[1]}'.encode()):08x}-fake-{handle[0]}-{handle[1]}"
         self._check(handle)
         return f"GPU-{zlib.crc32(f'{self.node}/{handle}'.encode()):08x}-fake-{self.node}-{handle}"
 
-    def nvmlDeviceGetName(self, handle: int) -> str:
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        if isinstance(handle, tuple):
+            return f"{self.nvmlDeviceGetName(handle[0])} MIG {self._migs(handle[0])[handle[1]]}"
         self._check(handle)
         return self.MODELS.get(self.gpu_type, (f"Fake {self.gpu_type.upper()}", 16384))[0]
 
-    def nvmlDeviceGetMemoryInfo(self, handle: int) -> _Mem:
+    def _migs(self, handle: int) -> list[str]:
+        return list(self._knob("mig", handle, []))
+
+    def nvmlDeviceGetMigMode(self, handle: int) -> list[int]:
+        self._check(handle)
+        on = int(bool(self._migs(handle)))
+        return [on, on]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: int) -> int:
+        return 7 if self._migs(handle) else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: int, index: int) -> tuple[int, int]:
+        if index >= len(self._migs(handle)):
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return (handle, index)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> _Mem:
+        if isinstance(handle, tuple):
+            gb = self._migs(handle[0])[handle[1]].split(".")[-1].rstrip("gb")
+            return _Mem(int(gb) * 1024 * 1024 * 1024 if gb.isdecimal() else 0)
         self._check(handle)
         mem = _Mem(self.MODELS.get(self.gpu_type, ("", 16384))[1] * 1024 * 1024)
         mem.used = int(self._knob("mem_used", handle, 0)) * 1024 * 1024
@@ -197,16 +223,19 @@ class Gpus:
             self._events = None
 
     def inventory(self) -> list[GpuInfo]:
-        """The GPUs the driver reports now (a lost GPU is left out)."""
-        out = []
+        """The GPUs the driver reports now (a lost GPU is left out), a GPU in MIG mode as its instances, each a GPU
+        slot typed by its profile ("1g.10gb"), as a node's ``Gres=gpu:1g.10gb:N`` names them."""
+        out: list[GpuInfo] = []
         nvml = self.nvml
         for i in range(nvml.nvmlDeviceGetCount()):
             try:
                 h = nvml.nvmlDeviceGetHandleByIndex(i)
-                name = _text(nvml.nvmlDeviceGetName(h))
-                out.append(GpuInfo(index=i, uuid=_text(nvml.nvmlDeviceGetUUID(h)), model=name,
-                                   type=self.gpu_type or model_type(name),
-                                   memory=nvml.nvmlDeviceGetMemoryInfo(h).total // (1024 * 1024)))
+                migs = _mig_instances(nvml, h)
+                for d in migs or [h]:
+                    name = _text(nvml.nvmlDeviceGetName(d))
+                    kind = name.rsplit(" MIG ", 1)[1] if migs else self.gpu_type or model_type(name)
+                    out.append(GpuInfo(index=len(out), uuid=_text(nvml.nvmlDeviceGetUUID(d)), model=name, type=kind,
+                                       memory=nvml.nvmlDeviceGetMemoryInfo(d).total // (1024 * 1024)))
             except Exception:  # noqa: BLE001 - lost or failing GPU: not part of the inventory
                 continue
         return out
@@ -272,6 +301,19 @@ class Gpus:
                     int(self.nvml.nvmlDeviceGetMemoryInfo(h).used) // (1024 * 1024))
         except Exception:  # noqa: BLE001 - lost, or not supported
             return None
+
+
+def _mig_instances(nvml: Any, h: Any) -> list[Any]:
+    """The MIG instances of a GPU in MIG mode (none otherwise, or where the driver has no MIG)."""
+    mode = _optional(nvml, "nvmlDeviceGetMigMode", h)
+    if not mode or not mode[0]:
+        return []
+    out = []
+    for k in range(_optional(nvml, "nvmlDeviceGetMaxMigDeviceCount", h) or 0):
+        d = _optional(nvml, "nvmlDeviceGetMigDeviceHandleByIndex", h, k)
+        if d is not None:
+            out.append(d)
+    return out
 
 
 def _optional(nvml: Any, name: str, *args: Any) -> Any:

@@ -55,6 +55,24 @@ def output_paths(o: Launch, node: str) -> tuple[Path, Path]:
     return (out if out.is_absolute() else workdir / out), (err if err.is_absolute() else workdir / err)
 
 
+# each node's GPU slots as CUDA names them ("0", or a MIG instance's "MIG-..." UUID), set by its agent from NVML
+DEVICES: dict[str, tuple[str, ...]] = {}
+
+
+def device_names(inventory: list) -> tuple[str, ...]:
+    """What CUDA calls each GPU slot of an inventory: its index, or, where any GPU is in MIG mode (slots are then no
+    longer the physical order), each slot's UUID."""
+    if any(g.uuid.startswith("MIG-") for g in inventory):
+        return tuple(g.uuid for g in inventory)
+    return tuple(str(g.index) for g in inventory)
+
+
+def cuda_devices(node: str, gpus: tuple[int, ...]) -> str:
+    """CUDA_VISIBLE_DEVICES for GPU slots ``gpus`` of ``node``: their indices, or their MIG instances' UUIDs."""
+    names = DEVICES.get(node, ())
+    return ",".join(names[g] if g < len(names) else str(g) for g in gpus)
+
+
 def job_env(o: Launch, node: str) -> dict[str, str]:
     """The submitted environment plus Slurm's variables and CUDA_VISIBLE_DEVICES = exactly its GPUs."""
     spec = o.spec
@@ -79,7 +97,7 @@ def job_env(o: Launch, node: str) -> dict[str, str]:
         "SLURM_JOB_END_TIME": str(o.start_time + o.time_limit) if o.time_limit else "0",
         "SLURM_NTASKS": str(o.ntasks), "SLURM_NPROCS": str(o.ntasks),
         "SLURM_TASKS_PER_NODE": run_length(o.tasks_per_node),
-        "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)), "GPU_DEVICE_ORDINAL": ",".join(map(str, gpus)),
+        "CUDA_VISIBLE_DEVICES": cuda_devices(node, gpus), "GPU_DEVICE_ORDINAL": ",".join(map(str, gpus)),
         "SLURM_JOB_GPUS": ",".join(map(str, gpus)),
     }
     if spec.shards_per_node:           # shards of the one GPU above, shared with other shard jobs

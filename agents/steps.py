@@ -99,7 +99,7 @@ def task_env(o: StepLaunch, alloc: ev.StepAlloc, node: str, rank: int, local: in
         "SLURM_DISTRIBUTION": "block", "SLURMD_NODENAME": node, "SLURM_TOPOLOGY_ADDR": node,
         "SLURM_TOPOLOGY_ADDR_PATTERN": "node", "SLURM_TASK_PID": "",
         "SLURM_CPUS_PER_TASK": str(step.cpus_per_task),
-        "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)), "GPU_DEVICE_ORDINAL": ",".join(map(str, gpus)),
+        "CUDA_VISIBLE_DEVICES": launch.cuda_devices(node, tuple(gpus)), "GPU_DEVICE_ORDINAL": ",".join(map(str, gpus)),
         "SLURM_STEP_GPUS": ",".join(map(str, alloc.gpus)),
     })
     if step.io:

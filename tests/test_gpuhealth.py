@@ -70,3 +70,19 @@ def test_a_gpu_off_the_bus_ends_only_the_job_on_it_and_a_warning_changes_nothing
                          code="xid:79", action="RESTART_BM"))
     assert h.state.jobs[a].state == "NODE_FAIL" and h.state.jobs[b].state == "RUNNING"
     assert h.state.nodes["gpu01"].drain and h.state.nodes["gpu01"].reason.endswith("RESTART_BM")
+
+
+def test_mig_instances_are_gpu_slots_typed_by_their_profile_and_cuda_sees_their_uuids(tmp_path):
+    from rota.agents import launch
+
+    g = gpus(tmp_path, {"mig": {"0": ["3g.40gb", "1g.10gb"]}})
+    inv = g.inventory()
+    assert [(i.index, i.type, i.memory) for i in inv] == [(0, "3g.40gb", 40960), (1, "1g.10gb", 10240), (2, "a100", 81920),
+                                                          (3, "a100", 81920), (4, "a100", 81920)]
+    assert inv[0].uuid.startswith("MIG-") and inv[0].model == "NVIDIA A100-SXM4-80GB MIG 3g.40gb"
+    launch.DEVICES["n1"] = launch.device_names(inv)
+    try:       # slots are not the physical order any more: CUDA is given UUIDs
+        assert launch.cuda_devices("n1", (1, 2)) == f"{inv[1].uuid},{inv[2].uuid}"
+        assert launch.cuda_devices("elsewhere", (1, 2)) == "1,2"
+    finally:
+        del launch.DEVICES["n1"]
