@@ -1,6 +1,7 @@
 """Notifications: --mail-type and --mail-user, each notice an effect of an event (or of the clock passing a share of a
 time limit), sent at least once through the configured transports; a real local HTTP server stands for a webhook."""
 import http.server
+import socketserver
 import json
 import os
 import signal
@@ -118,3 +119,56 @@ def test_a_webhook_receives_end_for_a_finished_job_even_after_refusing_once(webh
     finally:
         up.send_signal(signal.SIGINT)
         up.wait(30)
+
+
+class _Smtp(socketserver.StreamRequestHandler):
+    """The least of an SMTP relay: it keeps each message it is given."""
+
+    messages: list[str] = []
+
+    def handle(self):
+        self.wfile.write(b"220 test ESMTP\r\n")
+        data: list[str] = []
+        in_data = False
+        for raw in self.rfile:
+            line = raw.decode().rstrip("\r\n")
+            if in_data:
+                if line == ".":
+                    in_data = False
+                    _Smtp.messages.append("\n".join(data))
+                    self.wfile.write(b"250 kept\r\n")
+                else:
+                    data.append(line)
+                continue
+            verb = line.split(" ", 1)[0].upper()
+            if verb == "DATA":
+                in_data = True
+                self.wfile.write(b"354 go on\r\n")
+            elif verb == "QUIT":
+                self.wfile.write(b"221 bye\r\n")
+                return
+            else:
+                self.wfile.write(b"250 ok\r\n")
+
+
+def test_mail_goes_through_an_smtp_relay_and_a_command_gets_the_notice_on_its_input(tmp_path):
+    from rota.projections.notifier import Command, Mail, transports
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Smtp)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    notice = {"key": "7.0.END", "job_id": 7, "kind": "END", "to": "ann", "fields": {"job_id": 7},
+              "subject": "Slurm Job_id=7 Name=x Ended, Run time 00:00:01, COMPLETED, ExitCode 0"}
+    try:
+        _Smtp.messages = []
+        Mail(f"127.0.0.1:{server.server_address[1]}", "rota@cluster").send(notice)
+        (msg,) = _Smtp.messages
+        assert "To: ann@localhost" in msg and "Subject: Slurm Job_id=7 Name=x Ended" in msg
+    finally:
+        server.shutdown()
+    hook = tmp_path / "hook.sh"
+    hook.write_text(f"#!/bin/sh\ncat > {tmp_path / 'got.json'}\n")
+    hook.chmod(0o755)
+    Command(str(hook)).send(notice)
+    assert json.loads((tmp_path / "got.json").read_text())["key"] == "7.0.END"
+    with pytest.raises(ValueError, match="http:// or https://"):
+        transports({"notify_webhook": "file:///etc/passwd"})
