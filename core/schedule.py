@@ -331,6 +331,8 @@ def _blocked(cy: Cycle, decision: Decision, job: Job, parts: list[str], task: in
         for p in parts:
             failed.nodes.update(n.name for n in cy.part_nodes.get(p, ()))
     if policy.blocked(parts, best.start if best is not None else None, jid) and best is not None:
+        if cy.params.reserve == "nodes" and best.start > cy.now:
+            best = _first_nodes(cy, job, best)
         # the focus job is the last walked: nothing is placed after it, its nodes need no booking
         pend.start = _reserve(decision, jid, task, best, book=cy.focus != jid and policy.book,
                               whole=cy.params.reserve == "nodes").start
@@ -421,6 +423,20 @@ def _beside(cy: Cycle, job: Job, parts: Sequence[str], policy: Policy, horizon: 
             if g is not None and tl.fits_at(c, m, 0, tl.gpu_array(None), d, cy.now):
                 return _Place(cy.now, [tl], pname, limit, s, shared_gpu=g)
     return None
+
+
+def _first_nodes(cy: Cycle, job: Job, place: _Place) -> _Place:
+    """Under Slurm's whole-node reservations, the nodes Slurm's backfill plans a job on: of all the nodes free for
+    it at its start, the lightest by weight, then first in the configuration (not the first to become free)."""
+    s, t, d = place.search, place.start, place.duration
+    tls, _ = cy.eligible(job.spec, place.partition)
+    fit = []
+    for tl in tls:
+        c, m, g = s.request_on(tl)
+        if tl.fits_at(c, m, g, tl.gpu_array(s.gtype), d, t):
+            fit.append(tl)
+    fit.sort(key=lambda tl: (tl.weight, tl.idx))
+    return replace(place, timelines=fit[:len(place.timelines)]) if len(fit) >= len(place.timelines) else place
 
 
 def _reserve(decision: Decision, job_id: int, task: int | None, place: _Place, book: bool = True,

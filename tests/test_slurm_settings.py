@@ -71,3 +71,24 @@ def test_a_planned_jobs_node_is_kept_whole_only_under_rota_reserve_nodes():
     text = "NodeName=n1 CPUs=4 RealMemory=1000\nPartitionName=p Nodes=n1 Default=YES\n"
     assert parse_config(text, "f").scheduler.reserve == "resources"
     assert parse_config("SchedulerParameters=rota_reserve=nodes\n" + text, "f").scheduler.reserve == "nodes"
+
+
+def test_under_whole_node_reservations_a_planned_job_gets_the_first_nodes_as_slurm_plans_it():
+    from harness import Harness
+    from rota.core.schedule import schedule
+
+    def plan(reserve: str) -> tuple[tuple[str, ...], bool]:
+        cfg = make_cluster(nodes=4, gpus=0)
+        h = Harness(cfg.model_copy(update={"scheduler": cfg.scheduler.model_copy(update={"reserve": reserve})}))
+        h.submit(user="ann", nodes=2, nodes_given=True, exclusive=True, time_limit=60)     # gpu01-02 until 60
+        h.cycle()
+        big = h.submit(user="bob", nodes=3, nodes_given=True, exclusive=True, time_limit=60)
+        small = h.submit(user="cat", nodes=1, nodes_given=True, exclusive=True, time_limit=60)
+        h.advance(2)
+        d = schedule(h.state, h.now)
+        return d.reservations[big].nodes, any(s.job_id == small for s in d.starts)
+
+    # Slurm plans the 3-node job on gpu01-03 (the first of those free at its start), leaving gpu04 to backfill;
+    # rota's own search keeps the nodes free soonest: gpu03, gpu04 and one more
+    assert plan("nodes") == (("gpu01", "gpu02", "gpu03"), True)
+    assert set(plan("resources")[0]) >= {"gpu03", "gpu04"}
