@@ -202,7 +202,7 @@ class Controller:
         def decide(state: State) -> ev.JobsStarted:
             with collector.paused():   # its many short-lived objects would be moved to the oldest generation
                 policy = cycle_policy(state.config.scheduler, backfill) if state.config is not None else None
-                decision = schedule(state, max(self.now(), state.now), policy, give_way=give_way)
+                decision = schedule(state, max(self.now(), state.now), policy=policy, give_way=give_way)
             event = decision.event()
             self.last_decision = (state.seq, decision)
             if event is None:

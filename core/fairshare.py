@@ -119,7 +119,8 @@ def _member_row(parent: ShareRow, under_root: bool, member: tuple[str, str, int,
     s_level = Fraction(shares, shares_sum) if shares_sum else Fraction(0)
     u = Fraction(used, total) if total else Fraction(0)
     effective = u if under_root else u + (parent.effective_usage - u) * s_level
-    row = ShareRow(acct, user, depth, shares, parent.norm_shares * s_level, used, u, effective)
+    # NormShares as sshare shows them: among its siblings under Fair Tree, down the whole tree for classic
+    row = ShareRow(acct, user, depth, shares, s_level if fair_tree else parent.norm_shares * s_level, used, u, effective)
     u_level = Fraction(used, usage_sum) if usage_sum else Fraction(0)
     # no usage: the highest level fair-share (None), unless it has no shares either: the lowest
     row.level_fs = s_level / u_level if u_level else None if s_level else Fraction(0)

@@ -488,8 +488,10 @@ def test_sacctmgr_manages_accounts_users_and_qos_and_only_admins_change_them(up)
     r = run(up, "sshare", "-a", "-P")
     lines = r.stdout.splitlines()
     assert r.returncode == 0 and lines[0] == "Account|User|RawShares|NormShares|RawUsage|EffectvUsage|FairShare", r.stdout
-    assert lines[1].startswith("root||") and lines[2].startswith(" physics||1|1.000000|")
-    assert lines[3].startswith("  physics|root|1|1.000000|") and lines[3].endswith("|1.000000"), lines
+    # root's own root user, as Slurm's database makes it, shares root's level with physics
+    assert lines[1].startswith("root||") and lines[2].startswith(" root|root|1|0.500000|")
+    assert lines[3].startswith(" physics||1|0.500000|"), lines     # among its siblings, as Slurm's Fair Tree shows
+    assert lines[4].startswith("  physics|root|1|1.000000|") and lines[4].endswith("|1.000000"), lines
     r = run(up, "sshare")          # the caller's own associations and the accounts
     assert r.returncode == 0 and r.stdout.splitlines()[0].split() == ["Account", "User", "RawShares", "NormShares",
                                                                       "RawUsage", "EffectvUsage", "FairShare"]
