@@ -354,22 +354,14 @@ def _job_requeued(state: State, env: ev.Envelope, e: ev.JobRequeued, ch: Changes
     _requeue(state, job, env.ts, ch, e.hold, e.user_hold)
 
 
-def _gpu_idle(state: State, env: ev.Envelope, e: ev.GpuIdle, ch: Changes) -> None:
+def _gpu_use(state: State, env: ev.Envelope, e: ev.GpuIdle | ev.GpuBusy, ch: Changes) -> None:
+    """A run's GPUs found idle since a moment, or busy again."""
     job = state.jobs.get(e.job_id)
     if job is None or job.state != RUNNING or job.restarts != e.restarts:
         ch.ignored(f"job {e.job_id} is not running that run")
         return
     ch.job(job)
-    job.idle_since = e.since
-
-
-def _gpu_busy(state: State, env: ev.Envelope, e: ev.GpuBusy, ch: Changes) -> None:
-    job = state.jobs.get(e.job_id)
-    if job is None or job.state != RUNNING or job.restarts != e.restarts:
-        ch.ignored(f"job {e.job_id} is not running that run")
-        return
-    ch.job(job)
-    job.idle_since = None
+    job.idle_since = e.since if isinstance(e, ev.GpuIdle) else None
 
 
 def _misfit(nodes: dict[str, Node], start: ev.Start) -> str | None:
@@ -717,6 +709,6 @@ _HANDLERS: dict[type, Callable[[State, ev.Envelope, Any, Changes], None]] = {
     ev.NodeDown: _node_down,
     ev.NodeNotResponding: _node_not_responding,
     ev.HealthFault: _health_fault,
-    ev.GpuIdle: _gpu_idle,
-    ev.GpuBusy: _gpu_busy,
+    ev.GpuIdle: _gpu_use,
+    ev.GpuBusy: _gpu_use,
 }

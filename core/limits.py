@@ -5,6 +5,8 @@ past Slurm's largest, a name with terminal escape codes or a 50 MB script never 
 """
 from __future__ import annotations
 
+from .mailtypes import KINDS
+
 TYPE_CHECKING = False   # (typing.TYPE_CHECKING without importing typing: the commands import this module)
 if TYPE_CHECKING:       # a light module: the commands read its limits without loading pydantic
     from .events import JobSpec
@@ -34,7 +36,7 @@ _OPTION = {
     "partitions": "--partition", "constraint": "--constraint", "dependency": "--dependency",
     "array": "--array", "workdir": "--chdir", "output": "--output", "error": "--error", "input": "--input",
     "nodelist": "--nodelist", "exclude": "--exclude", "comment": "--comment", "gpu_type": "--gres",
-    "signal": "--signal", "submit_host": "submit host", "submit_line": "submit line",
+    "signal": "--signal", "submit_host": "submit host", "submit_line": "submit line", "mail_user": "--mail-user",
 }
 _RANGES = (
     ("nodes", 1, MAX_COUNT), ("ntasks", 1, MAX_COUNT), ("ntasks_per_node", 1, MAX_COUNT),
@@ -43,7 +45,7 @@ _RANGES = (
     ("time_min", 0, MAX_TIME), ("begin", 0, MAX_EPOCH), ("nice", -MAX_NICE, MAX_NICE),
 )
 _TEXT = ("name", "account", "qos", "constraint", "dependency", "array", "comment", "gpu_type", "signal",
-         "submit_host")
+         "submit_host", "mail_user")
 _PATHS = ("workdir", "output", "error", "input")
 
 
@@ -72,7 +74,7 @@ def _plainly_fine(spec: JobSpec) -> bool:
         value = d[field]
         if value is not None and not lo <= value <= hi:
             return False
-    if d["signal"] is not None:
+    if d["signal"] is not None or not KINDS.issuperset(d["mail_type"]):
         return False
     texts = [d[f] for f in _TEXT + _PATHS if d[f] is not None]
     texts += spec.partitions + spec.nodelist + spec.exclude
@@ -110,6 +112,10 @@ def _option_problems(spec: JobSpec) -> list[str]:
         value = getattr(spec, field)
         if value is not None and (len(value) > MAX_PATH or not control_free(value)):
             out.append(f"Invalid {_OPTION[field]} path: at most {MAX_PATH} characters, no control characters")
+    unknown = [k for k in spec.mail_type if k not in KINDS]
+    if unknown:
+        out.append(f"Invalid --mail-type value {unknown[0][:MAX_NAME]!r}: give BEGIN, END, FAIL, REQUEUE, ALL, "
+                   "TIME_LIMIT, TIME_LIMIT_90/80/50 or NONE")
     for field in ("partitions", "nodelist", "exclude"):
         values = getattr(spec, field)
         if len(values) > MAX_LIST or any(len(v) > MAX_NAME or not control_free(v) for v in values):

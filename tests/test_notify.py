@@ -172,3 +172,17 @@ def test_mail_goes_through_an_smtp_relay_and_a_command_gets_the_notice_on_its_in
     assert json.loads((tmp_path / "got.json").read_text())["key"] == "7.0.END"
     with pytest.raises(ValueError, match="http:// or https://"):
         transports({"notify_webhook": "file:///etc/passwd"})
+
+
+def test_a_submit_past_sbatch_with_a_forged_address_or_notice_kind_is_refused():
+    """Mail headers come from --mail-user: the controller refuses control characters in it whoever submits."""
+    from rota.core import events as ev
+    from rota.core.commands import Rejected
+
+    h = Harness(make_cluster(nodes=1, gpus=4))
+    with pytest.raises(Rejected, match="Invalid --mail-user value"):
+        h.submit(user="ann", time_limit=60, mail_type=("END",), mail_user="ann\r\nBcc: all@example.org")
+    with pytest.raises(Rejected, match="Invalid --mail-type value 'LATER'"):
+        h.submit(user="ann", time_limit=60, mail_type=("LATER",))
+    assert isinstance(h.state.jobs[h.submit(user="ann", time_limit=60, mail_type=("END",), mail_user="a@b")].spec,
+                      ev.JobSpec)
