@@ -291,8 +291,10 @@ def _gres(item: str, spec: dict) -> None:
 
 
 def _times(o: dict, spec: dict, now: float | None) -> None:
-    """--time (checked against Slurm's range) and --begin."""
-    if o.get("time"):
+    """--time (checked against Slurm's range; ``auto``: the controller sets it from the user's history) and --begin."""
+    if o.get("time") == "auto":
+        spec["time_auto"] = True
+    elif o.get("time"):
         from rota.core.timefmt import TimeSpecError, parse_time_limit
 
         try:
@@ -419,7 +421,15 @@ def main(argv: list[str] | None = None) -> int:
               f"nodes {reply['nodes']} in partition {reply['partition']}", file=sys.stderr)
         return 0
     print(reply["job_id"] if parsable else f"Submitted batch job {reply['job_id']}", flush=True)
+    if reply.get("hint") and _hints_wanted():
+        print(f"sbatch: hint: {reply['hint']}", file=sys.stderr)
     return wait_for_end(int(reply["job_id"]), bool(spec.get("array"))) if wait else 0
+
+
+def _hints_wanted() -> bool:
+    """Hints go to people (stderr a terminal, or ROTA_HINTS=1), not to tools reading sbatch's output."""
+    wanted = os.environ.get("ROTA_HINTS", "")
+    return wanted == "1" or (wanted != "0" and sys.stderr.isatty())
 
 
 def wait_for_end(job_id: int, array: bool, poll: float = 0.25) -> int:

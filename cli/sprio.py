@@ -16,10 +16,11 @@ OPTIONS = table(
     ("v", "verbose", NO, "verbose", True), ("M", "clusters", REQUIRED, "clusters"), ("n", "norm", NO, "norm"),
     ("o", "format", REQUIRED, "format"), ("", "local", NO, "~local"), ("", "sibling", NO, "~sibling"))
 # letter -> (header, the weight it shows with -w, what a row shows): factor i of the reply's factors
-# (0 the priority, 1 age, 2 fair-share, 3 job size, 4 partition, 5 QOS, 6 nice); upper case weighted,
-# lower case normalized (the factor over its weight)
+# (0 the priority, 1 age, 2 fair-share, 3 job size, 4 partition, 5 QOS, 6 nice, 7 rota's accuracy); upper case
+# weighted, lower case normalized (the factor over its weight). E/e (accuracy) is rota's: shown by default only
+# where RotaPriorityWeightAccuracy is set
 FACTORS = {"A": ("AGE", "age", 1), "F": ("FAIRSHARE", "fairshare", 2), "J": ("JOBSIZE", "job_size", 3),
-           "P": ("PARTITION", "partition", 4), "Q": ("QOS", "qos", 5)}
+           "P": ("PARTITION", "partition", 4), "Q": ("QOS", "qos", 5), "E": ("ACCURACY", "accuracy", 7)}
 LONG = "%.15i %9r %.8u %.10Y %.10S %.10A %.10B %.10F %.10J %.10P %.10Q %.11N %.20T"
 LONG_NORM = "%.15i %9r %.8u %10y %10a %10b %10f %10j %10p %10q %20t"
 _SPEC = re.compile(r"%(\.?)(\d*)([a-zA-Z])")
@@ -50,7 +51,7 @@ def _cell(letter: str, row: dict | None, weights: dict) -> str:
             return head
         if not row:
             return str(weights.get(key, 0))
-        weighted = row["factors"][i]
+        weighted = row["factors"][i] if i < len(row["factors"]) else 0
         return str(weighted) if letter == upper else f"{weighted / weights[key] if weights.get(key) else 0:.7f}"
     head, value = _PLAIN[letter]
     if row is None:

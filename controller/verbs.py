@@ -52,7 +52,10 @@ async def submit_one(c: ControllerPort, caller: Caller, spec: ev.JobSpec, idem: 
 
 
 async def _submit(c: ControllerPort, caller: Caller, request: rq.Submit, rid: str) -> dict:
-    return {"ok": True, "job_id": await submit_one(c, caller, request.spec, f"{caller.uid}:{rid}" if rid else "")}
+    job_id = await submit_one(c, caller, request.spec, f"{caller.uid}:{rid}" if rid else "")
+    job = c.state.jobs.get(job_id)
+    hint = commands.time_hint(c.state, job.spec) if job is not None else ""
+    return {"ok": True, "job_id": job_id, **({"hint": hint} if hint else {})}
 
 
 async def _test_submit(c: ControllerPort, caller: Caller, request: rq.Submit, rid: str) -> dict:

@@ -15,13 +15,15 @@ from . import events as ev
 from .arrays import parse_array
 from .changes import NOTHING, Changes, EndedRun
 from .gpuhealth import gpu_gone
-from .request import node_request
+from .request import effective_time_limit, node_request
 from .state import (
-    CANCELLED, COMPLETED, NODE_FAIL, PENDING, PREEMPTED, RUNNING, SHARED, TERMINAL_STATES, Job, Node, State, Step,
+    CANCELLED, COMPLETED, NODE_FAIL, PENDING, PREEMPTED, RUNNING, SHARED, TERMINAL_STATES, TIMEOUT, Job, Node, State,
+    Step,
     job_weight,
     node_from_config,
 )
 from .steps import worst
+from .timeaccuracy import record_run
 from .usage import charge
 
 SYSTEM = "rota"
@@ -159,7 +161,19 @@ def _finish(state: State, job: Job, end_state: str, ts: int, ch: Changes) -> Non
     state.recount(job, before)
     if job.start_time and not job.elapsed:
         job.elapsed = max(0, ts - job.start_time)
+    if end_state in (COMPLETED, TIMEOUT) and job.start_time:
+        _record_run(state, job, end_state == TIMEOUT)
     state.finished.append((ts, job.job_id))
+
+
+def _record_run(state: State, job: Job, timed_out: bool) -> None:
+    """How much of its limit a run that ended by itself used (the accuracy factor, ``--time=auto``)."""
+    part = next((p for p in state.config.partitions if p.name == job.partition), None) if state.config else None
+    if part is None:
+        return
+    spec = job.spec
+    record_run(state.time_accuracy, state.time_runs, spec.user, spec.account, spec.name or "",
+               effective_time_limit(job.time_limit, part), job.elapsed, timed_out)
 
 
 def _requeue(state: State, job: Job, ts: int, ch: Changes, hold: bool, user_hold: bool = False,

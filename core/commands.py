@@ -19,6 +19,7 @@ from .request import (constraint_matches, effective_time_limit, node_request, ov
 from .state import NODE_FAIL, PENDING, RUNNING, TERMINAL_STATES, Job, State
 from .usage_limits import limits_enforced
 from .steps import StepAsk, StepRefused, layout
+from .timeaccuracy import hint, suggested_limit
 
 
 class Rejected(Exception):
@@ -49,6 +50,8 @@ def submit(state: State, spec: ev.JobSpec, job_id: int, caller: Caller = ROOT) -
     _check_request(spec, caller)
     names = _partition_names(cfg, spec)
     _check_forms(state, cfg, spec)
+    if spec.time_auto:
+        spec = _auto_time(state, spec, [p for p in cfg.partitions if p.name in names])
     enforce = cfg.scheduler.enforce_part_limits
     parts_by_name = {p.name: p for p in cfg.partitions}
     refusals: list[Rejected] = []
@@ -64,6 +67,28 @@ def submit(state: State, spec: ev.JobSpec, job_id: int, caller: Caller = ROOT) -
         _submit_limit(state, spec)
     _job_count_limits(state, spec, cfg.scheduler)
     return ev.JobSubmitted(job_id=job_id, spec=spec)
+
+
+def _auto_time(state: State, spec: ev.JobSpec, parts: list[ev.PartitionConfig]) -> ev.JobSpec:
+    """``--time=auto``: the limit the user's own completed runs of jobs with this name suggest, within the
+    partitions' MaxTime; the partition's default without such runs."""
+    suggested, _runs = suggested_limit(state.time_runs, spec.user, spec.name or "")
+    if not suggested:
+        return spec.model_copy(update={"time_limit": None})
+    most = min((p.max_time for p in parts if p.max_time), default=0)
+    return spec.model_copy(update={"time_limit": min(suggested, most) if most else suggested})
+
+
+def time_hint(state: State, spec: ev.JobSpec) -> str:
+    """A hint for the submitter when the limit asked (or the partition's default) is far over what their own
+    completed runs of jobs with this name suggest ('' otherwise)."""
+    if spec.time_auto or state.config is None:
+        return ""
+    part = next((p for p in state.config.partitions if p.name in spec.partitions), None) \
+        or state.config.default_partition()
+    if part is None:
+        return ""
+    return hint(state.time_runs, spec.user, spec.name or "", effective_time_limit(spec.time_limit, part) or None)
 
 
 def _check_request(spec: ev.JobSpec, caller: Caller) -> None:

@@ -90,7 +90,7 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
             any(q.preempt for q in state.qos.values()) else None
         shares = factors(state, now) if cfg.priority.fairshare and state.associations else None
         self.prio_ctx = PriorityContext(cfg, sum(n.cpus for n in state.nodes.values()), state.qos, shares,
-                                        len(state.nodes))
+                                        len(state.nodes), state.time_accuracy)
         default = cfg.default_partition()
         self.default_parts: tuple[str, ...] = (default.name,) if default is not None else ()
 

@@ -77,6 +77,8 @@ class PriorityWeights(Model):
     decay_half_life: int = 7 * 86400  # PriorityDecayHalfLife, seconds (0: no decay)
     fair_tree: bool = True            # False: PriorityFlags=NO_FAIR_TREE (classic fair-share)
     small_relative_to_time: bool = False   # PriorityFlags=SMALL_RELATIVE_TO_TIME: job size per minute of its limit
+    # rota's RotaPriorityWeightAccuracy: weight of how much of their limits the association's runs used (0: off)
+    accuracy: int = 0
 
 
 class SchedulerParams(Model):
@@ -213,6 +215,8 @@ class JobSpec(Model):
     nice: int = 0
     mail_type: tuple[str, ...] = ()       # --mail-type, expanded (ALL named by its parts): rota.core.notify
     mail_user: str = ""                   # --mail-user (the submitting user when empty)
+    # --time=auto: the controller set time_limit from the user's own completed runs of jobs with this name
+    time_auto: bool = False
     script: str = ""
     argv: tuple[str, ...] = ()
     workdir: str = "/"

@@ -5,6 +5,7 @@ from typing import NamedTuple
 
 from .events import ClusterConfig, PartitionConfig, QosRecord
 from .state import Job
+from .timeaccuracy import accuracy_ppm
 
 
 M = 1_000_000    # weighted factors are kept in millionths: Slurm sums them as doubles and truncates the sum
@@ -21,12 +22,14 @@ class JobSize(NamedTuple):
 
 class PriorityContext:
     """Per-cycle constants the priority formula needs: weights, the cluster's size, QOS priorities and
-    each association's fair-share factor (parts per million)."""
+    each association's fair-share factor (parts per million) and how accurate its runs' limits were
+    (``State.time_accuracy``)."""
 
-    __slots__ = ("w", "cluster_cpus", "node_count", "max_pjf", "qos_prio", "max_qos", "fairshare", "fixed")
+    __slots__ = ("w", "cluster_cpus", "node_count", "max_pjf", "qos_prio", "max_qos", "fairshare", "fixed", "accuracy")
 
     def __init__(self, cfg: ClusterConfig, cluster_cpus: int, qos: dict[str, QosRecord] | None = None,
-                 fairshare: dict[tuple[str, str], int] | None = None, node_count: int | None = None) -> None:
+                 fairshare: dict[tuple[str, str], int] | None = None, node_count: int | None = None,
+                 accuracy: dict[tuple[str, str], list[int]] | None = None) -> None:
         self.w = cfg.priority
         self.cluster_cpus = max(1, cluster_cpus)
         self.node_count = max(1, node_count if node_count is not None else len(cfg.nodes))
@@ -36,6 +39,7 @@ class PriorityContext:
         self.max_qos = max(self.qos_prio.values(), default=0) or 1
         self.fairshare = fairshare
         self.fixed: dict[tuple[str, JobSize, str], int] = {}   # (partition, size, QOS) -> their factors' sum
+        self.accuracy = accuracy or {}
 
 
 class Factors(NamedTuple):
@@ -49,6 +53,7 @@ class Factors(NamedTuple):
     partition: int
     qos: int
     nice: int
+    accuracy: int = 0      # rota's factor for accurate limits (RotaPriorityWeightAccuracy; 0 when off)
 
 
 def fairshare_factor(job: Job, ctx: PriorityContext) -> int:
@@ -60,9 +65,9 @@ def fairshare_factor(job: Job, ctx: PriorityContext) -> int:
 
 
 def _weighted(job: Job, now: int, part: PartitionConfig, size: JobSize,
-              ctx: PriorityContext) -> tuple[int, int, int, int, int]:
-    """The job's weighted factors in millionths: (age, fair-share, job size, partition, QOS)."""
-    return (_age(job, now, ctx), _fairshare(job, ctx), *_fixed(part, size, job.spec.qos, ctx))
+              ctx: PriorityContext) -> tuple[int, int, int, int, int, int]:
+    """The job's weighted factors in millionths: (age, fair-share, job size, partition, QOS, accuracy)."""
+    return (_age(job, now, ctx), _fairshare(job, ctx), *_fixed(part, size, job.spec.qos, ctx), _accuracy(job, ctx))
 
 
 def _age(job: Job, now: int, ctx: PriorityContext) -> int:
@@ -74,6 +79,12 @@ def _age(job: Job, now: int, ctx: PriorityContext) -> int:
 def _fairshare(job: Job, ctx: PriorityContext) -> int:
     w = ctx.w.fairshare
     return w * fairshare_factor(job, ctx) if w else 0
+
+
+def _accuracy(job: Job, ctx: PriorityContext) -> int:
+    """rota's factor for honest limits: how much of their limits the association's runs used, times its weight."""
+    w = ctx.w.accuracy
+    return w * accuracy_ppm(ctx.accuracy, job.spec.user, job.spec.account) if w else 0
 
 
 def _job_size(size: JobSize, ctx: PriorityContext) -> int:
@@ -109,8 +120,8 @@ def priority_factors(job: Job, now: int, part: PartitionConfig, size: JobSize, c
     """The job's priority (site weights times factors, minus nice; 0 while held, an administrator's
     value when set) and its parts."""
     weighted = _weighted(job, now, part, size, ctx)
-    age, fairshare, js, partition, qos = (_rounded(f) for f in weighted)
-    return Factors(_priority(job, weighted), age, fairshare, js, partition, qos, job.nice)
+    age, fairshare, js, partition, qos, accuracy = (_rounded(f) for f in weighted)
+    return Factors(_priority(job, weighted), age, fairshare, js, partition, qos, job.nice, accuracy)
 
 
 def _rounded(millionths: int) -> int:
@@ -129,7 +140,7 @@ def job_priority(job: Job, now: int, part: PartitionConfig, size: JobSize, ctx: 
     fixed = ctx.fixed.get(key)
     if fixed is None:
         fixed = ctx.fixed[key] = sum(_fixed(part, size, qos, ctx))
-    return _priority(job, (_age(job, now, ctx), _fairshare(job, ctx), fixed))
+    return _priority(job, (_age(job, now, ctx), _fairshare(job, ctx), fixed, _accuracy(job, ctx)))
 
 
 def _priority(job: Job, weighted: tuple[int, ...]) -> int:

@@ -41,7 +41,7 @@ GLOBAL_KEYS = {
     "priorityweightqos", "prioritymaxage", "priorityfavorsmall", "enforcepartlimits", "maxarraysize",
     "minjobage", "slurmuser", "authinfo", "privatedata", "adminusers", "operatorusers", "accountingstorageenforce",
     "priorityflags", "prioritydecayhalflife", "preempttype", "preemptmode", "maxjobcount", "slurmctldparameters",
-    "rotaidlegpu",
+    "rotaidlegpu", "rotapriorityweightaccuracy",
 }
 # rota's own keys for how its processes run here (not part of the cluster's configuration in the log)
 SHELL_KEYS = {"rotanatslisten": "listen", "rotatlscertfile": "cert_file", "rotatlskeyfile": "key_file",
@@ -608,6 +608,7 @@ GLOBAL_SETTINGS: dict[str, tuple[str, str, str, Reader]] = {
     "priorityweightpartition": ("PriorityWeightPartition", "prio", "partition", _count(0)),
     "priorityweightqos": ("PriorityWeightQOS", "prio", "qos", _count(0)),
     "prioritymaxage": ("PriorityMaxAge", "prio", "max_age", _max_age),
+    "rotapriorityweightaccuracy": ("RotaPriorityWeightAccuracy", "prio", "accuracy", _count(0)),
     "priorityfavorsmall": ("PriorityFavorSmall", "prio", "favor_small", _flag),
     "prioritydecayhalflife": ("PriorityDecayHalfLife", "prio", "decay_half_life", _duration),
     "priorityflags": ("PriorityFlags", "prio", "fair_tree", _fair_tree),

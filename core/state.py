@@ -190,6 +190,10 @@ class State:
     # per (user, account) association, each [CPU-seconds, GPU-seconds, as of] (rota.core.usage)
     usage: dict[str, list[int]] = field(default_factory=dict)
     assoc_usage: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    # how honest limits are (rota.core.timeaccuracy): per (user, account) [accuracy ppm, runs]; per (user, job
+    # name) the seconds its last completed runs used
+    time_accuracy: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    time_runs: dict[tuple[str, str], list[int]] = field(default_factory=dict)
     # derived indexes (rebuilt, not stored):
     pending: dict[int, None] = field(default_factory=dict)
     running: dict[int, None] = field(default_factory=dict)
@@ -295,7 +299,7 @@ class State:
 # A snapshot is the primary facts as compact JSON: jobs and nodes as positional rows (field order
 # below), job specs stored once and referenced by index. Loading trusts nothing but the version.
 
-SNAPSHOT_VERSION = 5
+SNAPSHOT_VERSION = 6
 _JOB_SCALARS = ("job_id", "submit_seq", "submit_time", "state", "hold", "priority_override", "nice",
                 "time_limit", "partition", "eligible_time", "start_time", "end_time", "exit_code", "signal",
                 "max_rss", "elapsed", "array_job_id", "array_task_id", "array_pending", "array_throttle",
@@ -342,7 +346,9 @@ def dump_snapshot(state: State) -> bytes:
                           "defaults": state.default_accounts,
                           "qos": [q.model_dump(mode="json") for q in state.qos.values()],
                           "usage": state.usage,
-                          "assoc_usage": [[u, a, *v] for (u, a), v in state.assoc_usage.items()]}}
+                          "assoc_usage": [[u, a, *v] for (u, a), v in state.assoc_usage.items()]},
+           "time": {"accuracy": [[u, a, *v] for (u, a), v in state.time_accuracy.items()],
+                    "runs": [[u, n, v] for (u, n), v in state.time_runs.items()]}}
     return orjson.dumps(doc)
 
 
@@ -404,5 +410,8 @@ def _load(raw: dict[str, Any]) -> State:
         state.qos[qos.name] = qos
     state.usage = {k: [int(v[0]), int(v[1]), int(v[2])] for k, v in acct.get("usage", {}).items()}
     state.assoc_usage = {(u, a): [int(c), int(g), int(t)] for u, a, c, g, t in acct.get("assoc_usage", ())}
+    time = raw.get("time") or {}
+    state.time_accuracy = {(u, a): [int(p), int(n)] for u, a, p, n in time.get("accuracy", ())}
+    state.time_runs = {(u, n): [int(x) for x in v] for u, n, v in time.get("runs", ())}
     state.rebuild_indexes()
     return state

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
+from .timefmt import format_duration
+
 MARGIN = 1.2          # the suggested limit's safety over the 90th percentile of the runs
 ROUND = 300           # suggested limits are whole 5 minutes
 
@@ -58,3 +60,56 @@ def accuracy(rows: Iterable[tuple[str, str, int, int]]) -> list[Accuracy]:
                             round(spent / asked, 3) if asked else 0.0, round(_median(shares), 3),
                             round(sum(1 for s in shares if s < 0.5) / len(runs), 3), suggest(u for _, u in runs)))
     return sorted(out, key=lambda a: (-(a.requested_hours - a.used_hours), a.account, a.user))
+
+
+# What the log keeps of honest limits, folded by the reducer (so a replay gives the same figures): per (user,
+# account), how much of its limit each run used, averaged with each new run weighing 1/2**SHIFT (the priority
+# factor for accurate estimates); per (user, job name), the times of its last RUNS_KEPT completed runs (a
+# suggested ``--time``).
+SHIFT = 3
+RUNS_KEPT = 20
+PPM = 1_000_000
+HINT_RATIO = 2        # sbatch hints when the limit asked is over this many times the suggested one
+HINT_RUNS = 3         # ... and the suggestion rests on at least this many runs
+
+
+def record_run(accuracy: dict[tuple[str, str], list[int]], runs: dict[tuple[str, str], list[int]],
+               user: str, account: str, name: str, limit: int, used: int, timed_out: bool) -> None:
+    """A run that ended by itself (completed, or killed at its limit) with ``limit`` asked and ``used`` seconds."""
+    if limit <= 0:
+        return
+    share = PPM if timed_out else min(PPM, max(0, used) * PPM // limit)
+    entry = accuracy.get((user, account))
+    if entry is None:
+        accuracy[(user, account)] = [share, 1]
+    else:
+        entry[0] += (share - entry[0]) >> SHIFT
+        entry[1] += 1
+    if not timed_out and used > 0:
+        kept = runs.setdefault((user, name), [])
+        kept.append(used)
+        if len(kept) > RUNS_KEPT:
+            del kept[0]
+
+
+def accuracy_ppm(accuracy: dict[tuple[str, str], list[int]], user: str, account: str) -> int:
+    """The association's accuracy in parts per million: 1.0 until it has a run that ended by itself."""
+    entry = accuracy.get((user, account))
+    return entry[0] if entry is not None else PPM
+
+
+def suggested_limit(runs: dict[tuple[str, str], list[int]], user: str, name: str) -> tuple[int, int]:
+    """(a limit the user's own completed runs of jobs with this name suggest, how many runs it rests on);
+    (0, 0) without history."""
+    kept = runs.get((user, name))
+    return (suggest(kept), len(kept)) if kept else (0, 0)
+
+
+def hint(runs: dict[tuple[str, str], list[int]], user: str, name: str, limit: int | None) -> str:
+    """A line for sbatch when ``limit`` is far over what the user's history of this job suggests ('' otherwise)."""
+    suggested, n = suggested_limit(runs, user, name)
+    if not suggested or n < HINT_RUNS or limit is None or limit <= HINT_RATIO * suggested:
+        return ""
+    return (f"your last {n} runs of {name!r} suggest --time={format_duration(suggested)} (asked {format_duration(limit)}); "
+            "a shorter limit lets backfill start it sooner (--time=auto uses the suggestion)")
+

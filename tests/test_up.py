@@ -620,3 +620,19 @@ def test_a_full_disk_refuses_submits_clearly_keeps_what_was_acknowledged_and_rec
             except subprocess.TimeoutExpired:
                 proc.kill()
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_time_auto_and_the_hint_come_from_the_users_own_completed_runs(up):
+    ids = []
+    for _ in range(3):
+        r = run(up, "sbatch", "--parsable", "-J", "prep", "-t", "60", "-o", "/dev/null", "--wrap", "sleep 1")
+        assert r.returncode == 0, r.stderr
+        ids.append(r.stdout.strip())
+    wait_until(lambda: run(up, "squeue", "-h", "-j", ",".join(ids)).stdout == "", timeout=30, what="the runs")
+    hinted = run(dict(up, ROTA_HINTS="1"), "sbatch", "--hold", "-J", "prep", "-t", "60", "--wrap", "true")
+    assert hinted.returncode == 0 and hinted.stdout.startswith("Submitted batch job ")
+    assert hinted.stderr.startswith("sbatch: hint: your last 3 runs of 'prep' suggest --time=00:05:00 (asked 01:00:00)")
+    assert run(up, "sbatch", "--hold", "-J", "prep", "-t", "60", "--wrap", "true").stderr == ""   # not a terminal
+    auto = run(up, "sbatch", "--parsable", "--hold", "-J", "prep", "--time=auto", "--wrap", "true")
+    assert auto.returncode == 0, auto.stderr
+    assert run(up, "squeue", "-h", "-j", auto.stdout.strip(), "-o", "%l").stdout.strip() == "5:00"
