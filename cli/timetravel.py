@@ -364,9 +364,11 @@ def _preempted_lines(p: dict) -> list[str]:
 
 def _factors(f: Any) -> str:
     """A priority and its weighted parts, as sprio names them."""
-    prio, age, fairshare, size, partition, qos, nice = f
+    prio, age, fairshare, size, partition, qos, nice, *rest = f
+    accuracy = rest[0] if rest else 0
     parts = [f"{name} {value}" for name, value in (("fair-share", fairshare), ("age", age), ("job size", size),
-                                                  ("partition", partition), ("QOS", qos)) if value]
+                                                  ("partition", partition), ("QOS", qos), ("accuracy", accuracy))
+             if value]
     parts += [f"nice {nice}"] if nice else []
     return f"{prio} ({', '.join(parts) or 'no weighted factor'})"
 
