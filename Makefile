@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml cli/native/rota_command.c agents/native/rota_exec.c
 	$(VENV)/bin/rota install-commands || true
 	@# byte code, as pip writes for an installed package: the commands then start without compiling
 	@# rota's modules (an editable install has none, and PYTHONDONTWRITEBYTECODE stops Python writing it)
-	$(PY) -m compileall -q core agents cli controller projections wire bench client programs > /dev/null
+	$(PY) -m compileall -q core agents cli controller projections wire bench client programs web > /dev/null
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -52,7 +52,7 @@ test-slow: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $$(git ls-files '*.py' 2>/dev/null || find . -name '*.py' -not -path './.venv/*')
 	mkdir -p build/typecheck/rota && touch build/typecheck/rota/__init__.py
-	for d in core agents cli controller projections wire bench client programs; do ln -sfn ../../../$$d build/typecheck/rota/$$d; done
+	for d in core agents cli controller projections wire bench client programs web; do ln -sfn ../../../$$d build/typecheck/rota/$$d; done
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)

@@ -50,7 +50,7 @@ class AgentLink:
         self.node_timeout = node_timeout
         self.keyring = keyring if keyring is not None else controller.keyring
         self.replay = creds.ReplayCache()
-        self.last_seen: dict[str, float] = {}
+        self.last_seen: dict[str, float] = controller.agent_seen     # the controller's: /metrics reads it
         self.agent_running: dict[str, set[int]] = {}
         self._senders: dict[str, asyncio.Queue[Order]] = {}
         self._stopped = False

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from rota.wire.keys import Keyring
 
     from .eventlog import EventLog
+    from .metrics_view import CycleHistogram
     from .outbox import Outbox
     from .views import Views
     from .writer import Prepare, Writer
@@ -39,6 +40,8 @@ class ControllerPort(Protocol):
     timetravel_env: dict[str, str] | None                  # how time travel runs for callers who cannot read the log
     timetravel_argv: list[str]                             # the program time travel runs as (composition root's)
     last_decision: tuple[int, Decision] | None             # the latest cycle's decision, by state sequence
+    cycle_hist: CycleHistogram                             # every cycle's duration (/metrics)
+    agent_seen: dict[str, float]                           # node -> monotonic time of its last heartbeat
 
     @property
     def state(self) -> State: ...

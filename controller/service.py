@@ -32,6 +32,7 @@ from .frontdoor import FrontDoor
 from .outbox import Outbox
 from .port import ReportRunner
 from .replies import encode_reply
+from .metrics_view import CycleHistogram
 from .views import Views
 from .writer import OffLoop, Prepare, Writer
 
@@ -74,6 +75,8 @@ class Controller:
         self.views = Views(self)
         self.last_decision: tuple[int, Decision] | None = None   # (state sequence, Decision) for queue views
         self.cycle_times: deque[float] = deque(maxlen=100)       # seconds of the latest cycles (sdiag's figures)
+        self.cycle_hist = CycleHistogram()                       # every cycle's duration (/metrics)
+        self.agent_seen: dict[str, float] = {}                   # node -> monotonic time of its last heartbeat
         self._last_history_seq = 0
         self._tasks: list[asyncio.Task] = []
         self._subs: list[Any] = []
@@ -273,6 +276,7 @@ class Controller:
                 if ran:         # a cycle with nothing pending cost nothing: no wait after it
                     last, ended = spent, t0 + spent
                     self.cycle_times.append(spent)
+                    self.cycle_hist.observe(spent)
                 await self.maybe_snapshot()
             except FencedError:
                 return

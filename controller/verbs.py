@@ -269,6 +269,38 @@ async def _idle(c: ControllerPort, caller: Caller, r: rq.NoArgs, rid: str) -> di
             "jobs": [asdict(j) for j in idle_jobs(c.state, now) if not mine or c.state.jobs[j.job_id].spec.uid == caller.uid]}
 
 
+async def _web_token(c: ControllerPort, caller: Caller, r: rq.NoArgs, rid: str) -> dict:
+    """A short-lived token naming the caller, for ``rota web login`` (rota.wire.webtoken)."""
+    from rota.wire import webtoken
+
+    key = c.keyring.purpose_key(webtoken.PURPOSE) if c.keyring is not None else None
+    if key is None:
+        raise commands.Rejected("this controller holds no cluster key: it cannot vouch for web logins", code="no_key")
+    return {"ok": True, "token": webtoken.issue(key, caller.user, caller.uid, caller.operator, c.now()),
+            "ttl": webtoken.LOGIN_TTL}
+
+
+async def _metrics(c: ControllerPort, caller: Caller, r: rq.NoArgs, rid: str) -> dict:
+    """The figures /metrics shows (operators: they name every user's jobs)."""
+    from .metrics_view import figures
+
+    if not caller.operator:
+        raise commands.Rejected(commands.ACCESS_DENIED, code="permission")
+    return figures(c)
+
+
+async def _gpu_grid(c: ControllerPort, caller: Caller, r: rq.NoArgs, rid: str) -> dict:
+    """Each node's GPU slots and who holds them; another user's jobs unnamed when jobs are private."""
+    from .metrics_view import gpu_grid, hide_others
+    from .views import private_jobs
+
+    nodes = gpu_grid(c)
+    if private_jobs(c.state, caller):
+        hide_others(nodes, caller.uid, {j: job.spec.uid for n in nodes for j in n["jobs"]
+                                        if (job := c.state.jobs.get(j)) is not None})
+    return {"ok": True, "nodes": nodes}
+
+
 async def _job_states(c: ControllerPort, caller: Caller, request: rq.JobStates, rid: str) -> dict:
     return {"ok": True, "jobs": c.views.job_states(request.job_ids, caller)}
 
@@ -306,4 +338,7 @@ VERBS: dict[str, Verb] = {v.name: v for v in (
     Verb("submit_many", rq.SubmitMany, _submit_many, writes=True),
     Verb("job_states", rq.JobStates, _job_states),
     Verb("idle", rq.NoArgs, _idle),
+    Verb("web_token", rq.NoArgs, _web_token),
+    Verb("metrics", rq.NoArgs, _metrics),
+    Verb("gpu_grid", rq.NoArgs, _gpu_grid),
 )}

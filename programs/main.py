@@ -58,14 +58,21 @@ def up(
     tls_ca: Optional[str] = typer.Option(None, help="the CA that signed it, for rota's own clients (RotaTLSCAFile=)"),
     standby: bool = typer.Option(False, "--standby", help="a second controller (with --nats naming the cluster's "
         "servers and its key in the state directory): follow the log and take over when the leader stops"),
+    web_port: Optional[int] = typer.Option(None, min=0, max=65535, help="port of the web view on 127.0.0.1 (0: "
+                                           "none; default $ROTA_WEB_PORT, else 8787)"),
 ) -> None:
     """Run the controller, a local agent (and an embedded nats-server) in the foreground until Ctrl-C."""
     from .up import main as up_main
 
     tls = {k: v for k, v in (("cert_file", tls_cert), ("key_file", tls_key), ("ca_file", tls_ca)) if v}
+    if web_port is None:
+        text = os.environ.get("ROTA_WEB_PORT") or "8787"
+        if not text.isdecimal() or int(text) > 65535:
+            fail(f"rota up: ROTA_WEB_PORT={text!r} is not a port (0 to 65535; 0: no web view)")
+        web_port = int(text)
     code = up_main(state_dir, config, nats, nats_port, fake_gpus, typer.echo, agent_node=agent_node,
                    no_agent=no_agent, node_timeout=node_timeout, agent_options={"kill_wait": kill_wait, "max_tasks": max_tasks},
-                   tls=tls or None, listen=listen, standby=standby)
+                   tls=tls or None, listen=listen, standby=standby, web_port=web_port)
     import logging
 
     logging.shutdown()
@@ -128,6 +135,43 @@ def authd(
 
     raise typer.Exit(authd_main(host=host, nats=nats, key=key, tls_ca=tls_ca, socket_path=socket,
                                 state_dir=state_dir, echo=typer.echo))
+
+
+web_app = typer.Typer(help="The web view: the queue, nodes, every job's wait, the cluster over time, /metrics.")
+app.add_typer(web_app, name="web")
+
+
+@web_app.callback(invoke_without_command=True)
+def web(
+    ctx: typer.Context,
+    state_dir: Optional[str] = typer.Option(None, help="the cluster's state directory (default $ROTA_STATE_DIR)"),
+    listen: str = typer.Option("127.0.0.1", help="address to listen on (beyond loopback only with --tls-cert/--tls-key)"),
+    port: int = typer.Option(8787, min=1, max=65535, help="port to listen on"),
+    tls_cert: Optional[str] = typer.Option(None, help="TLS certificate (PEM)"),
+    tls_key: Optional[str] = typer.Option(None, help="its private key (PEM)"),
+    metrics_token_file: Optional[str] = typer.Option(None, help="a file holding the bearer token /metrics asks for "
+                                                     "when not on loopback (and for per-user series under PrivateData)"),
+) -> None:
+    """Serve the web view in the foreground until Ctrl-C (`rota up` starts one on 127.0.0.1:8787)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from .web import main as web_main
+
+    raise typer.Exit(web_main(state_dir, listen, port, tls_cert, tls_key, metrics_token_file, echo=typer.echo))
+
+
+@web_app.command("login")
+def web_login() -> None:
+    """Print a link that signs you in to the web view as yourself (valid 10 minutes, once)."""
+    from rota.cli.client import ask
+    from rota.wire.paths import state_dir
+
+    from .web import login_url
+
+    reply = ask("rota web login", "web_token", {})
+    if reply is None:
+        raise typer.Exit(1)
+    typer.echo(login_url(state_dir(), reply["token"]))
 
 
 @app.command("install-commands")

@@ -61,7 +61,8 @@ def prepare_state_dir(state_dir: Path) -> Any:
 async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, nats_port: int | None,
               echo=print, *, agent_node: str | None = None, fake_gpus: str | None = None,
               node_timeout: float = 300.0, agent_options: dict | None = None, tls: dict[str, str] | None = None,
-              listen: str = "127.0.0.1", config_path: str | None = None, standby: bool = False) -> None:
+              listen: str = "127.0.0.1", config_path: str | None = None, standby: bool = False,
+              web_port: int = 0) -> None:
     """Run the whole cluster in this process until SIGINT or SIGTERM: NATS (unless ``nats_url`` names
     servers), the controller, the agents' link, the projection, this node's agent and the signer."""
     os.umask(0o077)   # every file rota writes is private unless made public on purpose
@@ -80,6 +81,7 @@ async def run(state_dir: Path, config: ev.ClusterConfig, nats_url: str | None, n
         await up.start_controller(stop, standby)
         await up.start_projection(stop)
         await up.start_notifier(stop)
+        await up.start_web(web_port)
         await up.start_agent_and_signer()
         up.announce()
         watching = asyncio.create_task(up.watch_server(stop))
@@ -118,6 +120,8 @@ class _Up:
         self.settings: dict = {}             # rota's own keys of the configuration file (notifications)
         self.notifier: Any = None
         self.notifying: asyncio.Task | None = None
+        self.web: Any = None                 # the web view's process (rota web)
+        self.web_url: str | None = None
         self.candidacy: Any = None
         self.candidating: asyncio.Task | None = None
         self.announced = False
@@ -244,7 +248,20 @@ class _Up:
         if self.controller is not None:    # requests of this host skip the trip through NATS while it leads
             self.signer.local = self.controller.local_request
         _write_public(self.info, json.dumps({"nats": self.nats_url, "pid": os.getpid(), "tls_ca": self.tls_ca,
-                                             "socket": sock}))
+                                             "socket": sock, "web": self.web_url}))
+
+    async def start_web(self, port: int) -> None:
+        """The web view (``rota web``) as a child process on 127.0.0.1:``port`` (0: none); rota up runs on
+        without it if it cannot start (it says why)."""
+        if not port:
+            return
+        from .web import environment_for, url
+
+        state = str(self.state_dir.resolve())
+        self.web_url = url("127.0.0.1", port, False)
+        self.web = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", "-m", "rota.programs.main", "web", "--state-dir", state, "--port", str(port),
+            env=environment_for(state), stdin=asyncio.subprocess.DEVNULL)
 
     async def watch_server(self, stop: asyncio.Event) -> None:
         """Restart the embedded nats-server, on the same port and store, whenever it dies (kill -9, a crash):
@@ -313,6 +330,8 @@ class _Up:
             steps.append(("snapshot", lambda: self.controller.maybe_snapshot(force=True)))
         if self.candidating is not None:      # stops leading (the API, cycles, the agent link), gives the lease up
             steps.append(("leadership", lambda: asyncio.gather(self.candidating, return_exceptions=True)))
+        if self.web is not None:
+            steps.append(("web view", lambda: _stop_child(self.web)))
         if self.signer is not None:
             steps.append(("signer", self.signer.stop))
         if self.agent is not None:
@@ -328,6 +347,12 @@ class _Up:
         if self.eventlog is not None:
             steps.append(("event log", self.eventlog.close))
         return steps
+
+
+async def _stop_child(proc: Any) -> None:
+    if proc.returncode is None:
+        proc.terminate()
+    await proc.wait()
 
 
 def _write_public(path: Path, text: str) -> None:
@@ -356,7 +381,7 @@ def _waker(event: asyncio.Event):
 def main(state_dir: str | None, config: str | None, nats: str | None, nats_port: int | None,
          fake_gpus: str | None, echo=print, *, agent_node: str | None = None, no_agent: bool = False,
          node_timeout: float = 300.0, agent_options: dict | None = None, tls: dict[str, str] | None = None,
-         listen: str | None = None, standby: bool = False) -> int:
+         listen: str | None = None, standby: bool = False, web_port: int = 0) -> int:
     from rota.wire.keys import KeyFileError
 
     logging.basicConfig(level=os.environ.get("ROTA_LOGLEVEL", "WARNING").upper(), format="rota: %(message)s")
@@ -384,7 +409,7 @@ def main(state_dir: str | None, config: str | None, nats: str | None, nats_port:
         run_bounded(run(Path(state_dir) if state_dir else default_state_dir(), cfg, nats, nats_port, echo,
                          agent_node=node, fake_gpus=fake_gpus, node_timeout=node_timeout,
                          agent_options=agent_options, tls=tls, listen=listen, config_path=config,
-                         standby=standby))
+                         standby=standby, web_port=web_port))
     except natsserver.NatsServerError as exc:
         echo(f"rota up: {exc}")
         return 1

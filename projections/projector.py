@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from rota.core import events as ev
 from rota.core.apply import fold
@@ -66,6 +66,7 @@ class Projector:
         self.state = State()
         self.reasons: ReasonLane | None = None
         self.db: Any = None
+        self._node_seen: dict[str, tuple[str, str]] = {}     # node -> (state, reason) last written to node_states
 
     async def open(self) -> None:
         import aiosqlite
@@ -190,7 +191,7 @@ class Projector:
                 await asyncio.gather(lane, return_exceptions=True)
 
     def _fold(self, chunk: list[ev.Envelope]) -> tuple[list[tuple], list[tuple], list[tuple], dict, list[tuple] | None,
-                                                      list[tuple] | None, int, int]:
+                                                      list[tuple] | None, int, int, list[tuple]]:
         """Apply a batch to the projector's state; what :meth:`_write` stores for it, taken now (the
         state moves on while the write runs). Rows are written for exactly the jobs and nodes the
         reducer reports changed."""
@@ -226,11 +227,26 @@ class Projector:
                  r.state) for r in changes.runs]
         nodes = self._node_rows() if changes.nodes or changes.config else None
         partitions = self._partition_rows() if changes.config else None
-        return rows, steps, runs, usage, nodes, partitions, state.seq, state.now
+        node_states = self._node_changes(changes.nodes if not changes.config else state.nodes)
+        return rows, steps, runs, usage, nodes, partitions, state.seq, state.now, node_states
+
+    def _node_changes(self, names: Iterable[str]) -> list[tuple]:
+        """Rows of node_states for the changed nodes whose state or reason moved (the web view's history)."""
+        state = self.state
+        out = []
+        for name in names:
+            node = state.nodes.get(name)
+            if node is None:
+                continue
+            now = (node.display_state(), node.reason or "")
+            if self._node_seen.get(name) != now:
+                self._node_seen[name] = now
+                out.append((name, state.now, state.seq, now[0], now[1], node.gpu_count))
+        return out
 
     async def _write(self, rows: list[tuple], steps: list[tuple], runs: list[tuple], usage: dict,
                      nodes: list[tuple] | None, partitions: list[tuple] | None, seq: int, now: int,
-                     snapshot: bytes | None = None) -> None:
+                     node_states: list[tuple], snapshot: bytes | None = None) -> None:
         """One batch's rows and its checkpoint, in one transaction."""
         db = self.db
         await db.executemany(_UPSERT_JOB, rows)
@@ -248,6 +264,8 @@ class Projector:
             await db.executemany("INSERT INTO partitions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", partitions)
             cfg = self.state.config
             await db.execute("INSERT OR REPLACE INTO meta VALUES ('cluster', ?)", (cfg.cluster_name if cfg else "rota",))
+        if node_states:
+            await db.executemany("INSERT INTO node_states VALUES (?, ?, ?, ?, ?, ?)", node_states)
         if nodes is not None:
             await db.execute("DELETE FROM nodes")
             await db.executemany(f"INSERT INTO nodes VALUES ({', '.join('?' * 22)})", nodes)

@@ -57,6 +57,12 @@ def folded(conn) -> int:
     return int(row[0]) if row is not None and row[0] is not None else 0
 
 
+def log_time(conn) -> int:
+    """The log time of the last event the projection has folded (0 before its first batch)."""
+    row = conn.execute("SELECT value FROM meta WHERE key = 'now'").fetchone()
+    return int(row[0]) if row is not None and row[0] is not None else 0
+
+
 def cluster_name(conn) -> str:
     """The cluster's name (slurm.conf's ClusterName), as ``-M/--clusters`` names it."""
     try:
@@ -213,3 +219,46 @@ def usage(conn, start: int, end: int, now: int, only_uid: int | None = None) -> 
         WHERE secs > 0
         GROUP BY account, user ORDER BY account, user""",
                         {"start": start, "end": end, "now": now, "uid": only_uid}).fetchall()
+
+
+def job_record(conn, job_id: int):
+    """One job's row (None: the projection does not know it)."""
+    return conn.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+
+
+def activity(conn) -> list:
+    """Every run as (start, end or 0 while it runs, GPUs), requeued runs included: what the cluster did over time."""
+    return conn.execute("SELECT start, end_time, COALESCE(alloc_gpus, 0) FROM jobs WHERE start > 0 UNION ALL "
+                        "SELECT start, end_time, COALESCE(alloc_gpus, 0) FROM runs WHERE start > 0").fetchall()
+
+
+def reason_spans(conn) -> list:
+    """Every job's pending-reason intervals as (code, start, end or NULL while it lasts)."""
+    return conn.execute("SELECT code, start, end_time FROM reasons").fetchall()
+
+
+def node_history(conn) -> list:
+    """Each node's states over time as (node, time, state, reason, GPUs), oldest first."""
+    return conn.execute("SELECT node, time, state, reason, gpus FROM node_states ORDER BY time, seq").fetchall()
+
+
+def queue_at(conn, t: int, only_uid: int | None = None) -> list:
+    """The jobs waiting or running at log time ``t``, each with the pending reason it had then (NULL: none kept)."""
+    mine = "" if only_uid is None else " AND j.uid = :uid"
+    return conn.execute(f"""
+        SELECT j.job_id, j.name, j.user, j.uid, j.partition, j.submit, j.start, j.end_time, j.alloc_gpus, j.nodes,
+               CASE WHEN j.start > 0 AND j.start <= :t THEN 'RUNNING' ELSE 'PENDING' END AS state,
+               (SELECT code FROM reasons r WHERE r.job_id = j.job_id AND r.start <= :t
+                AND (r.end_time IS NULL OR r.end_time > :t) ORDER BY r.start DESC, r.seq DESC LIMIT 1) AS reason
+        FROM jobs j WHERE j.submit <= :t AND (j.end_time = 0 OR j.end_time > :t){mine}
+        ORDER BY state DESC, j.job_id""", {"t": t, "uid": only_uid}).fetchall()
+
+
+def scrape_figures(conn) -> dict:
+    """What the projection adds to ``/metrics``: how far it has folded (sequence, log time) and the GPU-seconds
+    each user used under each account."""
+    meta = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('seq', 'now')").fetchall())
+    rows = conn.execute("SELECT user, account, SUM(gpu_seconds) FROM usage GROUP BY user, account "
+                        "ORDER BY user, account").fetchall()
+    return {"seq": int(meta.get("seq") or 0), "now": int(meta.get("now") or 0),
+            "gpu_seconds": [(r[0], r[1], int(r[2] or 0)) for r in rows]}

@@ -1,6 +1,6 @@
 """The SQLite tables the projector maintains (squeue/sinfo/sacct views of the log)."""
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -57,6 +57,10 @@ CREATE TABLE IF NOT EXISTS reasons (   -- each job's pending reasons over time, 
     seq INTEGER,                     -- the log sequence it was derived after
     PRIMARY KEY (job_id, start, seq)
 );
+CREATE TABLE IF NOT EXISTS node_states (   -- each node's state over time: a row whenever it or its reason changed
+    node TEXT, time INTEGER, seq INTEGER, state TEXT, reason TEXT, gpus INTEGER
+);
+CREATE INDEX IF NOT EXISTS node_states_time ON node_states(time);
 CREATE TABLE IF NOT EXISTS usage (
     user TEXT, account TEXT, partition TEXT,
     cpu_seconds INTEGER, gpu_seconds INTEGER, jobs INTEGER,

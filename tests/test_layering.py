@@ -23,8 +23,9 @@ ALLOWED = {
     "projections": {"core", "wire"},
     "cli": {"core", "wire", "controller", "agents", "projections"},
     "client": {"core", "wire", "cli"},
-    "programs": {"core", "wire", "controller", "agents", "projections", "cli", "client"},
-    "bench": {"core", "wire", "controller", "agents", "projections", "cli", "client", "programs"},
+    "web": {"core", "wire", "controller", "projections", "cli"},
+    "programs": {"core", "wire", "controller", "agents", "projections", "cli", "client", "web"},
+    "bench": {"core", "wire", "controller", "agents", "projections", "cli", "client", "programs", "web"},
 }
 MODULE_NAME = re.compile(r"\brota\.([a-z_]+)\.")
 

@@ -33,7 +33,8 @@ def test_accurate_limits_raise_priority_only_when_the_weight_is_set():
     blocker = h.submit(user="dan", name="hold", time_limit=600, gpus_per_node=0, cpus_per_task=8)
     h.cycle()
     assert h.state.jobs[blocker].state == "RUNNING"
-    ids = {u: h.submit(user=u, name="next", time_limit=600, gpus_per_node=0, cpus_per_task=8) for u in ("bob", "ann", "cat", "eve")}
+    ids = {u: h.submit(user=u, name="next", time_limit=600, gpus_per_node=0, cpus_per_task=8)
+           for u in ("bob", "ann", "cat", "eve")}
     f = {u: factors_of(h.state, h.now, [jid])[jid][1] for u, jid in ids.items()}
     assert f["eve"].accuracy == 10_000            # no history yet: the benefit of the doubt
     assert f["cat"].accuracy == 10_000            # a timed-out run used all it asked for
