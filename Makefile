@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up demo test test-fast test-slow lint bench bench-vs-slurm parity-vs-slurm install clean
+.PHONY: up demo test test-fast test-slow lint bench bench-vs-slurm parity-vs-slurm install clean browser web-shots
 
 $(STAMP): pyproject.toml cli/native/rota_command.c agents/native/rota_exec.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "rota needs Python 3.11 or newer")'
@@ -33,8 +33,18 @@ up: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/rota demo
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest -q
+
+# Debian's chromium for the web view's browser tests (driven by Playwright), where apt-get can install it
+browser:
+	@command -v chromium > /dev/null || ! command -v apt-get > /dev/null || [ "$$(id -u)" != 0 ] || \
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium > /dev/null 2>&1 || \
+		  { apt-get update -q > /dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium > /dev/null; }; }
+
+# the web view's screenshots in docs/web, from the browser tests
+web-shots: $(STAMP) browser
+	ROTA_WEB_SHOTS=docs/web $(PY) -m pytest -q tests/test_web.py -k browser
 
 # the loop of seconds: the core and the front door on the in-memory log, nothing started (under 30 s)
 test-fast: $(STAMP)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from . import (agent_bench, cli_bench, core_bench, fuzz_bench, gpuops_bench, log_bench, sim_bench, step_bench,
-               timetravel_bench)
+               timetravel_bench, web_bench)
 from .common import Figure, print_table, write_json
 
 
@@ -31,6 +31,7 @@ def main() -> None:
     figures += timetravel_bench.run(3_000 if args.quick else 12_000, 1 if args.quick else 3)
     figures += fuzz_bench.run(1_000 if args.quick else 10_000)
     figures += gpuops_bench.run(20_000 if args.quick else 100_000, 1 if args.quick else 3)
+    figures += web_bench.run(2_000 if args.quick else 10_000, 3 if args.quick else 7)
     print()
     print_table(figures, f"rota benchmarks (medians of {runs} runs unless noted)")
     found = shutil.which("sbatch")

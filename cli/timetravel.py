@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import json
-from dataclasses import asdict
 from typing import Any, Iterable
 
 from rota.core import events as ev
@@ -419,7 +417,10 @@ def _interval_lines(iv: Any, rep: Any, users: dict[int, str]) -> list[str]:
 
 
 def why_json(rep: Any) -> str:
-    return json.dumps(asdict(rep), indent=2, default=list)
+    """The whole explanation as indented JSON (orjson: the report's dataclasses as they are, tuples as lists)."""
+    import orjson
+
+    return orjson.dumps(rep, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()
 
 
 def replay_views(envelopes: Iterable[ev.Envelope], at_seq: int | None, at_time: int | None,

@@ -75,6 +75,8 @@ class WebApp:
 
     async def _private(self, who: WebUser) -> bool:
         """Whether ``who`` may see only their own jobs (PrivateData=jobs, not an operator)."""
+        if who.operator:
+            return False
         cfg = await self.source.config()
         return "jobs" in (cfg.get("auth") or {}).get("private_data", ()) and not who.operator
 

@@ -22,8 +22,10 @@ def _line(times: Sequence[int], values: Sequence[int], top: int, name: str, fill
     t0, t1 = times[0], times[-1]
     span = max(1, t1 - t0)
     top = max(1, top)
-    pts = " ".join(f"{PAD + (W - 2 * PAD) * (t - t0) / span:.1f},{H - PAD - (H - 2 * PAD) * v / top:.1f}"
-                   for t, v in zip(times, values))
+    xs = [PAD + (W - 2 * PAD) * (t - t0) / span for t in times]
+    ys = [H - PAD - (H - 2 * PAD) * v / top for v in values]
+    # steps: a level holds until the next moment, where it changes
+    pts = " ".join(f"{xs[i]:.1f},{ys[i - 1] if i else ys[0]:.1f} {xs[i]:.1f},{ys[i]:.1f}" for i in range(len(xs)))
     return f'<polyline class=series data-name="{escape(name)}" points="{pts}" fill="none" stroke="{fill}" stroke-width="2"/>'
 
 

@@ -23,7 +23,7 @@ def span_of(why: dict, record: dict | None) -> tuple[int, int]:
     ends = [iv["end"] for iv in why.get("intervals", ())]
     end = (record or {}).get("end_time") or 0
     start = why.get("start_time") or 0
-    t1 = max([t0 + 1, end, start, *ends, *(e[0] for e in why.get("estimates", ()))])
+    t1 = max([t0 + 1, end, start, *ends, *(t for e in why.get("estimates", ()) for t in (e[0], e[1] or 0))])
     return t0, t1
 
 
@@ -41,9 +41,9 @@ def strip(why: dict, record: dict | None, now: int) -> str:
                     f'data-end="{iv["end"]}" x="{x0:.1f}" y="20" width="{max(1.0, x1 - x0):.1f}" height="28" '
                     f'fill="{colour(iv["reason"])}"><title>{escape(tip)}</title></rect>')
     ivs = why.get("intervals") or []
-    if ivs and not why.get("start_time") and not (record or {}).get("end_time") and ivs[-1]["end"] < t1:
+    if ivs and not why.get("start_time") and not (record or {}).get("end_time") and ivs[-1]["end"] < now:
         last = ivs[-1]      # still waiting: the last reason holds until something changes
-        bars.append(f'<rect class=waiting x="{x(last["end"]):.1f}" y="20" width="{x(t1) - x(last["end"]):.1f}" '
+        bars.append(f'<rect class=waiting x="{x(last["end"]):.1f}" y="20" width="{x(now) - x(last["end"]):.1f}" '
                     f'height="28" fill="{colour(last["reason"])}" opacity="0.45"><title>still {escape(last["reason"])} '
                     f'(no event since {when(last["end"])})</title></rect>')
     if why.get("start_time"):
@@ -64,6 +64,14 @@ def strip(why: dict, record: dict | None, now: int) -> str:
     for p in why.get("preempted", ()):
         marks.append(f'<rect class=preempted x="{x(p["time"]) - 1:.1f}" y="10" width="3" height="48" fill="#a23b2a">'
                      f'<title>preempted by job {p["by"].get("job_id")} at {when(p["time"])}</title></rect>')
+    ahead = [e[1] for e in why.get("estimates", ()) if e[1]]
+    if ahead and not why.get("start_time") and ahead[-1] > now:      # where it is expected to start, from now
+        marks.append(f'<rect class=expected x="{x(now):.1f}" y="22" width="{x(ahead[-1]) - x(now):.1f}" height="24" '
+                     f'fill="none" stroke="#6b7385" stroke-dasharray="4 3"><title>expected to start at '
+                     f'{when(ahead[-1])}</title></rect>')
+    if t0 < now < t1:
+        marks.append(f'<line class=now x1="{x(now):.1f}" x2="{x(now):.1f}" y1="14" y2="70" stroke="#1d2330" '
+                     f'stroke-dasharray="3 3"><title>now, {when(now)}</title></line>')
     axis = (f'<text x="{LEFT}" y="84" font-size="11">{when(t0)}</text>'
             f'<text x="{W - LEFT}" y="84" font-size="11" text-anchor="end">{when(t1)}</text>')
     return (f'<svg class=strip id=timeline width="{W}" height="90" data-t0="{t0}" data-t1="{t1}">'
