@@ -259,3 +259,13 @@ def test_another_user_sees_only_their_own_jobs_and_cannot_open_someone_elses(sit
         again.goto(f"{url}/login?token={token}")                          # a token opens one session only
         assert "used already" in again.content()
         browser.close()
+
+
+def test_the_grafana_dashboard_asks_only_for_series_rota_exports():
+    import re
+
+    dashboard = json.loads((Path(__file__).parent.parent / "ops" / "grafana" / "rota-dashboard.json").read_text())
+    asked = {name for p in dashboard["panels"] for t in p["targets"] for name in re.findall(r"rota_[a-z_]+", t["expr"])}
+    proj = {"seq": 1, "now": 1, "gpu_seconds": [("ann", "phys", 1)]}
+    exported = {s.name for f in text_string_to_metric_families(exposition(FIGURES, proj, True).decode()) for s in f.samples}
+    assert asked and asked <= exported, asked - exported
