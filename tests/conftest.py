@@ -5,6 +5,9 @@ from hypothesis import Phase, settings
 
 from harness import Harness, make_cluster
 
+# the many `rota up`s of the suite start no web view (tests/test_web.py asks for one on a free port)
+os.environ.setdefault("ROTA_WEB_PORT", "0")
+
 
 @pytest.fixture
 def h() -> Harness:

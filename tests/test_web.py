@@ -269,3 +269,17 @@ def test_the_grafana_dashboard_asks_only_for_series_rota_exports():
     proj = {"seq": 1, "now": 1, "gpu_seconds": [("ann", "phys", 1)]}
     exported = {s.name for f in text_string_to_metric_families(exposition(FIGURES, proj, True).decode()) for s in f.samples}
     assert asked and asked <= exported, asked - exported
+
+
+def test_beyond_loopback_only_behind_tls_and_with_a_real_metrics_token(tmp_path):
+    from rota.programs.web import WebSetupError, web_settings
+
+    assert web_settings("127.0.0.1", None, None, None) == (None, None)
+    with pytest.raises(WebSetupError, match="not loopback: give --tls-cert and --tls-key"):
+        web_settings("0.0.0.0", None, None, None)
+    short = tmp_path / "token"
+    short.write_text("abc\n")
+    with pytest.raises(WebSetupError, match="at least 16 characters"):
+        web_settings("127.0.0.1", None, None, str(short))
+    with pytest.raises(WebSetupError, match="cannot read --metrics-token-file"):
+        web_settings("127.0.0.1", None, None, str(tmp_path / "missing"))
