@@ -168,7 +168,7 @@ def _finish(state: State, job: Job, end_state: str, ts: int, ch: Changes) -> Non
 
 def _record_run(state: State, job: Job, timed_out: bool) -> None:
     """How much of its limit a run that ended by itself used (the accuracy factor, ``--time=auto``)."""
-    part = next((p for p in state.config.partitions if p.name == job.partition), None) if state.config else None
+    part = state.part_configs.get(job.partition)
     if part is None:
         return
     spec = job.spec

@@ -202,6 +202,7 @@ class State:
     active: dict[str, int] = field(default_factory=dict)
     part_shapes: dict[str, PartitionShape] = field(default_factory=dict)
     part_nodes: dict[str, list[Node]] = field(default_factory=dict, compare=False, repr=False)
+    part_configs: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)   # name -> PartitionConfig
     finished: deque[tuple[int, int]] = field(default_factory=deque, compare=False)   # (end time, job id), purge order
     min_job_age: int = 300                  # from the config; 0 keeps finished jobs forever
     # records the reducer could not apply, as (sequence, why): reported by the shell, never stored
@@ -209,10 +210,11 @@ class State:
 
     def refresh_partition_shapes(self) -> None:
         """Recompute each partition's node shape (after a configuration change)."""
-        self.part_shapes, self.part_nodes = {}, {}
+        self.part_shapes, self.part_nodes, self.part_configs = {}, {}, {}
         if self.config is not None:
             self.min_job_age = self.config.scheduler.min_job_age
             for p in self.config.partitions:
+                self.part_configs[p.name] = p
                 nodes = self.part_nodes[p.name] = [self.nodes[n] for n in p.nodes if n in self.nodes]
                 self.part_shapes[p.name] = partition_shape(nodes, p)
 
@@ -286,12 +288,7 @@ class State:
         return members
 
     def partition(self, name: str):  # -> PartitionConfig | None
-        if self.config is None:
-            return None
-        for p in self.config.partitions:
-            if p.name == name:
-                return p
-        return None
+        return self.part_configs.get(name)
 
 
 # ---------------------------------------------------------------- snapshots

@@ -78,15 +78,20 @@ def record_run(accuracy: dict[tuple[str, str], list[int]], runs: dict[tuple[str,
     """A run that ended by itself (completed, or killed at its limit) with ``limit`` asked and ``used`` seconds."""
     if limit <= 0:
         return
-    share = PPM if timed_out else min(PPM, max(0, used) * PPM // limit)
-    entry = accuracy.get((user, account))
+    share = PPM if timed_out or used >= limit else max(0, used) * PPM // limit
+    key = (user, account)
+    entry = accuracy.get(key)
     if entry is None:
-        accuracy[(user, account)] = [share, 1]
+        accuracy[key] = [share, 1]
     else:
         entry[0] += (share - entry[0]) >> SHIFT
         entry[1] += 1
-    if not timed_out and used > 0:
-        kept = runs.setdefault((user, name), [])
+    if timed_out or used <= 0:
+        return
+    kept = runs.get((user, name))
+    if kept is None:
+        runs[(user, name)] = [used]
+    else:
         kept.append(used)
         if len(kept) > RUNS_KEPT:
             del kept[0]
