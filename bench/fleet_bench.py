@@ -1,0 +1,334 @@
+"""A fleet: many simulated nodes against one `rota up`, over the real NATS, with the real signing.
+
+    python -m rota.bench.fleet_bench [--nodes 1000] [--procs 4] [--jobs 10000] [--run-for 1]
+
+Each simulated node is a lightweight agent in a worker process (``--procs`` of them, the nodes shared out):
+its own NATS connection under its node's credentials, the real registration (8 A100s, 64 CPUs), signed
+heartbeats every 5 s, and a durable consumer of its own orders; a launch order is answered by a signed
+JobExited (COMPLETED) ``--run-for`` seconds later, without running anything. What is measured:
+
+- the registration storm: every node started at once, the time until the controller has all of them;
+- the controller's CPU (rota up's process: controller, projection, signer) at rest with the fleet's heartbeats;
+- an array of ``--jobs`` one-GPU jobs: from the submit to every task started, the launch rate, and the
+  controller's CPU meanwhile;
+- a failure wave: 5 % of the nodes fall silent at once; the time until the controller has marked them all.
+
+The fleet's own message counts give the NATS message rates. On a 2-core machine the fleet, NATS and
+rota up share the two cores, so rota up's CPU is measured, not the machine's.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from .common import Figure, print_table
+
+BIN = Path(sys.executable).parent
+HEARTBEAT = 5.0
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# ---------------------------------------------------------------- the simulated nodes (worker processes)
+
+class FakeNode:
+    """One node's agent, as little of it as the protocol needs."""
+
+    def __init__(self, name: str, keyring, url: str, run_for: float, counts: dict) -> None:
+        self.name, self.keyring, self.url, self.run_for, self.counts = name, keyring, url, run_for, counts
+        self.key = keyring.key_of(name)
+        self.running: set[int] = set()
+        self.tasks: list[asyncio.Task] = []
+        self.nc = None
+        self.js = None
+
+    def sign(self, subject: str, body: bytes) -> str:
+        from rota.core import credentials
+
+        return credentials.issue(self.key, "node", 0, 0, self.name, int(time.time()), os.urandom(16).hex(),
+                                 subject, body)
+
+    async def start(self) -> None:
+        from rota.core import events as ev
+        from rota.wire import natsconn
+
+        self.nc = await natsconn.connect(self.url, f"agent {self.name}", keyring=self.keyring, host=self.name)
+        self.js = self.nc.jetstream(timeout=30)
+        gpus = tuple(ev.GpuInfo(index=i, uuid=f"GPU-{self.name}-{i}", model="NVIDIA A100-SXM4-80GB", type="a100",
+                                memory=81920) for i in range(8))
+        await self.report(ev.NodeRegistered(node=self.name, cpus=64, memory=257000, gpus=gpus, agent_version="fleet"))
+        self.tasks = [asyncio.create_task(self._heartbeats()), asyncio.create_task(self._orders())]
+
+    async def report(self, event) -> None:
+        from rota.core import events as ev
+        from rota.wire import subjects as sj
+
+        body = ev.EVENT_ADAPTER.dump_json(event)
+        subject = f"{sj.INBOX_PREFIX}.{self.name}"
+        headers = {"Nats-Msg-Id": f"{self.name}-{uuid.uuid4().hex}", sj.CRED_HEADER: self.sign(subject, body)}
+        while True:
+            try:
+                await self.js.publish(subject, body, stream=sj.INBOX_STREAM, headers=headers)
+                self.counts["reports"] += 1
+                return
+            except Exception:  # noqa: BLE001 - the server is busy: again
+                await asyncio.sleep(0.5)
+
+    async def _heartbeats(self) -> None:
+        from rota.core.orders import Heartbeat
+        from rota.wire import subjects as sj
+
+        subject = f"{sj.HEARTBEAT_PREFIX}.{self.name}"
+        await asyncio.sleep(random.random() * HEARTBEAT)
+        while True:
+            body = Heartbeat(running=tuple(sorted(self.running))).model_dump_json().encode()
+            await self.nc.publish(subject, body, headers={sj.CRED_HEADER: self.sign(subject, body)})
+            self.counts["heartbeats"] += 1
+            await asyncio.sleep(HEARTBEAT)
+
+    async def _orders(self) -> None:
+        from rota.core import credentials
+        from rota.core.orders import Launch
+        from rota.wire import orders as wire_orders
+        from rota.wire import subjects as sj
+        from rota.wire.jsqueue import stored_at, work_queue
+
+        replay = credentials.ReplayCache()
+        async for msgs in work_queue(self.js, sj.ASSIGN_STREAM, f"{sj.ASSIGN_PREFIX}.{self.name}",
+                                     sj.agent_consumer(self.name), batch=64, what="orders", create=False):
+            for msg in msgs:
+                credentials.verify(lambda host: self.key if host == self.name else None,
+                                   (msg.headers or {}).get(sj.CRED_HEADER), msg.subject, msg.data,
+                                   stored_at(msg, int(time.time())), kind="ctl", replay=replay)
+                order = wire_orders.decode(msg.data)
+                self.counts["orders"] += 1
+                if isinstance(order, Launch) and order.job_id not in self.running:
+                    self.running.add(order.job_id)
+                    asyncio.get_running_loop().call_later(self.run_for, lambda j=order.job_id: asyncio.ensure_future(
+                        self._exited(j)))
+                await msg.ack()
+
+    async def _exited(self, job_id: int) -> None:
+        from rota.core import events as ev
+
+        await self.report(ev.JobExited(job_id=job_id, state="COMPLETED", node=self.name, elapsed=int(self.run_for)))
+        self.running.discard(job_id)
+
+    async def stop(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.nc.close()
+
+
+async def _worker(names: list[str], url: str, key_path: str, run_for: float, status: str) -> None:
+    """Run ``names`` until SIGTERM; SIGUSR1 silences the first 5 % of the whole fleet held here (a failure
+    wave); the counts of messages sent and received are written to ``status`` every second."""
+    from rota.wire.keys import load_keyring
+
+    keyring = load_keyring(key_path)
+    counts = {"heartbeats": 0, "reports": 0, "orders": 0}
+    nodes = [FakeNode(n, keyring, url, run_for, counts) for n in names]
+    await asyncio.gather(*(n.start() for n in nodes))
+    stop, fail = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, fail.set)
+    failed: list[str] = []
+    while not stop.is_set():
+        if fail.is_set() and not failed:
+            wave = nodes[:max(1, len(nodes) // 20)]
+            failed = [n.name for n in wave]
+            await asyncio.gather(*(n.stop() for n in wave))
+        Path(status).write_text(json.dumps({**counts, "failed": failed, "t": time.time()}))
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=1.0)
+        except asyncio.TimeoutError:
+            pass
+
+
+# ---------------------------------------------------------------- the benchmark (main process)
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def _cpu_share(pid: int, seconds: float) -> float:
+    """rota up's CPU over ``seconds``, as a share of one core."""
+    c0, t0 = _cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    return (_cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+
+
+def _ask(verb: str, body: dict | None = None) -> dict:
+    from rota.cli.client import request
+
+    return request(verb, body or {}, timeout=120.0)
+
+
+def _wait(check, timeout: float, what: str, every: float = 0.5) -> float:
+    t0 = time.monotonic()
+    while not check():
+        if time.monotonic() - t0 > timeout:
+            raise SystemExit(f"fleet_bench: {what} did not happen within {timeout:.0f} s")
+        time.sleep(every)
+    return time.monotonic() - t0
+
+
+def _counts(status: list[Path]) -> dict:
+    total = {"heartbeats": 0, "reports": 0, "orders": 0, "failed": []}
+    for p in status:
+        try:
+            d = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        for k in ("heartbeats", "reports", "orders"):
+            total[k] += d[k]
+        total["failed"] += d["failed"]
+    return total
+
+
+def _config(nodes: int) -> str:
+    return (f"GresTypes=gpu\nMaxJobCount=1000000\nMaxArraySize=100001\n"
+            f"SchedulerParameters=rota_max_submit_per_user=1000000\n"
+            f"NodeName=f[0001-{nodes:04d}] CPUs=64 RealMemory=257000 Gres=gpu:a100:8\n"
+            f"PartitionName=gpu Nodes=f[0001-{nodes:04d}] Default=YES MaxTime=1-0\n")
+
+
+def _node_states() -> dict[str, str]:
+    return {n["name"]: n["state"] for n in _ask("nodes")["nodes"]}
+
+
+def run(nodes: int = 1000, procs: int = 4, jobs: int = 10_000, run_for: float = 1.0, timeout: float = 30.0
+        ) -> list[Figure]:
+    base = Path(tempfile.mkdtemp(prefix="rota-fleet-"))
+    (base / "slurm.conf").write_text(_config(nodes))
+    state = base / "state"
+    os.environ.update(ROTA_STATE_DIR=str(state), ROTA_WEB_PORT="0")
+    up = subprocess.Popen([str(BIN / "rota"), "up", "--config", str(base / "slurm.conf"), "--no-agent",
+                           "--node-timeout", str(timeout)], stdout=open(base / "up.log", "w"), stderr=subprocess.STDOUT)
+    workers: list[subprocess.Popen] = []
+    status = [base / f"fleet-{i}.json" for i in range(procs)]
+    how = f"python -m rota.bench.fleet_bench --nodes {nodes} --procs {procs} --jobs {jobs}"
+    figures: list[Figure] = []
+    try:
+        _wait(lambda: (state / "cluster.json").exists(), 60, "rota up")
+        url = json.loads((state / "cluster.json").read_text())["nats"]
+        names = [f"f{i:04d}" for i in range(1, nodes + 1)]
+        t0 = time.monotonic()
+        for i in range(procs):
+            workers.append(subprocess.Popen([sys.executable, "-m", "rota.bench.fleet_bench", "--worker",
+                                             ",".join(names[i::procs]), "--nats", url, "--key", str(state / "cluster.key"),
+                                             "--run-for", str(run_for), "--status", str(status[i])]))
+        _wait(lambda: sum(1 for s in _node_states().values() if s == "IDLE") == nodes, 600, "every registration", 1.0)
+        storm = time.monotonic() - t0
+        figures.append(Figure(f"fleet: {nodes:,} nodes registered, all started at once", storm, "s", "", None, how,
+                              f"{procs} worker processes, each node its own NATS connection"))
+        time.sleep(2 * HEARTBEAT)
+        c0, m0 = time.monotonic(), _counts(status)
+        rest = _cpu_share(up.pid, 20.0)
+        m1 = _counts(status)
+        beat_rate = (m1["heartbeats"] - m0["heartbeats"]) / (time.monotonic() - c0)
+        figures.append(Figure(f"fleet: rota up's CPU at rest, {nodes:,} nodes at {HEARTBEAT:g} s heartbeats", rest * 100,
+                              "% of a core", "<= 10 %", rest <= 0.10, how,
+                              f"{beat_rate:.0f} signed heartbeats/s reaching the controller"))
+        figures += _array(jobs, up.pid, status, how)
+        figures += _failure_wave(workers[0], status, timeout, how)
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        for w in workers:
+            try:
+                w.wait(30)
+            except subprocess.TimeoutExpired:
+                w.kill()
+        up.send_signal(signal.SIGINT)
+        try:
+            up.wait(60)
+        except subprocess.TimeoutExpired:
+            up.kill()
+    return figures
+
+
+def _array(jobs: int, pid: int, status: list[Path], how: str) -> list[Figure]:
+    """An array of one-GPU tasks over the fleet: submit to every task started, and the CPU meanwhile."""
+    before = _ask("metrics")
+    ended0 = before["seq"]
+    m0, c0 = _counts(status), _cpu_seconds(pid)
+    t0 = time.monotonic()
+    r = subprocess.run([str(BIN / "sbatch"), "--parsable", f"--array=1-{jobs}", "--gres=gpu:1", "-t", "10", "-o",
+                        "/dev/null", "--wrap", "true"], capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"fleet_bench: sbatch failed: {r.stderr}")
+    array = int(r.stdout.strip().split(";")[0])
+
+    def all_started() -> bool:
+        m = _ask("metrics")
+        return m["pending"] == 0
+    took = _wait(all_started, 900, "every task started", 0.2)
+    cpu = (_cpu_seconds(pid) - c0) / took
+    m1 = _counts(status)
+    orders = m1["orders"] - m0["orders"]
+    _wait(lambda: _ask("metrics")["running"] == 0, 900, "every task ended", 0.5)
+    done = time.monotonic() - t0
+    m2 = _counts(status)
+    events = _ask("metrics")["seq"] - ended0
+    return [Figure(f"fleet: array of {jobs:,} one-GPU tasks, submit to every task started", took, "s", "", None, how,
+                   f"array job {array}; {orders:,} launch orders delivered meanwhile"),
+            Figure("fleet: launch rate (tasks started per second)", jobs / took, "tasks/s", ">= 500", jobs / took >= 500,
+                   how),
+            Figure("fleet: rota up's CPU while the array starts", cpu * 100, "% of a core", "", None, how),
+            Figure("fleet: messages through NATS during the array (orders + reports + heartbeats, per second)",
+                   ((m2["orders"] - m0["orders"]) + (m2["reports"] - m0["reports"])
+                    + (m2["heartbeats"] - m0["heartbeats"])) / done, "msgs/s", "", None, how,
+                   f"{events:,} events appended in {done:.0f} s, submit to the last end")]
+
+
+def _failure_wave(worker: subprocess.Popen, status: list[Path], timeout: float, how: str) -> list[Figure]:
+    """A twentieth of one worker's nodes fall silent at once: the time until the controller has them all DOWN."""
+    worker.send_signal(signal.SIGUSR1)
+    t0 = time.monotonic()
+    _wait(lambda: bool(_counts(status)["failed"]), 30, "the failure wave")
+    failed = _counts(status)["failed"]
+
+    def marked() -> bool:
+        states = _node_states()
+        return all(states.get(n) == "DOWN" for n in failed)
+    _wait(marked, 10 * timeout, "the silent nodes DOWN", 0.5)
+    took = time.monotonic() - t0
+    return [Figure(f"fleet: {len(failed)} nodes fall silent at once, until all are DOWN", took, "s",
+                   f"<= {timeout + 2 * HEARTBEAT:g} s", took <= timeout + 2 * HEARTBEAT, how,
+                   f"node timeout {timeout:g} s")]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--procs", type=int, default=4)
+    ap.add_argument("--jobs", type=int, default=10_000)
+    ap.add_argument("--run-for", type=float, default=1.0)
+    ap.add_argument("--node-timeout", type=float, default=30.0)
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--nats", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--key", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--status", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        asyncio.run(_worker(args.worker.split(","), args.nats, args.key, args.run_for, args.status))
+        return
+    figures = run(args.nodes, args.procs, args.jobs, args.run_for, args.node_timeout)
+    print_table(figures, "rota fleet benchmark (one run)")
+
+
+if __name__ == "__main__":
+    main()
