@@ -30,6 +30,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from .common import Figure, print_table
 
@@ -48,8 +49,9 @@ class FakeNode:
         self.key = keyring.key_of(name)
         self.running: set[int] = set()
         self.tasks: list[asyncio.Task] = []
-        self.nc = None
-        self.js = None
+        self.ends: set[asyncio.Future] = set()      # job ends being reported
+        self.nc: Any = None
+        self.js: Any = None
 
     def sign(self, subject: str, body: bytes) -> str:
         from rota.core import credentials
@@ -113,9 +115,13 @@ class FakeNode:
                 self.counts["orders"] += 1
                 if isinstance(order, Launch) and order.job_id not in self.running:
                     self.running.add(order.job_id)
-                    asyncio.get_running_loop().call_later(self.run_for, lambda j=order.job_id: asyncio.ensure_future(
-                        self._exited(j)))
+                    asyncio.get_running_loop().call_later(self.run_for, self._end, order.job_id)
                 await msg.ack()
+
+    def _end(self, job_id: int) -> None:
+        task = asyncio.ensure_future(self._exited(job_id))
+        self.ends.add(task)
+        task.add_done_callback(self.ends.discard)
 
     async def _exited(self, job_id: int) -> None:
         from rota.core import events as ev

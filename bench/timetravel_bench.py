@@ -95,29 +95,31 @@ def nearest(snaps: dict[int, bytes], seq: int) -> State | None:
     return load_snapshot(snaps[best]) if best is not None else None
 
 
-async def _load_cluster(url: str, log: list[ev.Envelope], snaps: dict[int, bytes], db: str) -> None:
-    """Put ``log`` on a JetStream stream as the controller would have (same subjects, headers and
-    history snapshots), and project it into ``db`` as `rota up` does."""
+async def _load_cluster(url: str, log: list[ev.Envelope], snaps: dict[int, bytes], db: str,
+                        mac_key: bytes | None = None) -> None:
+    """Put ``log`` on a JetStream stream as the controller would have (same subjects, headers with the log
+    key's MACs, signed history snapshots), and project it into ``db`` as `rota up` does."""
     import asyncio
 
     from rota.controller import snapshots as snapshot_store
-    from rota.controller.eventlog import ACTOR_HEADER, STREAM, TS_HEADER, JetStreamLog, encode_body, subject_for
+    from rota.controller.eventlog import STREAM, JetStreamLog, encode_body, subject_for
+    from rota.controller.records import record_headers
     from rota.projections.projector import Projector
 
     lg = await JetStreamLog.connect(url)
     try:
         pending = []
         for env in log:
-            pending.append(lg.js.publish(subject_for(env.event), encode_body(env.event), stream=STREAM,
-                                         headers={"Nats-Msg-Id": env.idem, TS_HEADER: str(env.ts),
-                                                  ACTOR_HEADER: env.actor}))
+            body = encode_body(env.event)
+            pending.append(lg.js.publish(subject_for(env.event), body, stream=STREAM,
+                                         headers=record_headers(mac_key, env.seq, env.ts, env.actor, env.idem, body)))
             if len(pending) >= 4000:
                 await asyncio.gather(*pending)
                 pending = []
         await asyncio.gather(*pending)
         store = await snapshot_store.open_store(lg.js)
         for seq, data in sorted(snaps.items()):
-            await snapshot_store.put(store, data, seq, history=True)
+            await snapshot_store.put(store, data, seq, history=True, key=mac_key)
         proj = Projector(db, lg)
         await proj.open()
         await proj.catch_up()
@@ -145,8 +147,14 @@ def cluster_figures(log: list[ev.Envelope], snaps: dict[int, bytes], big: int, m
         try:
             state_dir = Path(tmp) / "state"
             state_dir.mkdir()
+            from rota.wire.keys import generate, load_keyring
+            from rota.wire.paths import cluster_key_path
+
+            generate(cluster_key_path(str(state_dir)))     # the commands check every record as on a cluster
+            mac_key = load_keyring(cluster_key_path(str(state_dir))).purpose_key("log")
+            assert mac_key is not None
             t0 = time.perf_counter()
-            asyncio.run(_load_cluster(srv.url, log, snaps, str(state_dir / "projections.sqlite")))
+            asyncio.run(_load_cluster(srv.url, log, snaps, str(state_dir / "projections.sqlite"), mac_key))
             loaded = time.perf_counter() - t0
             env = dict(os.environ, ROTA_STATE_DIR=str(state_dir))
             rota = str(Path(sys.executable).parent / "rota")
@@ -180,22 +188,19 @@ def web_job_page(state_dir, nats_url: str, big: int, runs: int, jobs: int, event
     import json
     import os
     import signal
-    import socket
     import subprocess
     import sys
     import urllib.request
 
-    from rota.wire.keys import generate, load_keyring
+    from rota.controller import natsserver
+    from rota.wire.keys import load_keyring
     from rota.wire.paths import cluster_key_path
     from rota.wire.webtoken import PURPOSE, issue
 
     (state_dir / "cluster.json").write_text(json.dumps({"nats": nats_url}))
-    generate(cluster_key_path(str(state_dir)))
     key = load_keyring(cluster_key_path(str(state_dir))).purpose_key(PURPOSE)
     assert key is not None
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = natsserver.free_port()
     web = subprocess.Popen([sys.executable, "-m", "rota.programs.main", "web", "--state-dir", str(state_dir), "--port",
                             str(port)], env=dict(os.environ, ROTA_STATE_DIR=str(state_dir)), stdout=subprocess.DEVNULL)
     try:

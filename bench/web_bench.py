@@ -13,7 +13,6 @@ import argparse
 import http.cookiejar
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -21,6 +20,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from rota.controller.natsserver import free_port
 
 from .common import Figure, print_table
 
@@ -30,12 +31,6 @@ NodeName=gpu01 CPUs=8 RealMemory=16000 Gres=gpu:a100:4
 PartitionName=gpu Nodes=gpu01 Default=YES MaxTime=1:00:00
 MaxJobCount=100000
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait(check, timeout: float, what: str) -> None:
@@ -60,7 +55,7 @@ def run(jobs: int = 10_000, runs: int = 7) -> list[Figure]:
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         (base / "slurm.conf").write_text(CONF)
-        port = _free_port()
+        port = free_port()
         env = dict(os.environ, ROTA_STATE_DIR=str(base / "state"), ROTA_WEB_PORT=str(port))
         cmd = lambda *a: subprocess.run([str(BIN / a[0]), *a[1:]], env=env, capture_output=True, text=True)  # noqa: E731
         with open(base / "up.log", "w") as fh:

@@ -4,7 +4,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import run_as, wait_for
+from rota.controller.natsserver import free_port
 from rota.web.auth import Sessions
 from rota.web.history import series
 from rota.web.metrics import exposition
@@ -103,19 +103,13 @@ PrivateData=jobs
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def site():
     """`rota up` with its web view on a free port; yields (environment, base URL)."""
     base = Path(tempfile.mkdtemp(prefix="rota-web-"))
     base.chmod(0o755)
     (base / "slurm.conf").write_text(CONF)
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, ROTA_STATE_DIR=str(base / "state"), ROTA_WEB_PORT=str(port))
     with open(base / "up.log", "w") as fh:
         up = subprocess.Popen([str(BIN / "rota"), "up", "--config", str(base / "slurm.conf"), "--fake-gpus", "a100:4"],
