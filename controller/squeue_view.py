@@ -26,8 +26,9 @@ FORMAT_NAMES = {"jobid": "A", "jobarrayid": "i", "arrayjobid": "F", "arraytaskid
                 "name": "j", "username": "u", "userid": "U", "state": "T", "statecompact": "t", "timeused": "M",
                 "timelimit": "l", "timeleft": "L", "numnodes": "D", "numcpus": "C", "nodelist": "N",
                 "reasonlist": "R", "reason": "r", "starttime": "S", "submittime": "V", "schednodes": "Y",
-                "account": "a", "priority": "Q", "qos": "q"}
-SPEC = re.compile(r"%(\.)?(\d+)?([a-zA-Z])")
+                "account": "a", "priority": "Q", "qos": "q", "gpuidle": "!"}
+# "!" (rota's, -O GpuIdle: every letter is Slurm's) how long a running job's GPUs have been reported idle
+SPEC = re.compile(r"%(\.)?(\d+)?([a-zA-Z!])")
 MAX_WIDTH = 4096           # a field wider than any terminal; wider would only cost the controller memory
 
 
@@ -110,8 +111,10 @@ COLUMNS: dict[str, Column] = {
     "m": Column("MIN_MEMORY", lambda j, now: memory(j.get("min_mem") or 0)),
     "y": Column("NICE", lambda j, now: str(j.get("nice", 0))),
     "Z": Column("WORK_DIR", lambda j, now: j.get("workdir") or "/"),
+    "!": Column("GPU_IDLE", lambda j, now: format_squeue_time(max(0, now - j["idle_since"]))
+                if j.get("idle_since") is not None and _running(j) else "N/A"),
 }
-NOW_DEPENDENT = frozenset("ML")   # specifiers whose text for a running job changes every second
+NOW_DEPENDENT = frozenset("ML!")   # specifiers whose text for a running job changes every second
 
 
 def compile_format(fmt: str, columns: dict[str, Column] | None = None) -> tuple[str, list[str]]:

@@ -211,6 +211,7 @@ class Views:
             "exec_host": (nodes[0] if not spec.allocation else spec.submit_host or nodes[0]) if nodes else None,
             "gid": spec.gid, "workdir": spec.workdir, "dependency": spec.dependency, "nice": job.nice,
             "min_cpus": req.cpus if req else 1, "min_mem": req.mem if req else 0, "comment": spec.comment,
+            "idle_since": job.idle_since,
         }
 
     # ------------------------------------------------------------ one job, nodes, a trial submit

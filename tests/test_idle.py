@@ -67,3 +67,13 @@ def test_a_policy_the_configuration_cannot_read_is_named_with_its_line():
         parse_config("RotaIdleGpu=after=1h,action=explode\nNodeName=n1 CPUs=1 RealMemory=100\n"
                      "PartitionName=p Nodes=n1 Default=YES\n", "slurm.conf")
     assert "RotaIdleGpu: 'action=explode' is not understood" in str(exc.value.diagnostics[0])
+
+
+def test_squeue_shows_how_long_a_jobs_gpus_have_been_idle():
+    from rota.controller.squeue_view import format_from_names, render
+
+    row = {"job_id": 7, "array_job_id": None, "array_task_id": None, "array_pending": None, "state": "RUNNING",
+           "idle_since": 1000, "nodes": ["gpu01"], "reason": "None"}
+    busy = dict(row, job_id=8, idle_since=None)
+    fmt = format_from_names("JobID:5,GpuIdle:.10")
+    assert render(fmt, [row, busy], now=1000 + 3725) == ["JOBID  GPU_IDLE", "7       1:02:05", "8           N/A"]
