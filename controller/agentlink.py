@@ -250,7 +250,8 @@ class AgentLink:
             woke = time.monotonic()
             if woke - last > stalled:      # this process was stopped (SIGSTOP) or starved, not
                 log.warning("the controller did not run for %.0f s: every agent gets a fresh timeout", woke - last)
-                self.last_seen = dict.fromkeys(self.last_seen, woke)   # the agents: none was heard meanwhile
+                self.last_seen.update(dict.fromkeys(self.last_seen, woke))   # none was heard meanwhile (in place:
+                # the controller's /metrics reads this dict)
                 self._started = woke
             last = woke
             if not self.c.leader:

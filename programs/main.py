@@ -171,7 +171,11 @@ def web_login() -> None:
     reply = ask("rota web login", "web_token", {})
     if reply is None:
         raise typer.Exit(1)
-    typer.echo(login_url(state_dir(), reply["token"]))
+    link = login_url(state_dir(), reply["token"])
+    if link is None:
+        fail("rota web login: no web view runs for this cluster (`rota up` starts one unless --web-port 0; "
+             "or run `rota web`)")
+    typer.echo(link)
 
 
 @app.command("install-commands")

@@ -18,7 +18,7 @@ from rota.core import events as ev
 from rota.core.slurmconf import ConfigError
 from rota.projections.projector import Projector
 from rota.wire.lifetime import run_bounded
-from rota.wire.paths import default_state_dir, read_text
+from rota.wire.paths import default_state_dir, read_text, write_public
 
 from rota.controller import natsserver
 from rota.controller.agentlink import AgentLink
@@ -247,7 +247,7 @@ class _Up:
                                        lambda _l: None)
         if self.controller is not None:    # requests of this host skip the trip through NATS while it leads
             self.signer.local = self.controller.local_request
-        _write_public(self.info, json.dumps({"nats": self.nats_url, "pid": os.getpid(), "tls_ca": self.tls_ca,
+        write_public(str(self.info), json.dumps({"nats": self.nats_url, "pid": os.getpid(), "tls_ca": self.tls_ca,
                                              "socket": sock, "web": self.web_url}))
 
     async def start_web(self, port: int) -> None:
@@ -255,13 +255,22 @@ class _Up:
         without it if it cannot start (it says why)."""
         if not port:
             return
-        from .web import environment_for, url
+        from .web import announced, environment_for
 
         state = str(self.state_dir.resolve())
-        self.web_url = url("127.0.0.1", port, False)
         self.web = await asyncio.create_subprocess_exec(
             sys.executable, "-I", "-m", "rota.programs.main", "web", "--state-dir", state, "--port", str(port),
             env=environment_for(state), stdin=asyncio.subprocess.DEVNULL)
+        # announced only once it listens: a port another user took first is never named to `rota web login`
+        for _ in range(300):
+            info = announced(state)
+            if info is not None and info.get("pid") == self.web.pid:
+                self.web_url = info["url"]
+                return
+            if self.web.returncode is not None:
+                break
+            await asyncio.sleep(0.05)
+        self.echo("rota up: the web view did not start (its reason is above); rota runs on without it")
 
     async def watch_server(self, stop: asyncio.Event) -> None:
         """Restart the embedded nats-server, on the same port and store, whenever it dies (kill -9, a crash):
@@ -353,14 +362,6 @@ async def _stop_child(proc: Any) -> None:
     if proc.returncode is None:
         proc.terminate()
     await proc.wait()
-
-
-def _write_public(path: Path, text: str) -> None:
-    """A file every local user may read (the cluster's address: no secret in it)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, 0o644)
-    tmp.replace(path)
 
 
 async def _stop_projector(projector: Any, projecting: asyncio.Task | None) -> None:

@@ -8,9 +8,6 @@ import signal
 import ssl
 from pathlib import Path
 
-DEFAULT_PORT = 8787
-
-
 class WebSetupError(Exception):
     """A setting the web view cannot run with (the message says which and how to fix it)."""
 
@@ -50,7 +47,7 @@ async def serve(state_dir: str, listen: str, port: int, context: ssl.SSLContext 
     from rota.web.auth import Sessions
     from rota.web.source import Source
     from rota.wire.keys import load_keyring
-    from rota.wire.paths import cluster_key_path
+    from rota.wire.paths import cluster_key_path, web_info_path, write_public
     from rota.wire.webtoken import PURPOSE
 
     key = load_keyring(cluster_key_path(state_dir)).purpose_key(PURPOSE)
@@ -66,7 +63,11 @@ async def serve(state_dir: str, listen: str, port: int, context: ssl.SSLContext 
     except OSError as exc:
         await runner.cleanup()
         raise WebSetupError(f"rota web: cannot listen on {listen}:{port}: {exc.strerror or exc}") from None
-    echo(f"rota web: {url(listen, port, context is not None)} (sign in with `rota web login`)")
+    where = url(listen, port, context is not None)
+    info = web_info_path(state_dir)
+    os.makedirs(os.path.dirname(info), exist_ok=True)
+    write_public(info, json.dumps({"url": where, "pid": os.getpid()}))
+    echo(f"rota web: {where} (sign in with `rota web login`)")
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -76,6 +77,8 @@ async def serve(state_dir: str, listen: str, port: int, context: ssl.SSLContext 
     try:
         await stop.wait()
     finally:
+        if (announced(state_dir) or {}).get("pid") == os.getpid():
+            os.unlink(info)
         await runner.cleanup()
 
 
@@ -84,14 +87,25 @@ def url(listen: str, port: int, tls: bool) -> str:
     return f"{'https' if tls else 'http'}://{host}:{port}"
 
 
-def login_url(state_dir: str, token: str) -> str:
-    """Where ``rota web login`` sends the browser: the web view ``rota up`` announced, else the default port."""
-    base = f"http://127.0.0.1:{DEFAULT_PORT}"
+def announced(state_dir: str) -> dict | None:
+    """What the running web view announced (its address and process), if that process is alive."""
+    from rota.wire.paths import web_info_path
+
     try:
-        base = json.loads(Path(state_dir, "cluster.json").read_text()).get("web") or base
-    except (OSError, ValueError):
-        pass
-    return f"{base}/login?token={token}"
+        info = json.loads(Path(web_info_path(state_dir)).read_text())
+        os.kill(int(info["pid"]), 0)
+    except PermissionError:
+        return info                   # alive, another user's (root's) process
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return info if isinstance(info.get("url"), str) else None
+
+
+def login_url(state_dir: str, token: str) -> str | None:
+    """Where ``rota web login`` sends the browser: the web view that announced itself once it listened (None: no
+    web view runs; a token is never sent to a port nobody announced, which another local user may hold)."""
+    info = announced(state_dir)
+    return f"{info['url']}/login?token={token}" if info is not None else None
 
 
 def main(state_dir: str | None, listen: str, port: int, tls_cert: str | None, tls_key: str | None,

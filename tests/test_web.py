@@ -277,3 +277,28 @@ def test_beyond_loopback_only_behind_tls_and_with_a_real_metrics_token(tmp_path)
         web_settings("127.0.0.1", None, None, str(short))
     with pytest.raises(WebSetupError, match="cannot read --metrics-token-file"):
         web_settings("127.0.0.1", None, None, str(tmp_path / "missing"))
+
+
+def test_a_port_another_user_holds_first_is_never_named_to_rota_web_login():
+    import socket
+
+    base = Path(tempfile.mkdtemp(prefix="rota-web-"))
+    base.chmod(0o755)
+    (base / "slurm.conf").write_text(CONF)
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()                               # someone else's server, there before rota's
+    env = dict(os.environ, ROTA_STATE_DIR=str(base / "state"), ROTA_WEB_PORT=str(squatter.getsockname()[1]))
+    with open(base / "up.log", "w") as fh:
+        up = subprocess.Popen([str(BIN / "rota"), "up", "--config", str(base / "slurm.conf"), "--fake-gpus", "a100:4"],
+                              env=env, stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: (base / "state" / "cluster.json").exists(), what="rota up")
+        assert json.loads((base / "state" / "cluster.json").read_text())["web"] is None
+        r = _run(env, "rota", "web", "login")
+        assert r.returncode == 1 and "no web view runs" in r.stderr and "token=" not in r.stdout + r.stderr
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(30)
+        squatter.close()
+        shutil.rmtree(base, ignore_errors=True)

@@ -38,6 +38,20 @@ def socket_in(state: str) -> str:
     return os.path.join(state, "run", "rota.sock")
 
 
+def web_info_path(state: str) -> str:
+    """Where a running ``rota web`` says, once it listens, at which address and in which process."""
+    return os.path.join(state, "run", "web.json")
+
+
+def write_public(path: str, text: str) -> None:
+    """A file every local user may read (an address: no secret in it), replaced whole."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
 def socket_path() -> str:
     """The local signer's socket a command talks to: ``$ROTA_SOCKET``; else the state directory's
     (``$ROTA_STATE_DIR``, or this user's own rota if one runs, else the system's)."""
