@@ -15,6 +15,7 @@ from . import events as ev
 from .arrays import parse_array
 from .changes import NOTHING, Changes, EndedRun
 from .gpuhealth import gpu_gone
+from .sharing import shared_spec
 from .request import effective_time_limit, node_request
 from .state import (
     CANCELLED, COMPLETED, NODE_FAIL, PENDING, PREEMPTED, RUNNING, SHARED, TERMINAL_STATES, TIMEOUT, Job, Node, State,
@@ -272,7 +273,7 @@ def _job_submitted(state: State, env: ev.Envelope, e: ev.JobSubmitted, ch: Chang
     if e.job_id in state.jobs or e.job_id in state.ended:
         ch.ignored(f"job {e.job_id} was already submitted")
         return
-    spec = e.spec
+    spec = shared_spec(e.spec)
     cfg = state.config
     partition = spec.partitions[0] if spec.partitions else ""
     if not partition and cfg is not None:

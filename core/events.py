@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Callable, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+
+from .sharing import share_spec
 
 
 class Model(BaseModel):
@@ -231,6 +233,11 @@ class JobSpec(Model):
     submit_line: str = ""
     gpu_given: bool = False
     allocation: bool = False              # an allocation for ``srun``/``salloc``: no batch script of its own
+
+    @model_validator(mode="after")
+    def _shared(self) -> "JobSpec":
+        share_spec(self)          # a deep queue repeats its environment and script: one copy per process
+        return self
 
 
 # ---------------------------------------------------------------- allocations

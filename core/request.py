@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from .events import JobSpec, PartitionConfig
+from .sharing import shared_value
 
 if TYPE_CHECKING:
     from .state import Node
@@ -111,7 +112,7 @@ def node_request(spec: JobSpec, shape: PartitionShape) -> NodeRequest:
         mem = shape.def_mem_per_cpu * cpus
     exclusive = spec.exclusive
     whole_mem = exclusive or spec.mem_per_node == 0 or (mem == 0 and shape.def_mem_per_node == 0)
-    return NodeRequest(nnodes, cpus, mem, gpus, spec.gpu_type, exclusive, whole_mem, exclusive, ntasks)
+    return shared_value(NodeRequest(nnodes, cpus, mem, gpus, spec.gpu_type, exclusive, whole_mem, exclusive, ntasks))
 
 
 def constraint_matches(constraint: str | None, features: tuple[str, ...]) -> bool:

@@ -18,6 +18,7 @@ from .priority import Factors, job_priority, priority_factors
 from .profile import INF, UNLIMITED_DURATION, ShapeSearch, Timeline
 from .reasons import REQ_NODE_NOT_AVAIL_ALL, Amounts, Reason
 from .request import effective_time_limit
+from .sharing import shared_value
 from .state import PENDING, RUNNING, Job, State
 from .static_reasons import static_reason
 
@@ -506,8 +507,9 @@ def _explain_pending(cy: Cycle, job: Job, parts: Sequence[str], pend: Pending,
         c, m, g = (tl.cap_c if req.whole_cpus else req.cpus, tl.cap_m if req.whole_mem else req.mem,
                    tl.cap_g if req.whole_gpus else req.gpus)
         fit += tl.fits_at(c, m, g, tl.gpu_array(req.gpu_type), 1, now)
-    pend.why = replace(pend.why, needs=Amounts(req.nnodes, req.cpus, req.mem, req.gpus, req.gpu_type, req.whole_cpus),
-                       free=Amounts(fit, *best_free), limit=len(tls))
+    pend.why = replace(pend.why, needs=shared_value(Amounts(req.nnodes, req.cpus, req.mem, req.gpus, req.gpu_type,
+                                                            req.whole_cpus)),
+                       free=shared_value(Amounts(fit, *best_free)), limit=len(tls))
     until = pend.start if pend.start is not None else INF
     blockers: list[int] = []
     ahead: list[int] = []

@@ -11,6 +11,7 @@ from typing import Any
 
 from .events import AccountRecord, Association, ClusterConfig, JobSpec, NodeAlloc, NodeConfig, QosRecord, StepStarted
 from .request import NodeRequest, PartitionShape, partition_shape
+from .sharing import shared_spec, shared_value
 
 from .states import (  # noqa: F401 - re-exported: the job state names live in a light module
     ACTIVE_STATES, CANCELLED, COMPLETED, FAILED, NODE_FAIL, OUT_OF_MEMORY, PENDING, PREEMPTED, RUNNING, STATE_CODES,
@@ -296,7 +297,8 @@ class State:
 # A snapshot is the primary facts as compact JSON: jobs and nodes as positional rows (field order
 # below), job specs stored once and referenced by index. Loading trusts nothing but the version.
 
-SNAPSHOT_VERSION = 6
+SNAPSHOT_VERSION = 7
+_READS = (6, 7)                            # 7: each environment once, the specs naming it
 _JOB_SCALARS = ("job_id", "submit_seq", "submit_time", "state", "hold", "priority_override", "nice",
                 "time_limit", "partition", "eligible_time", "start_time", "end_time", "exit_code", "signal",
                 "max_rss", "elapsed", "array_job_id", "array_task_id", "array_pending", "array_throttle",
@@ -310,6 +312,7 @@ _META = ("config_seq", "seq", "now", "next_job_id", "cycle", "controller_version
 
 
 _dump_spec = JobSpec.__pydantic_serializer__.to_json     # a spec's JSON, with no dict made on the way
+_ENV = {"env"}
 
 
 def dump_snapshot(state: State) -> bytes:
@@ -318,13 +321,22 @@ def dump_snapshot(state: State) -> bytes:
 
     spec_index: dict[int, int] = {}
     specs: list[Any] = []
+    env_index: dict[int, int] = {}
+    envs: list[dict[str, str]] = []
+    spec_envs: list[int] = []
     jobs = []
     for job in state.jobs.values():
         key = id(job.spec)
         si = spec_index.get(key)
         if si is None:
             si = spec_index[key] = len(specs)
-            specs.append(orjson.Fragment(_dump_spec(job.spec, exclude_defaults=True)))
+            specs.append(orjson.Fragment(_dump_spec(job.spec, exclude_defaults=True, exclude=_ENV)))
+            env = job.spec.env
+            ei = env_index.get(id(env))
+            if ei is None:
+                ei = env_index[id(env)] = len(envs)
+                envs.append(env)
+            spec_envs.append(ei)
         jobs.append([si, [getattr(job, f) for f in _JOB_SCALARS],
                      [[a.node, a.cpus, a.mem, a.gpus] for a in job.alloc],
                      list(job.req) if job.req is not None else None,
@@ -333,7 +345,7 @@ def dump_snapshot(state: State) -> bytes:
     nodes = [[[getattr(n, f) for f in _NODE_SCALARS], n.features] for n in state.nodes.values()]
     doc = {"snapshot_version": SNAPSHOT_VERSION, "meta": [getattr(state, f) for f in _META],
            "config": state.config.model_dump(mode="json") if state.config is not None else None,
-           "specs": specs, "jobs": jobs, "nodes": nodes,
+           "envs": envs, "specs": specs, "spec_envs": spec_envs, "jobs": jobs, "nodes": nodes,
            # most purged jobs are single jobs that did (1, 0) or did not (0, 1) complete: two id lists
            "ended_ok": [k for k, v in state.ended.items() if v == (1, 0)],
            "ended_bad": [k for k, v in state.ended.items() if v == (0, 1)],
@@ -357,7 +369,7 @@ def load_snapshot(data: bytes) -> State:
         raw: dict[str, Any] = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise ValueError(f"snapshot is not JSON: {exc}") from None
-    if not isinstance(raw, dict) or raw.get("snapshot_version") != SNAPSHOT_VERSION:
+    if not isinstance(raw, dict) or raw.get("snapshot_version") not in _READS:
         found = raw.get("snapshot_version") if isinstance(raw, dict) else None
         raise ValueError(f"unsupported snapshot version {found!r} (this rota reads {SNAPSHOT_VERSION})")
     try:
@@ -366,11 +378,22 @@ def load_snapshot(data: bytes) -> State:
         raise ValueError(f"corrupt snapshot: {type(exc).__name__}: {exc}") from None
 
 
+def _spec_docs(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """The specs' documents, each with its environment (version 7 keeps each environment once)."""
+    docs = raw["specs"]
+    if "envs" in raw:
+        envs = raw["envs"]
+        for doc, ei in zip(docs, raw["spec_envs"], strict=True):
+            if envs[ei]:
+                doc["env"] = envs[ei]
+    return docs
+
+
 def _load(raw: dict[str, Any]) -> State:
     state = State(config=ClusterConfig.model_validate(raw["config"]) if raw["config"] is not None else None)
     for f, v in zip(_META, raw["meta"], strict=True):
         setattr(state, f, v)
-    specs = [JobSpec.model_validate(s) for s in raw["specs"]]
+    specs = [shared_spec(JobSpec.model_validate(s)) for s in _spec_docs(raw)]
     jobs = state.jobs
     for si, scalars, alloc, req, steps in raw["jobs"]:
         job = Job(job_id=0, spec=specs[si], submit_seq=0, submit_time=0)
@@ -378,7 +401,7 @@ def _load(raw: dict[str, Any]) -> State:
             setattr(job, f, v)
         job.alloc = tuple(NodeAlloc.model_construct(node=a[0], cpus=a[1], mem=a[2], gpus=tuple(a[3]))
                           for a in alloc)
-        job.req = NodeRequest(*req) if req is not None else None
+        job.req = shared_value(NodeRequest(*req)) if req is not None else None
         for started, start, ended in steps:
             step = Step(StepStarted.model_validate(started), start,
                         ended={r[0]: (r[1], r[2], r[3], r[4]) for r in ended})

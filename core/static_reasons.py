@@ -13,6 +13,7 @@ from .hostlist import compress
 from .reasons import REQ_NODE_NOT_AVAIL_ALL, Amounts, Reason, most_severe
 from .usage_limits import wall_reason
 from .request import NodeRequest, constraint_matches, effective_time_limit, over_node_limits, over_time_limit
+from .sharing import shared_value
 from .state import RUNNING, Job, State
 
 
@@ -71,7 +72,8 @@ def capacity_verdict(cy: Cycle, spec: ev.JobSpec, pname: str, p: ev.PartitionCon
     if n_usable < req.nnodes:
         if n_fit >= req.nnodes:
             return Reason("ReqNodeNotAvail", text=REQ_NODE_NOT_AVAIL_ALL, about=pname,
-                          needs=Amounts(nodes=req.nnodes), free=Amounts(nodes=n_usable), limit=n_fit)
+                          needs=shared_value(Amounts(nodes=req.nnodes)), free=shared_value(Amounts(nodes=n_usable)),
+                          limit=n_fit)
         return Reason("Resources", about=pname, note="no node in the partition is large enough")
     return None
 

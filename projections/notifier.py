@@ -1,7 +1,9 @@
 """The notifier: follows the log and sends what jobs' ``--mail-type`` asks for (rota.core.notify), at least once.
 
 It keeps its own state, checkpoint and outbox in a SQLite file beside the projection: the notices an event
-makes are written to the outbox in the same transaction as the checkpoint past that event, and a sender
+makes are in the outbox before a checkpoint passes that event (a checkpoint is a pass over every job: it is
+taken as often as the projection's; a restart from an older one makes the same notices again, and their keys,
+kept in the outbox and once sent, drop them), and a sender
 delivers the outbox through the configured transports (a webhook, an SMTP relay, a command), retrying with
 backoff, deleting a notice only once every transport took it. A crash between sending and deleting sends it
 again; nothing is lost. The log stays the only source of truth: the notifier never writes to it.
@@ -22,6 +24,7 @@ from typing import Any, Callable, Protocol
 from rota.core.apply import apply
 from rota.core.notify import Notice, notices, time_notices
 from rota.core.state import State, dump_snapshot, load_snapshot
+from rota.wire.cadence import SnapshotCadence
 
 log = logging.getLogger("rota.notify")
 
@@ -114,9 +117,10 @@ class Notifier:
     """Follows ``eventlog`` into the outbox of ``db_path`` and sends it through ``sinks``."""
 
     def __init__(self, db_path: str | Path, eventlog: Any, sinks: list[Transport],
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, snapshot_every: int = 20_000) -> None:
         self.path, self.log, self.sinks, self.clock = Path(db_path), eventlog, sinks, clock
         self.state = State()
+        self.cadence = SnapshotCadence(snapshot_every)
         self.db: Any = None
 
     async def open(self) -> None:
@@ -127,10 +131,19 @@ class Notifier:
         await self.db.executescript(SCHEMA)
         row = await (await self.db.execute("SELECT value FROM meta WHERE key = 'state'")).fetchone()
         if row is not None:
-            self.state = load_snapshot(row[0])
+            try:
+                self.state = load_snapshot(row[0])
+            except ValueError as exc:    # an older rota's checkpoint: fold again (sent notices are not sent twice)
+                log.warning("notifier checkpoint not readable (%s): folding the log from its start", exc)
+            self.cadence.taken(self.state)
 
     async def close(self) -> None:
         if self.db is not None:
+            if self.cadence.seq != self.state.seq:
+                try:
+                    await self._queue([], checkpoint=True)   # a restart need not fold again what this one did
+                except Exception as exc:  # noqa: BLE001 - the older checkpoint still holds
+                    log.warning("notifier checkpoint not written at stop: %s", exc)
             await self.db.close()
             self.db = None
 
@@ -145,7 +158,7 @@ class Notifier:
                 apply(self.state, env)
                 made.extend(notices(self.state, env))
                 n += 1
-            await self._queue(made, checkpoint=True)
+            await self._queue(made, checkpoint=self.cadence.due(self.state))
         return n
 
     async def _queue(self, made: list[Notice], checkpoint: bool = False) -> None:
@@ -155,6 +168,7 @@ class Notifier:
                              "(SELECT 1 FROM sent WHERE key = ?)", (notice.key, _body(notice), notice.key))
         if checkpoint:
             await db.execute("INSERT OR REPLACE INTO meta VALUES ('state', ?)", (dump_snapshot(self.state),))
+            self.cadence.taken(self.state)
         await db.commit()
 
     async def deliver(self) -> int:

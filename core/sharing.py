@@ -1,0 +1,101 @@
+"""Values many jobs repeat, kept once per process: a job's environment, its script and the names of
+the fields it set. A queue of jobs submitted from one shell repeats them all; each of the states a
+process folds (the controller's, the projection's, ...) would otherwise hold its own copies.
+
+Sharing changes no result: the specs holding these values are frozen, and nothing changes them in place.
+"""
+from __future__ import annotations
+
+import sys
+import weakref
+from typing import Any
+
+_MAX_FIELD_SETS = 4096          # distinct sets of named fields (a handful in practice)
+
+
+class SharedEnv(dict[str, str]):
+    """An environment held by every spec that has exactly these variables (a dict: it serializes as one)."""
+
+    __slots__ = ("__weakref__",)
+
+
+_ENVS: "weakref.WeakValueDictionary[tuple[tuple[str, str], ...], SharedEnv]" = weakref.WeakValueDictionary()
+_FIELD_SETS: dict[frozenset[str], set[str]] = {}
+_SPECS: "weakref.WeakValueDictionary[tuple[Any, ...], Any]" = weakref.WeakValueDictionary()   # by its values
+_STRINGS = ("script", "submit_line", "workdir", "name", "user", "account", "output", "error", "submit_host")
+
+
+def shared_env(env: dict[str, str]) -> dict[str, str]:
+    """The process's one copy of ``env``."""
+    if type(env) is SharedEnv:
+        return env
+    key = tuple(env.items())
+    got = _ENVS.get(key)
+    if got is None:
+        got = SharedEnv(env)
+        _ENVS[key] = got
+    return got
+
+
+_MAX_VALUES = 1 << 16
+_VALUES: dict[type, dict[Any, Any]] = {}
+
+
+def shared_value(value: Any) -> Any:
+    """The process's one copy of an immutable, hashable ``value`` (a job's per-node request, the numbers behind
+    a reason): a queue holds few distinct ones. Kept by type, at most a bounded number of each."""
+    table = _VALUES.get(type(value))
+    if table is None:
+        table = _VALUES[type(value)] = {}
+    got = table.get(value)
+    if got is None:
+        if len(table) >= _MAX_VALUES:
+            table.clear()
+        got = table[value] = value
+    return got
+
+
+def shared_spec(spec: Any) -> Any:
+    """The process's one spec equal to ``spec`` (``spec`` itself the first time): the states a process
+    folds from one log, and the jobs of a queue submitted alike, then hold one spec between them."""
+    d = spec.__dict__
+    values = list(d.values())
+    values[_env_at(d)] = id(d["env"])     # the environment is shared already: the same one is the same object
+    key = tuple(values)
+    try:
+        got = _SPECS.get(key)
+        if got is None:
+            _SPECS[key] = got = spec
+    except TypeError:           # a value that cannot be a key (not one a validated spec holds)
+        return spec
+    return got
+
+
+_ENV_AT: list[int] = []
+
+
+def _env_at(d: dict[str, Any]) -> int:
+    if not _ENV_AT:
+        _ENV_AT.append(list(d).index("env"))
+    return _ENV_AT[0]
+
+
+def share_spec(spec: Any) -> None:
+    """Point a freshly made job spec's repeated values at the process's one copy of each."""
+    d = spec.__dict__
+    env = d["env"]
+    if env:
+        d["env"] = shared_env(env)
+    intern = sys.intern
+    for key in _STRINGS:
+        value = d[key]
+        if value and type(value) is str:
+            d[key] = intern(value)
+    named = frozenset(spec.__pydantic_fields_set__)
+    pooled = _FIELD_SETS.get(named)
+    if pooled is None:
+        if len(_FIELD_SETS) >= _MAX_FIELD_SETS:
+            return
+        # a plain set, as pydantic expects: a copy of the model copies it before adding to it
+        pooled = _FIELD_SETS[named] = set(named)
+    object.__setattr__(spec, "__pydantic_fields_set__", pooled)
