@@ -9,8 +9,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import (agent_bench, cli_bench, core_bench, fleet_bench, fuzz_bench, gpuops_bench, log_bench, sim_bench,
-               step_bench, timetravel_bench, web_bench)
+from . import (agent_bench, cli_bench, core_bench, fleet_bench, fuzz_bench, gpuops_bench, log_bench, memory_bench,
+               sim_bench, step_bench, timetravel_bench, web_bench)
 from .common import Figure, print_table, write_json
 
 
@@ -32,6 +32,7 @@ def main() -> None:
     figures += fuzz_bench.run(1_000 if args.quick else 10_000)
     figures += gpuops_bench.run(20_000 if args.quick else 100_000, 1 if args.quick else 3)
     figures += web_bench.run(2_000 if args.quick else 10_000, 3 if args.quick else 7)
+    figures += memory_bench.run([10_000] if args.quick else [10_000, 100_000], ["alike", "distinct"])
     figures += fleet_bench.run(100 if args.quick else 1000, 2 if args.quick else 4, 1_000 if args.quick else 10_000)
     print()
     print_table(figures, f"rota benchmarks (medians of {runs} runs unless noted)")

@@ -12,7 +12,6 @@ from typing import TypeVar
 from rota.core import __version__, commands
 from rota.core import events as ev
 from rota.core.auth import Caller
-from rota.core.sharing import share_spec
 from rota.core.state import State
 
 from . import accounting_views, requests as rq
@@ -26,10 +25,8 @@ from .writer import Prepare
 
 def _spec(spec: ev.JobSpec, caller: Caller) -> ev.JobSpec:
     """The job as submitted, with who submitted it taken from the credential (never from the body)."""
-    spec = spec.model_copy(update={"user": caller.user, "uid": caller.uid, "gid": caller.gid,
+    return spec.model_copy(update={"user": caller.user, "uid": caller.uid, "gid": caller.gid,
                                    "submit_host": caller.host or spec.submit_host})
-    share_spec(spec)
-    return spec
 
 
 E = TypeVar("E")

@@ -6,11 +6,11 @@ an older version is upcast on read by :func:`upcast` (never rewritten in the log
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Callable, Literal, Union
+from typing import Annotated, Any, Callable, Literal, Mapping, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializationInfo, TypeAdapter, model_serializer, model_validator
 
-from .sharing import share_spec
+from .sharing import KEEP, share_spec
 
 
 class Model(BaseModel):
@@ -236,8 +236,30 @@ class JobSpec(Model):
 
     @model_validator(mode="after")
     def _shared(self) -> "JobSpec":
-        share_spec(self)          # a deep queue repeats its environment and script: one copy per process
+        share_spec(self, SPEC_FIELDS)      # a deep queue repeats its environment and script: one copy per process
         return self
+
+    @model_serializer(mode="plain")
+    def _dump(self, info: SerializationInfo) -> dict[str, Any]:
+        d = self.__dict__
+        doc = d if info.exclude_defaults else {k: d.get(k, v) for k, v in SPEC_FIELDS}
+        leave = info.exclude
+        return {k: v for k, v in doc.items() if k not in leave} if leave else doc
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> "JobSpec":
+        copied = super().model_copy(update=update, deep=deep)
+        share_spec(copied, SPEC_FIELDS)     # as every spec is: equal specs have equal dicts
+        return copied
+
+
+# A spec's __dict__ leaves out the fields at their default (rota.core.sharing): the class holds those whose default
+# is an immutable value, and a spec's dump puts them back (every field, in order; or, with exclude_defaults, none).
+SPEC_FIELDS: tuple[tuple[str, Any], ...] = tuple(
+    (name, f.default if f.default_factory is None and isinstance(f.default, (type(None), bool, int, str, tuple))
+     else KEEP) for name, f in JobSpec.model_fields.items())
+for _name, _default in SPEC_FIELDS:
+    if _default is not KEEP:
+        type.__setattr__(JobSpec, _name, _default)
 
 
 # ---------------------------------------------------------------- allocations

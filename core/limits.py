@@ -69,14 +69,14 @@ def _plainly_fine(spec: JobSpec) -> bool:
     """The common case, checked with a few C-level operations: every number in range, every name and
     path printable, a small script and environment. When this is not plainly so, the full check names
     what is wrong."""
-    d = spec.__dict__
+    get = spec.__getattribute__          # a field at its default is the class's
     for field, lo, hi in _RANGES:
-        value = d[field]
+        value = get(field)
         if value is not None and not lo <= value <= hi:
             return False
-    if d["signal"] is not None or not KINDS.issuperset(d["mail_type"]):
+    if spec.signal is not None or not KINDS.issuperset(spec.mail_type):
         return False
-    texts = [d[f] for f in _TEXT + _PATHS if d[f] is not None]
+    texts = [t for t in map(get, _TEXT + _PATHS) if t is not None]
     texts += spec.partitions + spec.nodelist + spec.exclude
     if not "".join(texts).isprintable() or any(len(t) > MAX_NAME for t in texts[:len(_TEXT)]):
         return False

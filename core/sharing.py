@@ -59,9 +59,10 @@ def shared_spec(spec: Any) -> Any:
     """The process's one spec equal to ``spec`` (``spec`` itself the first time): the states a process
     folds from one log, and the jobs of a queue submitted alike, then hold one spec between them."""
     d = spec.__dict__
+    names = shared_value(tuple(d))
     values = list(d.values())
-    values[_env_at(d)] = id(d["env"])     # the environment is shared already: the same one is the same object
-    key = tuple(values)
+    values[_env_at(names)] = id(d["env"])     # the environment is shared already: the same one is the same object
+    key = (names, tuple(values))
     try:
         got = _SPECS.get(key)
         if got is None:
@@ -71,24 +72,36 @@ def shared_spec(spec: Any) -> Any:
     return got
 
 
-_ENV_AT: list[int] = []
+_ENV_AT: dict[tuple[str, ...], int] = {}
 
 
-def _env_at(d: dict[str, Any]) -> int:
-    if not _ENV_AT:
-        _ENV_AT.append(list(d).index("env"))
-    return _ENV_AT[0]
+def _env_at(names: tuple[str, ...]) -> int:
+    at = _ENV_AT.get(names)
+    if at is None:
+        at = _ENV_AT[names] = names.index("env")
+    return at
 
 
-def share_spec(spec: Any) -> None:
-    """Point a freshly made job spec's repeated values at the process's one copy of each."""
-    d = spec.__dict__
+KEEP = object()      # a field always kept in a spec's __dict__ (its default is made anew: a dict)
+
+
+def share_spec(spec: Any, fields: tuple[tuple[str, Any], ...]) -> None:
+    """Point a freshly made job spec's repeated values at the process's one copy of each, and leave out of
+    its ``__dict__`` the fields that hold their defaults (``fields``: (name, default or KEEP) in order; the
+    class holds the defaults): a queue's jobs set a dozen of fifty fields, and the dict is most of a spec's size."""
+    full = spec.__dict__
+    d = {}
+    for key, default in fields:
+        value = full.get(key, default)
+        if default is KEEP or not (value is default or (type(value) is type(default) and value == default)):
+            d[key] = value
+    object.__setattr__(spec, "__dict__", d)     # a dict made for what it holds: a dict never shrinks
     env = d["env"]
     if env:
         d["env"] = shared_env(env)
     intern = sys.intern
     for key in _STRINGS:
-        value = d[key]
+        value = d.get(key)
         if value and type(value) is str:
             d[key] = intern(value)
     named = frozenset(spec.__pydantic_fields_set__)
