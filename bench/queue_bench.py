@@ -15,15 +15,15 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from .common import Figure, print_table, write_json
+from .common import Figure, print_table, stop, write_json
 
 BIN = Path(sys.executable).parent
 CONF = ("MaxJobCount=1000000\nSchedulerParameters=rota_max_submit_per_user=1000000\n"
@@ -73,25 +73,32 @@ def measure(level: int, runs: int, env: dict, client, up_pid: int) -> dict[str, 
             "rss_mib": rss_mib(up_pid)}
 
 
-def run(levels: list[int], runs: int) -> list[Figure]:
+def start_queue(prefix: str, *options: str) -> tuple[Path, dict, subprocess.Popen, Any]:
+    """A `rota up` (``options`` added) on the one 64-CPU node of CONF, filled by a job that sleeps: its
+    directory, the commands' environment, its process and a client."""
     from rota.client import Client
 
-    base = Path(tempfile.mkdtemp(prefix="rota-queue-"))
+    base = Path(tempfile.mkdtemp(prefix=prefix))
     base.chmod(0o755)
     (base / "slurm.conf").write_text(CONF)
     env = dict(os.environ, ROTA_STATE_DIR=str(base / "state"))
-    up = subprocess.Popen([str(BIN / "rota"), "up", "--config", str(base / "slurm.conf"), "--agent-node", "gpu01"],
-                          env=env, stdout=open(base / "up.log", "w"), stderr=subprocess.STDOUT)
+    up = subprocess.Popen([str(BIN / "rota"), "up", "--config", str(base / "slurm.conf"), "--agent-node", "gpu01",
+                           *options], env=env, stdout=open(base / "up.log", "w"), stderr=subprocess.STDOUT)
+    for _ in range(300):
+        if (base / "state" / "run" / "commands.sock").exists() and (base / "state" / "cluster.json").exists():
+            break
+        time.sleep(0.1)
+    client = Client(socket=str(base / "state" / "run" / "rota.sock"), timeout=600)
+    client.submit(wrap="sleep 100000", options=["-c", "64", "-o", "/dev/null"])
+    return base, env, up, client
+
+
+def run(levels: list[int], runs: int) -> list[Figure]:
     cmd = f"python -m rota.bench.queue_bench --levels {','.join(map(str, levels))} --runs {runs}"
     results: dict[int, dict[str, float]] = {}
     fill_rates: dict[int, float] = {}
+    base, env, up, client = start_queue("rota-queue-")
     try:
-        for _ in range(300):
-            if (base / "state" / "run" / "commands.sock").exists() and (base / "state" / "cluster.json").exists():
-                break
-            time.sleep(0.1)
-        client = Client(socket=str(base / "state" / "run" / "rota.sock"), timeout=600)
-        client.submit(wrap="sleep 100000", options=["-c", "64", "-o", "/dev/null"])
         submitted = 1
         for level in levels:
             t = time.perf_counter()
@@ -105,11 +112,7 @@ def run(levels: list[int], runs: int) -> list[Figure]:
             submitted += runs                 # the timed sbatch runs added jobs too
             print(f"{level:>7} pending: {results[level]}", file=sys.stderr, flush=True)
     finally:
-        up.send_signal(signal.SIGINT)
-        try:
-            up.wait(60)
-        except subprocess.TimeoutExpired:
-            up.kill()
+        stop(up, 60)
         shutil.rmtree(base, ignore_errors=True)
     first = levels[0]
     figures = []

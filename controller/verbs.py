@@ -39,12 +39,34 @@ def landed(env: ev.Envelope, kind: type[E]) -> E:
     return env.event
 
 
+# id(controller) -> (its state, at seq, submit seq -> job): made by a retried request, dropped when it is answered
+_BY_SEQ: dict[int, tuple[int, int, dict[int, int]]] = {}
+
+
+def submitted_job(c: ControllerPort, seq: int) -> int | None:
+    """The job the submit logged at ``seq`` created: from the records this process appended lately, else from
+    one pass over the jobs, kept while the state stays where it is (a retried batch of a thousand submits
+    makes one pass, not a thousand)."""
+    own = getattr(getattr(c, "log", None), "own", None)
+    record = own.records.get(seq) if own is not None else None
+    if record is not None and isinstance(record.event, ev.JobSubmitted):
+        return record.event.job_id
+    state = c.state
+    kept = _BY_SEQ.get(id(c))
+    if kept is None or kept[0] != id(state) or kept[1] != state.seq:
+        by_seq: dict[int, int] = {}
+        for jid, j in state.jobs.items():
+            by_seq.setdefault(j.submit_seq, jid)       # the first with it: an array's own record before its tasks
+        kept = _BY_SEQ[id(c)] = (id(state), state.seq, by_seq)
+    return kept[2].get(seq)
+
+
 async def submit_one(c: ControllerPort, caller: Caller, spec: ev.JobSpec, idem: str) -> int:
     """Append one job's submission (``idem``: a retry of the same request lands once); its id."""
     spec = _spec(spec, caller)
     env, duplicate = await c.write(lambda state: commands.submit(state, spec, state.next_job_id, caller),
                                    caller.actor(), idem)
-    job_id = next((j.job_id for j in c.state.jobs.values() if j.submit_seq == env.seq), None) if duplicate \
+    job_id = submitted_job(c, env.seq) if duplicate \
         else landed(env, ev.JobSubmitted).job_id            # a retried submit: the job its first try created
     if job_id is None:
         raise commands.Rejected("this request was accepted earlier, but its job is no longer known", code="duplicate")
@@ -52,7 +74,10 @@ async def submit_one(c: ControllerPort, caller: Caller, spec: ev.JobSpec, idem: 
 
 
 async def _submit(c: ControllerPort, caller: Caller, request: rq.Submit, rid: str) -> dict:
-    job_id = await submit_one(c, caller, request.spec, f"{caller.uid}:{rid}" if rid else "")
+    try:
+        job_id = await submit_one(c, caller, request.spec, f"{caller.uid}:{rid}" if rid else "")
+    finally:
+        _BY_SEQ.pop(id(c), None)
     job = c.state.jobs.get(job_id)
     hint = commands.time_hint(c.state, job.spec) if job is not None else ""
     return {"ok": True, "job_id": job_id, **({"hint": hint} if hint else {})}
@@ -244,8 +269,11 @@ async def _submit_many(c: ControllerPort, caller: Caller, request: rq.SubmitMany
     # everyone's)
     full = commands.count_limits_refusal(c.state, request.specs[0].model_copy(update={"user": caller.user})) \
         if request.specs else None
-    results: list = [full] * len(request.specs) if full is not None else \
-        await asyncio.gather(*(one(i, s) for i, s in enumerate(request.specs)), return_exceptions=True)
+    try:
+        results: list = [full] * len(request.specs) if full is not None else \
+            await asyncio.gather(*(one(i, s) for i, s in enumerate(request.specs)), return_exceptions=True)
+    finally:
+        _BY_SEQ.pop(id(c), None)
     for r in results:
         if isinstance(r, (FencedError, LogUnavailable)):
             raise r                       # the whole request is retried (each item lands once)

@@ -60,9 +60,9 @@ def shared_spec(spec: Any) -> Any:
     folds from one log, and the jobs of a queue submitted alike, then hold one spec between them."""
     d = spec.__dict__
     names = shared_value(tuple(d))
-    values = list(d.values())
-    values[_env_at(names)] = id(d["env"])     # the environment is shared already: the same one is the same object
-    key = (names, tuple(values))
+    values: list[Any] = [names, *d.values()]
+    values[1 + _env_at(names)] = id(d["env"])     # the environment is shared already: the same one is the same object
+    key = tuple(values)
     try:
         got = _SPECS.get(key)
         if got is None:
