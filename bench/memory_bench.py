@@ -47,9 +47,14 @@ def one_kind(levels: list[int], distinct: bool) -> dict[int, tuple[float, float]
             while submitted < level:
                 k = min(BATCH, level - submitted)
                 wraps = [f"true {submitted + i}" for i in range(k)] if distinct else ["true"] * k
-                client.submit_many(wraps, options=["-o", "/dev/null"])
+                taken = len(client.submit_many(wraps, options=["-o", "/dev/null"]))
+                if taken < k:
+                    raise RuntimeError(f"{k - taken} of {k} submits refused at {submitted:,} jobs")
                 submitted += k
             rss = settled_rss(up.pid)
+            pending = client._call("ping", {}).get("pending")
+            if pending != level - 1:
+                raise RuntimeError(f"{pending} jobs pending where {level - 1:,} should be")
             out[level] = (rss, (rss - floor) * 1024 / (level - 1))
             print(f"{'distinct' if distinct else 'alike'} {level:>8,} pending: {rss:,.0f} MiB "
                   f"({out[level][1]:.2f} KiB a job)", file=sys.stderr, flush=True)

@@ -1,8 +1,10 @@
-"""Values many jobs repeat, kept once per process: a job's environment, its script and the names of
-the fields it set. A queue of jobs submitted from one shell repeats them all; each of the states a
-process folds (the controller's, the projection's, ...) would otherwise hold its own copies.
+"""Values many jobs repeat, kept once per process: a job's environment, its script, the names of the fields
+it set, the spec itself, its per-node request, the numbers behind its reason. A queue of jobs submitted from
+one shell repeats them all; each of the states a process folds (the controller's, the projection's, ...)
+would otherwise hold its own copies.
 
-Sharing changes no result: the specs holding these values are frozen, and nothing changes them in place.
+Sharing changes no result: what holds these values is frozen, and nothing changes them in place. Pools are
+filled from more than one thread (a projection folds in a worker): a race costs a second copy, nothing more.
 """
 from __future__ import annotations
 
@@ -93,6 +95,8 @@ def share_spec(spec: Any, fields: tuple[tuple[str, Any], ...]) -> None:
     d = {}
     for key, default in fields:
         value = full.get(key, default)
+        if value is KEEP:
+            continue
         if default is KEEP or not (value is default or (type(value) is type(default) and value == default)):
             d[key] = value
     object.__setattr__(spec, "__dict__", d)     # a dict made for what it holds: a dict never shrinks
