@@ -104,7 +104,7 @@ class Agent:
         self.heartbeat, self.health_interval, self.kill_wait = heartbeat, health_interval, kill_wait
         self.health_program = health_program
         self.cpus = cpus or os.cpu_count() or 1
-        self.memory = memory or _mem_total_mib()
+        self.memory = memory or mem_total_mib()
         self.gpus: Gpus | None
         self.gpus, self.gpu_note = open_gpus(fake_gpus, faults_file or str(self.dir / "fake-nvml.json"), node)
         drain_on = frozenset(w.strip() for w in gpu_drain_on.split(",") if w.strip())
@@ -592,7 +592,8 @@ def _read_users_file(path: str | None) -> str | None:
         os.close(fd)
 
 
-def _mem_total_mib() -> int:
+def mem_total_mib() -> int:
+    """This machine's memory in MiB, as /proc/meminfo says (1 GiB where it cannot be read)."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):

@@ -2,7 +2,7 @@
 
     python -m rota.bench.memory_bench [--levels 10000,100000] [--kinds alike,distinct]
 
-One 64-CPU node is filled by a job that sleeps; every other job asks one CPU and waits, so every job stays
+This machine, as one node, is filled by a job that sleeps; every other job asks one CPU and waits, so every job stays
 pending in every state `rota up` folds (the controller's, the projection's, its reason history's, the
 notifier's). The queue is filled through `Client.submit_many` with the submitting shell's environment:
 ``alike`` jobs are the same command (a sweep of one script, or one loop's submits), ``distinct`` jobs each

@@ -3,7 +3,7 @@ pending jobs in a live `rota up` (Slurm's MaxJobCount defaults to 10,000; Flux's
 
     python -m rota.bench.queue_bench [--levels 1000,10000,100000] [--runs 15]
 
-One 64-CPU node is filled by a job that sleeps; every other job asks for one CPU and waits (Resources for
+This machine, as one node, is filled by a job that sleeps; every other job asks for one CPU and waits (Resources for
 the first, Priority for the rest), as a queue behind a full cluster does. The queue is filled through
 `Client.submit_many`; the figures are taken through the commands as processes (the native thin client)
 and the controller's own cycle timings (`ping`). What is held to the 1,000-job figures is what a user asks
@@ -27,7 +27,7 @@ from .common import Figure, print_table, stop, write_json
 
 BIN = Path(sys.executable).parent
 CONF = ("MaxJobCount=1000000\nSchedulerParameters=rota_max_submit_per_user=1000000\n"
-        "NodeName=gpu01 CPUs=64 RealMemory=257000\nPartitionName=short Nodes=gpu01 Default=YES MaxTime=1-0\n")
+        "NodeName=gpu01 CPUs={cpus} RealMemory={memory}\nPartitionName=short Nodes=gpu01 Default=YES MaxTime=1-0\n")
 BATCH = 1000
 
 
@@ -74,13 +74,16 @@ def measure(level: int, runs: int, env: dict, client, up_pid: int) -> dict[str, 
 
 
 def start_queue(prefix: str, *options: str) -> tuple[Path, dict, subprocess.Popen, Any]:
-    """A `rota up` (``options`` added) on the one 64-CPU node of CONF, filled by a job that sleeps: its
-    directory, the commands' environment, its process and a client."""
+    """A `rota up` (``options`` added) on this machine as the one node of CONF (as its agent finds it, so the
+    node is not drained for less than configured), filled by a job that sleeps on every CPU: its directory,
+    the commands' environment, its process and a client."""
+    from rota.agents.agent import mem_total_mib
     from rota.client import Client
 
     base = Path(tempfile.mkdtemp(prefix=prefix))
     base.chmod(0o755)
-    (base / "slurm.conf").write_text(CONF)
+    cpus = os.cpu_count() or 1
+    (base / "slurm.conf").write_text(CONF.format(cpus=cpus, memory=mem_total_mib()))
     env = dict(os.environ, ROTA_STATE_DIR=str(base / "state"))
     up = subprocess.Popen([str(BIN / "rota"), "up", "--config", str(base / "slurm.conf"), "--agent-node", "gpu01",
                            *options], env=env, stdout=open(base / "up.log", "w"), stderr=subprocess.STDOUT)
@@ -89,7 +92,7 @@ def start_queue(prefix: str, *options: str) -> tuple[Path, dict, subprocess.Pope
             break
         time.sleep(0.1)
     client = Client(socket=str(base / "state" / "run" / "rota.sock"), timeout=600)
-    client.submit(wrap="sleep 100000", options=["-c", "64", "-o", "/dev/null"])
+    client.submit(wrap="sleep 100000", options=["-c", str(cpus), "-o", "/dev/null"])
     return base, env, up, client
 
 

@@ -159,7 +159,7 @@ def cluster_figures(log: list[ev.Envelope], snaps: dict[int, bytes], big: int, m
             env = dict(os.environ, ROTA_STATE_DIR=str(state_dir))
             rota = str(Path(sys.executable).parent / "rota")
             for label, cmd, target in (
-                    (f"`rota why {big}` (a process, against the cluster's log)", [rota, "why", str(big), "--nats", srv.url], 2.0),
+                    (f"`rota why {big}` (a process, against the cluster's log)", [rota, "why", str(big), "--nats", srv.url], 1.0),
                     (f"`rota replay --at {mid}` (a process, against the cluster's log)",
                      [rota, "replay", "--at", str(mid), "--nats", srv.url], 1.0)):
                 subprocess.run(cmd, env=env, capture_output=True)   # untimed: the server settles, caches warm
@@ -247,7 +247,7 @@ def run(jobs: int, runs: int, cache: str | None = None, cluster: bool = True, ve
     cycles_waited = sum(iv.cycles for iv in rep.intervals)
     waited_h = ((rep.start_time or 0) - rep.submit_time) / 3600
     figures = [Figure(f"rota why, a job that waited {cycles_waited:,} cycles ({waited_h:.1f} h), {len(log):,}-event log",
-                      statistics.median(times), "s", "<= 2 s", statistics.median(times) <= 2.0,
+                      statistics.median(times), "s", "<= 1 s", statistics.median(times) <= 1.0,
                       f"python -m rota.bench.timetravel_bench --jobs {jobs}",
                       f"log made by the simulator in {made:.0f} s")]
     mid = log[len(log) * 3 // 4].seq
@@ -279,8 +279,8 @@ def run(jobs: int, runs: int, cache: str | None = None, cluster: bool = True, ve
     dt_live = time.perf_counter() - t
     assert all(d is None for _s, d in results) and not late, late[:3]
     figures.append(Figure("rota verify, with liveness at every change of the state", dt_live, "s",
-                          f"<= {2 * dt:.0f} s", dt_live <= 2 * dt, f"python -m rota.bench.timetravel_bench --jobs {jobs}",
-                          f"no job left waiting more than {DEFAULT_LATENCY} s; target: twice the recorded cycles alone"))
+                          "<= 60 s", dt_live <= 60, f"python -m rota.bench.timetravel_bench --jobs {jobs}",
+                          f"no job left waiting more than {DEFAULT_LATENCY} s"))
     return figures
 
 

@@ -42,14 +42,21 @@ class NodeBases:
     items), kept between the cycles of a walk over a changing state (time travel), and dropped for the
     nodes each change touches (:meth:`touched`): only changed nodes are read again."""
 
-    __slots__ = ("of",)
+    __slots__ = ("of", "built")
 
     def __init__(self) -> None:
         self.of: dict[str, tuple] = {}
+        self.built: dict[str, Timeline] = {}     # each node's timeline as last built, before any reservation
 
     def touched(self, names: Iterable[str]) -> None:
+        of, built = self.of, self.built
         for name in names:
-            self.of.pop(name, None)
+            of.pop(name, None)
+            built.pop(name, None)
+
+    def clear(self) -> None:
+        self.of.clear()
+        self.built.clear()
 
 
 class Cycle:
@@ -106,6 +113,7 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
     def _build_timelines(self, bases: NodeBases | None) -> None:
         now, explain = self.now, self.explain
         kept = bases.of if bases is not None else None
+        built = bases.built if bases is not None else None
         for node in self.state.nodes.values():
             if not node.usable:
                 continue
@@ -116,8 +124,14 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
                 if kept is not None:
                     kept[name] = base
             free_c, free_m, free_g, free_by_type, releases, items = base
-            tl = Timeline(name, node.index, node.weight, node.cpus, node.memory, len(node.gpu_types),
-                          now, free_c, free_m, free_g, free_by_type, list(releases))
+            last = built.get(name) if built is not None else None
+            tl = last.moved_to(now) if last is not None else None
+            if tl is None:
+                tl = Timeline(name, node.index, node.weight, node.cpus, node.memory, len(node.gpu_types),
+                              now, free_c, free_m, free_g, free_by_type, list(releases))
+                pristine = tl.moved_to(now) if built is not None else None
+                if built is not None and pristine is not None:
+                    built[name] = pristine
             if explain:
                 tl.items = [(s, e if e > now else now + 1, jid, "running") for s, e, jid in items]
             self.timelines[name] = tl

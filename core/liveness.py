@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 from . import events as ev
 from .request import node_request, partition_shape
+from .cycle import NodeBases
 from .schedule import schedule
 from .state import State
 from .timetravel import Moments
@@ -76,11 +77,12 @@ def anything_fits_now(state: State) -> bool:
     return False
 
 
-def would_start(state: State, now: int) -> tuple[int, ...]:
-    """The jobs (arrays by their own id) a cycle under the configured policy would start at ``now``."""
+def would_start(state: State, now: int, bases: NodeBases | None = None) -> tuple[int, ...]:
+    """The jobs (arrays by their own id) a cycle under the configured policy would start at ``now``
+    (``bases``: the nodes' timeline inputs kept along a walk)."""
     if not anything_fits_now(state):
         return ()
-    d = schedule(state, now)
+    d = schedule(state, now, bases=bases)
     return tuple(sorted({s.array_job_id or s.job_id for s in d.starts}))
 
 
@@ -97,7 +99,7 @@ def startable(envelopes: Iterable[ev.Envelope], to_seq: int | None = None, pick:
             moments.apply(st, env)
             continue
         if pick is None or pick(k):
-            out[(env.seq, now)] = would_start(st, now)
+            out[(env.seq, now)] = would_start(st, now, moments.bases)
         k += 1
     return out
 
@@ -120,7 +122,8 @@ def late_starts(envelopes: Iterable[ev.Envelope], latency: int = DEFAULT_LATENCY
 
     for env, now in moments.walk(envelopes, st, to_seq):
         if now is not None:
-            ids = known[(env.seq, now)] if known is not None and (env.seq, now) in known else would_start(st, now)
+            ids = known[(env.seq, now)] if known is not None and (env.seq, now) in known \
+                else would_start(st, now, moments.bases)
             for jid in [j for j in since if j not in ids]:
                 settle(jid, now, "gone")
             for jid in ids:

@@ -56,6 +56,22 @@ class Timeline:
                     fgt[t][-1] += v
         self.times, self.fc, self.fm, self.fg, self.fgt = times, fc, fm, fg, fgt
 
+    def moved_to(self, now: int) -> "Timeline | None":
+        """A fresh copy of this (unreserved) timeline as it is built at ``now`` from the same releases: the
+        same steps from ``now`` on, while ``now`` is before its first release; else None (build it again)."""
+        times = self.times
+        if now < times[0] or (len(times) > 1 and times[1] <= now):
+            return None
+        tl = Timeline.__new__(Timeline)
+        tl.name, tl.idx, tl.weight = self.name, self.idx, self.weight
+        tl.cap_c, tl.cap_m, tl.cap_g = self.cap_c, self.cap_m, self.cap_g
+        tl.version, tl.items = 0, None
+        tl.times = times.copy()
+        tl.times[0] = now
+        tl.fc, tl.fm, tl.fg = self.fc.copy(), self.fm.copy(), self.fg.copy()
+        tl.fgt = None if self.fgt is None else {t: arr.copy() for t, arr in self.fgt.items()}
+        return tl
+
     def gpu_array(self, gpu_type: str | None) -> list[int]:
         if gpu_type is None or self.fgt is None:
             return self.fg

@@ -511,22 +511,19 @@ def _explain_pending(cy: Cycle, job: Job, parts: Sequence[str], pend: Pending,
                                                             req.whole_cpus)),
                        free=shared_value(Amounts(fit, *best_free)), limit=len(tls))
     until = pend.start if pend.start is not None else INF
-    blockers: list[int] = []
-    ahead: list[int] = []
-    decisive: list[int] = []   # those whose end is its expected start: what it really waits for
+    blockers: set[int] = set()
+    ahead: set[int] = set()
+    decisive: set[int] = set()   # those whose end is its expected start: what it really waits for
     if resv is not None:   # only what stands on the nodes it is waiting for
         tls = [cy.timelines[n] for n in resv.nodes]
+    me = job.job_id
     for tl in tls:
         for (s, e, jid, kind) in tl.items or ():
-            if jid == job.job_id or s >= until or e <= now:
+            if jid == me or s >= until or e <= now:
                 continue
-            if e == until and jid not in decisive:
-                decisive.append(jid)
-            if kind == "resv":
-                if jid not in ahead:
-                    ahead.append(jid)
-            elif jid not in blockers:
-                blockers.append(jid)
+            if e == until:
+                decisive.add(jid)
+            (ahead if kind == "resv" else blockers).add(jid)
     pend.blockers = tuple(sorted(blockers))
     pend.ahead = tuple(sorted(ahead))
     pend.decisive = tuple(sorted(decisive))

@@ -484,13 +484,10 @@ class Moments:
         touches = ch.touches
         apply(st, env, ch)
         e = env.event
-        if own and ch.touches:
-            bases = self.bases
-            bases.touched(ch.nodes)
-            for before in ch.jobs.values():       # a running job's limit may change without touching its node
-                bases.touched(a.node for a in before.job.alloc)
-        elif not own:
-            self.bases.of.clear()                 # a batch-wide report cannot say what this event touched
+        if own:
+            drop_touched(self.bases, ch)
+        else:
+            self.bases.clear()                    # a batch-wide report cannot say what this event touched
         if isinstance(e, ev.JobsStarted):
             self.changed, self.submitted = False, []     # evaluated as recorded, just before it
             return
@@ -606,12 +603,21 @@ class Divergence:
     recomputed: str
 
 
+def drop_touched(bases: NodeBases, ch: Changes) -> None:
+    """Drop from ``bases`` every node the event noted in ``ch`` touched."""
+    if ch.touches:
+        bases.touched(ch.nodes)
+        for before in ch.jobs.values():       # a running job's limit may change without touching its node
+            bases.touched(a.node for a in before.job.alloc)
+
+
 def verify(envelopes: Iterable[ev.Envelope], from_seq: int = 1, to_seq: int | None = None,
            pick: Any = None) -> Iterator[tuple[int, Divergence | None]]:
     """Re-run the scheduler at every recorded cycle from the state just before it; yields
     (sequence, None) for a cycle that matches, (sequence, Divergence) for one that does not.
     ``pick(k)``: check only the k-th cycle of the range when true (to share the work out)."""
     st = State()
+    bases = NodeBases()
     k = 0
     for env in envelopes:
         if to_seq is not None and env.seq > to_seq:
@@ -619,10 +625,12 @@ def verify(envelopes: Iterable[ev.Envelope], from_seq: int = 1, to_seq: int | No
         e = env.event
         if isinstance(e, ev.JobsStarted) and env.seq >= from_seq:
             if pick is None or pick(k):
-                d = schedule(st, e.now, e.policy, kept_shadow=e.shadow)
+                d = schedule(st, e.now, e.policy, kept_shadow=e.shadow, bases=bases)
                 yield env.seq, _compare(env.seq, e, d.starts) or _compare_preemptions(env.seq, e, d.preemptions)
             k += 1
-        apply(st, env)
+        ch = Changes()
+        apply(st, env, ch)
+        drop_touched(bases, ch)
 
 
 def _compare(seq: int, e: ev.JobsStarted, starts: list[ev.Start]) -> Divergence | None:

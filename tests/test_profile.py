@@ -82,3 +82,31 @@ def test_reserve_splits_segments_and_counts_versions():
     assert tl.earliest(8, 0, 0, tl.fg, 15, NOW, 10**9) == NOW + 20
     assert tl.earliest(8, 0, 0, tl.fg, 10, NOW, 10**9) == NOW
     assert not tl.fits_at(8, 0, 0, tl.fg, 11, NOW)
+
+
+releases_st = st.lists(st.tuples(st.integers(NOW - 50, NOW + 400), st.integers(0, 4), st.integers(0, 50),
+                                 st.integers(0, 2), st.none()), max_size=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(releases=releases_st, data=st.data())
+def test_a_timeline_moved_to_a_later_now_is_the_one_built_then(releases, data):
+    """A timeline kept from an earlier moment and moved to ``now`` is the one built at ``now`` from the same
+    releases, while no release falls between; after one does, it must be built again."""
+    ends = [max(end - NOW + shift, 0) for end, *_ in releases for shift in (-1, 0, 1)]
+    later = data.draw(st.one_of(st.integers(0, 500), *([st.sampled_from(ends)] if ends else [])))
+    def built(now):
+        return Timeline("n", 0, 1, *CAP, now, 2, 20, 1, None, list(releases))
+
+    kept = built(NOW)
+    now = NOW + later
+    moved = kept.moved_to(now)
+    fresh = built(now)
+    if moved is None:
+        assert any(NOW < max(end, NOW + 1) <= now for end, *_ in releases)
+        return
+    assert (moved.times, moved.fc, moved.fm, moved.fg) == (fresh.times, fresh.fc, fresh.fm, fresh.fg)
+    before = (list(kept.times), list(kept.fc))
+    moved.reserve(now, now + 10, 1, 1, 0, None)
+    assert (kept.times, kept.fc) == before          # the kept one is untouched by the copy's reservations
+    assert kept.moved_to(NOW - 1) is None           # never moved back in time
