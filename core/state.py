@@ -12,6 +12,7 @@ from typing import Any
 from .events import AccountRecord, Association, ClusterConfig, JobSpec, NodeAlloc, NodeConfig, QosRecord, StepStarted
 from .request import NodeRequest, PartitionShape, partition_shape
 from .sharing import shared_spec, shared_value
+from .timeaccuracy import NAMES_KEPT
 
 from .states import (  # noqa: F401 - re-exported: the job state names live in a light module
     ACTIVE_STATES, CANCELLED, COMPLETED, FAILED, NODE_FAIL, OUT_OF_MEMORY, PENDING, PREEMPTED, RUNNING, STATE_CODES,
@@ -194,7 +195,7 @@ class State:
     # how honest limits are (rota.core.timeaccuracy): per (user, account) [accuracy ppm, runs]; per (user, job
     # name) the seconds its last completed runs used
     time_accuracy: dict[tuple[str, str], list[int]] = field(default_factory=dict)
-    time_runs: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    time_runs: dict[str, dict[str, list[int]]] = field(default_factory=dict)    # rota.core.timeaccuracy.Runs
     # derived indexes (rebuilt, not stored):
     pending: dict[int, None] = field(default_factory=dict)
     running: dict[int, None] = field(default_factory=dict)
@@ -357,7 +358,7 @@ def dump_snapshot(state: State) -> bytes:
                           "usage": state.usage,
                           "assoc_usage": [[u, a, *v] for (u, a), v in state.assoc_usage.items()]},
            "time": {"accuracy": [[u, a, *v] for (u, a), v in state.time_accuracy.items()],
-                    "runs": [[u, n, v] for (u, n), v in state.time_runs.items()]}}
+                    "runs": [[u, n, v] for u, names in state.time_runs.items() for n, v in names.items()]}}
     return orjson.dumps(doc)
 
 
@@ -432,6 +433,10 @@ def _load(raw: dict[str, Any]) -> State:
     state.assoc_usage = {(u, a): [int(c), int(g), int(t)] for u, a, c, g, t in acct.get("assoc_usage", ())}
     time = raw.get("time") or {}
     state.time_accuracy = {(u, a): [int(p), int(n)] for u, a, p, n in time.get("accuracy", ())}
-    state.time_runs = {(u, n): [int(x) for x in v] for u, n, v in time.get("runs", ())}
+    for u, n, v in time.get("runs", ()):
+        names = state.time_runs.setdefault(u, {})
+        names[n] = [int(x) for x in v]
+        if len(names) > NAMES_KEPT:
+            del names[next(iter(names))]
     state.rebuild_indexes()
     return state

@@ -64,16 +64,21 @@ def accuracy(rows: Iterable[tuple[str, str, int, int]]) -> list[Accuracy]:
 
 # What the log keeps of honest limits, folded by the reducer (so a replay gives the same figures): per (user,
 # account), how much of its limit each run used, averaged with each new run weighing 1/2**SHIFT (the priority
-# factor for accurate estimates); per (user, job name), the times of its last RUNS_KEPT completed runs (a
-# suggested ``--time``).
+# factor for accurate estimates); per user and job name, the times of its last RUNS_KEPT completed runs (a
+# suggested ``--time``), for the NAMES_KEPT names each user ran last (names made unique per job would grow it
+# with every job).
 SHIFT = 3
 RUNS_KEPT = 20
+NAMES_KEPT = 100
 PPM = 1_000_000
 HINT_RATIO = 2        # sbatch hints when the limit asked is over this many times the suggested one
 HINT_RUNS = 3         # ... and the suggestion rests on at least this many runs
 
 
-def record_run(accuracy: dict[tuple[str, str], list[int]], runs: dict[tuple[str, str], list[int]],
+Runs = dict[str, dict[str, list[int]]]     # user -> job name (the last run last) -> its runs' times
+
+
+def record_run(accuracy: dict[tuple[str, str], list[int]], runs: Runs,
                user: str, account: str, name: str, limit: int, used: int, timed_out: bool) -> None:
     """A run that ended by itself (completed, or killed at its limit) with ``limit`` asked and ``used`` seconds."""
     if limit <= 0:
@@ -88,13 +93,19 @@ def record_run(accuracy: dict[tuple[str, str], list[int]], runs: dict[tuple[str,
         entry[1] += 1
     if timed_out or used <= 0:
         return
-    kept = runs.get((user, name))
+    names = runs.get(user)
+    if names is None:
+        names = runs[user] = {}
+    kept = names.pop(name, None)
     if kept is None:
-        runs[(user, name)] = [used]
+        kept = [used]
+        if len(names) >= NAMES_KEPT:
+            del names[next(iter(names))]
     else:
         kept.append(used)
         if len(kept) > RUNS_KEPT:
             del kept[0]
+    names[name] = kept
 
 
 def accuracy_ppm(accuracy: dict[tuple[str, str], list[int]], user: str, account: str) -> int:
@@ -103,14 +114,14 @@ def accuracy_ppm(accuracy: dict[tuple[str, str], list[int]], user: str, account:
     return entry[0] if entry is not None else PPM
 
 
-def suggested_limit(runs: dict[tuple[str, str], list[int]], user: str, name: str) -> tuple[int, int]:
+def suggested_limit(runs: Runs, user: str, name: str) -> tuple[int, int]:
     """(a limit the user's own completed runs of jobs with this name suggest, how many runs it rests on);
     (0, 0) without history."""
-    kept = runs.get((user, name))
+    kept = runs.get(user, {}).get(name)
     return (suggest(kept), len(kept)) if kept else (0, 0)
 
 
-def hint(runs: dict[tuple[str, str], list[int]], user: str, name: str, limit: int | None) -> str:
+def hint(runs: Runs, user: str, name: str, limit: int | None) -> str:
     """A line for sbatch when ``limit`` is far over what the user's history of this job suggests ('' otherwise)."""
     suggested, n = suggested_limit(runs, user, name)
     if not suggested or n < HINT_RUNS or limit is None or limit <= HINT_RATIO * suggested:

@@ -57,13 +57,33 @@ def test_the_history_is_folded_by_the_reducer_replayed_and_snapshotted():
     for used in (100, 200, 300):
         _run(h, "ann", "prep", 3600, used)
     _run(h, "ann", "prep", 3600, 50, state="FAILED")        # a failed run says nothing about its limit
-    assert h.state.time_runs[("ann", "prep")] == [100, 200, 300]
+    assert h.state.time_runs["ann"]["prep"] == [100, 200, 300]
     [(key, (share, runs))] = h.state.time_accuracy.items()
     assert key[0] == "ann" and runs == 3 and 0 < share < 100_000
     replayed = replay_to(h.log, h.log[-1].seq)
     assert (replayed.time_runs, replayed.time_accuracy) == (h.state.time_runs, h.state.time_accuracy)
     back = load_snapshot(dump_snapshot(h.state))
     assert (back.time_runs, back.time_accuracy) == (h.state.time_runs, h.state.time_accuracy)
+
+
+def test_each_user_keeps_the_history_of_the_names_run_last_only():
+    """A name made unique per job must not grow the history with every job: each user keeps the NAMES_KEPT
+    names it ran last (a name run again counts as new), in the live state, a replay and a snapshot."""
+    from rota.core.timeaccuracy import NAMES_KEPT
+
+    h = Harness(_weighted(1000))
+    _run(h, "bob", "keep", 3600, 100)
+    for i in range(NAMES_KEPT):
+        _run(h, "ann", f"run-{i}", 3600, 100)
+        if i == NAMES_KEPT // 2:
+            _run(h, "ann", "run-0", 3600, 200)        # run again: the last run now
+    _run(h, "ann", "last", 3600, 100)
+    names = h.state.time_runs["ann"]
+    assert len(names) == NAMES_KEPT and "last" in names and names["run-0"] == [100, 200]
+    assert "run-1" not in names and "run-2" in names     # the one run longest ago went, the one run again stayed
+    assert h.state.time_runs["bob"] == {"keep": [100]}  # another user's history is not touched
+    assert replay_to(h.log, h.log[-1].seq).time_runs == h.state.time_runs
+    assert list(load_snapshot(dump_snapshot(h.state)).time_runs["ann"]) == list(names)
 
 
 def test_time_auto_takes_the_users_own_history_of_the_job_and_hints_when_far_over():
