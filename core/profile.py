@@ -23,7 +23,7 @@ UNLIMITED_DURATION = 1 << 60
 
 class Timeline:
     __slots__ = ("name", "idx", "weight", "cap_c", "cap_m", "cap_g", "times", "fc", "fm", "fg",
-                 "fgt", "version", "items")
+                 "fgt", "version", "items", "owned")
 
     def __init__(self, name: str, idx: int, weight: int, cap_c: int, cap_m: int, cap_g: int,
                  now: int, free_c: int, free_m: int, free_g: int,
@@ -33,6 +33,7 @@ class Timeline:
         self.cap_c, self.cap_m, self.cap_g = cap_c, cap_m, cap_g
         self.version = 0
         self.items: list[tuple[int, int, int, str]] | None = None   # (start, end, job, kind)
+        self.owned = True           # its free amounts are its own (a moved copy shares them until it changes)
         times = [now]
         fc, fm, fg = [free_c], [free_m], [free_g]
         fgt = None if free_by_type is None else {t: [v] for t, v in free_by_type.items()}
@@ -65,12 +66,18 @@ class Timeline:
         tl = Timeline.__new__(Timeline)
         tl.name, tl.idx, tl.weight = self.name, self.idx, self.weight
         tl.cap_c, tl.cap_m, tl.cap_g = self.cap_c, self.cap_m, self.cap_g
-        tl.version, tl.items = 0, None
+        tl.version, tl.items, tl.owned = 0, None, False
         tl.times = times.copy()
         tl.times[0] = now
-        tl.fc, tl.fm, tl.fg = self.fc.copy(), self.fm.copy(), self.fg.copy()
-        tl.fgt = None if self.fgt is None else {t: arr.copy() for t, arr in self.fgt.items()}
+        tl.fc, tl.fm, tl.fg, tl.fgt = self.fc, self.fm, self.fg, self.fgt
         return tl
+
+    def _own(self) -> None:
+        """Copy the free amounts shared with the timeline this one was moved from, before changing them."""
+        self.fc, self.fm, self.fg = self.fc.copy(), self.fm.copy(), self.fg.copy()
+        if self.fgt is not None:
+            self.fgt = {t: arr.copy() for t, arr in self.fgt.items()}
+        self.owned = True
 
     def gpu_array(self, gpu_type: str | None) -> list[int]:
         if gpu_type is None or self.fgt is None:
@@ -126,6 +133,9 @@ class Timeline:
         return self.fc[i], self.fm[i], self.fg[i]
 
     def _split(self, t: int) -> int:
+        """The index of a segment starting at ``t`` (made if none does); every change of the amounts starts here."""
+        if not self.owned:
+            self._own()
         times = self.times
         i = bisect_right(times, t)
         if times[i - 1] == t:
