@@ -137,19 +137,104 @@ def workers() -> int:
 
 
 def explain(envelopes: list[ev.Envelope], job_id: int, at_seq: int | None, state: Any, n: int = 0):
-    """``rota.core.timetravel.why`` with the cycles shared out among forked workers (each replays the
-    same envelopes and evaluates every n-th cycle); this process then replays once more and merges.
-    The report is the same as one process's."""
-    from rota.core.timetravel import cycle_samples, why
+    """``rota.core.timetravel.why`` with its moments shared out: forked workers (made before this process
+    walks, so each starts from the same state) evaluate every n-th moment and stream each here as they
+    make it; this process walks once, evaluating its own share and taking theirs. A worker that fails
+    or falls out of step leaves its moments to this process. The report is the same as one process's."""
+    from rota.core.timetravel import why
 
     n = n or workers()
-    samples = None
-    if len(envelopes) >= 2000:
-        parts = forked_map(lambda w, n: cycle_samples(envelopes, job_id, at_seq, state,
-                                                      pick=lambda k: k % n == w), n)
-        if parts is not None:
-            samples = {seq: s for part in parts for seq, s in part.items()}
-    return why(envelopes, job_id, at_seq, state, samples)
+    streams = MomentStreams(envelopes, job_id, at_seq, state, n) if len(envelopes) >= 2000 else None
+    if streams is None or not streams.children:
+        return why(envelopes, job_id, at_seq, state)
+    try:
+        return why(envelopes, job_id, at_seq, state, pick=lambda k: k % n == 0, others=streams.take)
+    finally:
+        streams.close()
+
+
+class MomentStreams:
+    """Workers 1..n-1 of :func:`explain`, each writing (key, sample) for its moments down a pipe."""
+
+    def __init__(self, envelopes: list[ev.Envelope], job_id: int, at_seq: int | None, state: Any, n: int) -> None:
+        import os
+
+        self.n = n
+        self.children: list[tuple[int, Any]] = []     # (pid, the pipe's reading end or None once out of step)
+        if n < 2 or not hasattr(os, "fork"):
+            return
+        for w in range(1, n):
+            try:
+                read_end, write_end = os.pipe()
+                pid = os.fork()
+            except OSError:
+                break
+            if pid == 0:
+                self._work(read_end, write_end, envelopes, job_id, at_seq, state, w)
+            os.close(write_end)
+            self.children.append((pid, os.fdopen(read_end, "rb")))
+
+    def _work(self, read_end: int, write_end: int, envelopes: list[ev.Envelope], job_id: int, at_seq: int | None,
+              state: Any, w: int) -> None:
+        import gc
+        import os
+        import pickle
+
+        from rota.core.timetravel import iter_cycle_samples
+
+        gc.disable()
+        code = 1
+        try:
+            os.close(read_end)
+            for _pid, inp in self.children:
+                inp.close()
+            with os.fdopen(write_end, "wb") as out:
+                for item in iter_cycle_samples(envelopes, job_id, at_seq, state, pick=lambda k: k % self.n == w):
+                    pickle.dump(item, out, protocol=pickle.HIGHEST_PROTOCOL)
+                    out.flush()
+            code = 0
+        except BrokenPipeError:     # the walk ended before this worker's share did
+            code = 0
+        finally:
+            os._exit(code)
+
+    def take(self, k: int, key: Any) -> Any:
+        """Moment ``k``'s evaluation from its worker (MISSING when that worker cannot give it)."""
+        import pickle
+
+        from rota.core.timetravel import MISSING
+
+        w = k % self.n - 1
+        pid, inp = self.children[w] if 0 <= w < len(self.children) else (0, None)
+        if inp is None:
+            return MISSING
+        try:
+            got, sample = pickle.load(inp)
+        except (EOFError, OSError, pickle.UnpicklingError, ValueError, TypeError):
+            got, sample = None, MISSING
+        if got != key:
+            self.children[w] = (pid, None)
+            inp.close()
+            return MISSING
+        return sample
+
+    def close(self) -> None:
+        """Stop and reap the workers (they may still be walking when the story has ended)."""
+        import os
+        import signal
+
+        for pid, inp in self.children:
+            if inp is not None:
+                inp.close()
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+            try:
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+        self.children = []
 
 
 def verify_all(envelopes: list[ev.Envelope], from_seq: int = 1, to_seq: int | None = None, n: int = 0

@@ -90,33 +90,50 @@ class WhyReport:
     slurm_differences: list[str] = field(default_factory=list)
 
 
+Key = tuple[int, "int | None"]     # a moment of why: (log sequence, None) at a recorded cycle, (sequence, time) between
+MISSING = object()     # what ``others`` gives for a moment it has no evaluation of (why then makes it)
+
+
 def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None,
-        state: State | None = None, samples: dict[tuple[int, int | None], "CycleSample | None"] | None = None
-        ) -> WhyReport:
+        state: State | None = None, samples: dict[Key, "CycleSample | None"] | None = None,
+        pick: Callable[[int], bool] | None = None, others: Callable[[int, Key], Any] | None = None) -> WhyReport:
     """Explain job ``job_id``'s wait: re-run the scheduler in explain mode, focused on the job, at every
     moment its fate could change while it was pending (see :class:`Moments`): at each recorded cycle
     (the state just before its decision) and after every other change of the state (a submit, an end,
     a drain, a hold...) or moment of time (its begin time), and collect what touched it.
     ``state``: a snapshot taken before the job's submission to start from (``envelopes`` follow it).
     ``samples``: evaluations already made by :func:`cycle_samples` (keyed as it keys them), e.g. by
-    another process over the same envelopes; the others are made here."""
+    another process over the same envelopes; the others are made here. ``pick``, ``others``: the ``k``-th
+    moment is evaluated here only when ``pick(k)``; else ``others(k, key)`` gives it (or MISSING), e.g. as
+    workers walking the same envelopes stream theirs."""
     st = state if state is not None else State()
     story = _Story(job_id, st.seq)
     exits: dict[int, list[tuple[int, int]]] = {}      # job -> (time, sequence) of each of its ends
     first_seq = last_seq = 0
     moments = Moments(job_id, known=samples)
     bases = moments.bases
+    k = 0
+
+    def given(key: Key) -> Any:
+        """The moment's evaluation if made elsewhere (MISSING: make it here)."""
+        if samples is not None and key in samples:
+            return samples[key]
+        if others is not None and pick is not None and not pick(k):
+            return others(k, key)
+        return MISSING
+
     for env, after in moments.walk(envelopes, st, at_seq):
         if after is not None:        # a moment between recorded cycles, the state as it then was
-            sample = samples[(env.seq, after)] if samples is not None and (env.seq, after) in samples \
-                else evaluate(st, after, job_id, bases)
-            story.sample(sample)
+            sample = given((env.seq, after))
+            story.sample(evaluate(st, after, job_id, bases) if sample is MISSING else sample)
+            k += 1
             continue
         first_seq, last_seq = first_seq or env.seq, env.seq
         e = env.event
         if isinstance(e, ev.JobsStarted) and story.pending(st):
-            story.sample(samples[(env.seq, None)] if samples is not None and (env.seq, None) in samples
-                         else cycle_sample(st, e, job_id, bases))
+            sample = given((env.seq, None))
+            story.sample(cycle_sample(st, e, job_id, bases) if sample is MISSING else sample)
+            k += 1
         story.before(st, env)
         moments.apply(st, env)
         if isinstance(e, ev.JobExited):
@@ -510,28 +527,32 @@ class Moments:
 
 
 def cycle_samples(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None,
-                  state: State | None = None, pick: Any = None) -> dict[tuple[int, int | None], CycleSample | None]:
+                  state: State | None = None, pick: Any = None) -> dict[Key, CycleSample | None]:
     """The evaluations :func:`why` makes while ``job_id`` was pending (the ``k``-th of them only when
     ``pick(k)``), keyed by (log sequence, None) for a recorded cycle and (log sequence, moment) for the
     others: the expensive part of :func:`why`, to be shared out."""
+    return dict(iter_cycle_samples(envelopes, job_id, at_seq, state, pick))
+
+
+def iter_cycle_samples(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None,
+                       state: State | None = None, pick: Any = None) -> Iterator[tuple[Key, CycleSample | None]]:
+    """:func:`cycle_samples` as they are made, in the order :func:`why` meets them."""
     st = state if state is not None else State()
-    out: dict[tuple[int, int | None], CycleSample | None] = {}
     k = 0
     moments = Moments(job_id)
     for env, after in moments.walk(envelopes, st, at_seq):
         if after is not None:
             if pick is None or pick(k):
-                out[(env.seq, after)] = evaluate(st, after, job_id, moments.bases)
+                yield (env.seq, after), evaluate(st, after, job_id, moments.bases)
             k += 1
             continue
         e = env.event
         job = st.jobs.get(job_id)
         if job is not None and job.state == PENDING and isinstance(e, ev.JobsStarted):
             if pick is None or pick(k):
-                out[(env.seq, None)] = cycle_sample(st, e, job_id, moments.bases)
+                yield (env.seq, None), cycle_sample(st, e, job_id, moments.bases)
             k += 1
         moments.apply(st, env)
-    return out
 
 
 def _merge(rep: WhyReport, sample: CycleSample | None) -> None:

@@ -189,6 +189,18 @@ def test_why_and_verify_shared_out_among_processes_say_exactly_what_one_process_
         pytest.skip("no fork on this platform")
     for n in (2, 3):
         assert explain(log, big, None, None, n=n) == one
+    import signal
+
+    from rota.cli.timetravel import MomentStreams
+    streams = MomentStreams(log, big, None, None, 3)
+    dead = streams.children[0][0]
+    os.kill(dead, signal.SIGKILL)                 # a worker that dies: its moments are made here instead
+    try:
+        assert why(log, big, pick=lambda k: k % 3 == 0, others=streams.take) == one
+    finally:
+        streams.close()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(dead, os.WNOHANG)              # reaped
     cycles = [i for i, env in enumerate(log) if isinstance(env.event, ev.JobsStarted)]
     victim = cycles[len(cycles) // 2]
     e = log[victim].event
