@@ -249,14 +249,15 @@ def check_all(envelopes: list[ev.Envelope], from_seq: int = 1, to_seq: int | Non
     """Every recorded cycle re-run (as :func:`verify_all`) and, unless ``latency`` is None, every
     moment between them checked for a job left waiting (``rota.core.liveness.late_starts``); the
     evaluations shared out among forked workers, each replaying the log once."""
-    from rota.core.liveness import late_starts, startable
+    from rota.core.liveness import checked_and_startable, late_starts
     from rota.core.timetravel import verify
 
     def work(w: int, n: int) -> tuple[list, dict]:
         def pick(k: int) -> bool:
             return k % n == w
-        cycles = list(verify(envelopes, from_seq, to_seq, pick=pick))
-        return cycles, (startable(envelopes, to_seq, pick) if latency is not None else {})
+        if latency is None:
+            return list(verify(envelopes, from_seq, to_seq, pick=pick)), {}
+        return checked_and_startable(envelopes, from_seq, to_seq, pick)
 
     n = n or workers()
     parts = forked_map(work, n) if len(envelopes) >= 2000 else None

@@ -17,7 +17,7 @@ from .request import node_request, partition_shape
 from .cycle import NodeBases
 from .schedule import schedule
 from .state import State
-from .timetravel import Moments
+from .timetravel import Moments, check_cycle
 
 DEFAULT_LATENCY = 10   # seconds: the controller cycles within its 5 s interval of any change, with margin
 
@@ -90,18 +90,33 @@ def startable(envelopes: Iterable[ev.Envelope], to_seq: int | None = None, pick:
               ) -> dict[tuple[int, int], tuple[int, ...]]:
     """:func:`would_start` at every moment :func:`late_starts` looks at (the ``k``-th only when
     ``pick(k)``), keyed by (log sequence, moment): the expensive part, to be shared out."""
+    return checked_and_startable(envelopes, to_seq=to_seq, pick=pick, cycles=False)[1]
+
+
+def checked_and_startable(envelopes: Iterable[ev.Envelope], from_seq: int = 1, to_seq: int | None = None,
+                          pick: Any = None, cycles: bool = True
+                          ) -> tuple[list[tuple[int, Any]], dict[tuple[int, int], tuple[int, ...]]]:
+    """:func:`rota.core.timetravel.verify`'s results (from ``from_seq``; none unless ``cycles``) and
+    :func:`startable`'s, in one walk of the log (the ``k``-th cycle and the ``k``-th moment only when
+    ``pick(k)``)."""
     st = State()
+    checked: list[tuple[int, Any]] = []
     out: dict[tuple[int, int], tuple[int, ...]] = {}
     moments = Moments(None)
-    k = 0
+    kc = km = 0
     for env, now in moments.walk(envelopes, st, to_seq):
-        if now is None:
-            moments.apply(st, env)
+        if now is not None:
+            if pick is None or pick(km):
+                out[(env.seq, now)] = would_start(st, now, moments.bases)
+            km += 1
             continue
-        if pick is None or pick(k):
-            out[(env.seq, now)] = would_start(st, now, moments.bases)
-        k += 1
-    return out
+        e = env.event
+        if cycles and isinstance(e, ev.JobsStarted) and env.seq >= from_seq:
+            if pick is None or pick(kc):
+                checked.append((env.seq, check_cycle(st, env.seq, e, moments.bases)))
+            kc += 1
+        moments.apply(st, env)
+    return checked, out
 
 
 def late_starts(envelopes: Iterable[ev.Envelope], latency: int = DEFAULT_LATENCY, to_seq: int | None = None,

@@ -646,12 +646,18 @@ def verify(envelopes: Iterable[ev.Envelope], from_seq: int = 1, to_seq: int | No
         e = env.event
         if isinstance(e, ev.JobsStarted) and env.seq >= from_seq:
             if pick is None or pick(k):
-                d = schedule(st, e.now, e.policy, kept_shadow=e.shadow, bases=bases)
-                yield env.seq, _compare(env.seq, e, d.starts) or _compare_preemptions(env.seq, e, d.preemptions)
+                yield env.seq, check_cycle(st, env.seq, e, bases)
             k += 1
         ch = Changes()
         apply(st, env, ch)
         drop_touched(bases, ch)
+
+
+def check_cycle(st: State, seq: int, e: ev.JobsStarted, bases: NodeBases | None = None) -> Divergence | None:
+    """The recorded cycle ``e`` (at ``seq``) re-run from ``st``, the state just before it: None if it decides
+    the same."""
+    d = schedule(st, e.now, e.policy, kept_shadow=e.shadow, bases=bases)
+    return _compare(seq, e, d.starts) or _compare_preemptions(seq, e, d.preemptions)
 
 
 def _compare(seq: int, e: ev.JobsStarted, starts: list[ev.Start]) -> Divergence | None:

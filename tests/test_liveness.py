@@ -78,6 +78,11 @@ def test_shared_out_evaluations_give_the_same_findings():
     parts = [startable(log, pick=lambda k, w=w: k % 2 == w) for w in range(2)]
     known = {**parts[0], **parts[1]}
     assert known == startable(log) and late_starts(log, known=known) == late_starts(log)
+    from rota.core.liveness import checked_and_startable
+    from rota.core.timetravel import verify
+    both = [checked_and_startable(log, pick=lambda k, w=w: k % 2 == w) for w in range(2)]   # one walk does both
+    assert {**both[0][1], **both[1][1]} == known
+    assert sorted(both[0][0] + both[1][0]) == list(verify(log))
 
 
 def test_rota_verify_reports_the_skipped_start_and_fails(tmp_path):

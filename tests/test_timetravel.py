@@ -207,9 +207,13 @@ def test_why_and_verify_shared_out_among_processes_say_exactly_what_one_process_
     moved = e.starts[0].model_copy(update={"job_id": e.starts[0].job_id + 100_000})
     tampered = list(log)
     tampered[victim] = log[victim].model_copy(update={"event": e.model_copy(update={"starts": (moved,) + e.starts[1:]})})
+    from rota.cli.timetravel import check_all
+    from rota.core.liveness import late_starts
     for envs in (log, tampered):
         single = list(verify(envs))
         assert verify_all(envs, n=2) == single and len(single) == len(cycles)
+        checked, late = check_all(envs, n=2)      # the cycles and the moments in one walk per worker
+        assert checked == single and late == late_starts(envs)
     assert [seq for seq, d in verify_all(tampered, n=3) if d is not None][0] == log[victim].seq
 
 
