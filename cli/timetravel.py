@@ -180,7 +180,7 @@ class MomentStreams:
         import os
         import pickle
 
-        from rota.core.timetravel import iter_cycle_samples
+        from rota.core.timetravel import cycle_samples
 
         gc.disable()
         code = 1
@@ -189,7 +189,7 @@ class MomentStreams:
             for _pid, inp in self.children:
                 inp.close()
             with os.fdopen(write_end, "wb") as out:
-                for item in iter_cycle_samples(envelopes, job_id, at_seq, state, pick=lambda k: k % self.n == w):
+                for item in cycle_samples(envelopes, job_id, at_seq, state, pick=lambda k: k % self.n == w):
                     pickle.dump(item, out, protocol=pickle.HIGHEST_PROTOCOL)
                     out.flush()
             code = 0

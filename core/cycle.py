@@ -129,9 +129,9 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
             if tl is None:
                 tl = Timeline(name, node.index, node.weight, node.cpus, node.memory, len(node.gpu_types),
                               now, free_c, free_m, free_g, free_by_type, list(releases))
-                if built is not None:     # kept as built; this cycle takes a copy (its reservations change it)
-                    built[name] = tl
-                    tl = tl.moved_to(now) or tl
+                copy = tl.moved_to(now) if built is not None else None
+                if built is not None and copy is not None:   # kept as built; this cycle's reservations go on a copy
+                    built[name], tl = tl, copy
             if explain:
                 tl.items = [(s, e if e > now else now + 1, jid, "running") for s, e, jid in items]
             self.timelines[name] = tl

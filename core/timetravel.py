@@ -94,30 +94,26 @@ Key = tuple[int, "int | None"]     # a moment of why: (log sequence, None) at a 
 MISSING = object()     # what ``others`` gives for a moment it has no evaluation of (why then makes it)
 
 
-def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None,
-        state: State | None = None, samples: dict[Key, "CycleSample | None"] | None = None,
+def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None, state: State | None = None,
         pick: Callable[[int], bool] | None = None, others: Callable[[int, Key], Any] | None = None) -> WhyReport:
     """Explain job ``job_id``'s wait: re-run the scheduler in explain mode, focused on the job, at every
     moment its fate could change while it was pending (see :class:`Moments`): at each recorded cycle
     (the state just before its decision) and after every other change of the state (a submit, an end,
     a drain, a hold...) or moment of time (its begin time), and collect what touched it.
     ``state``: a snapshot taken before the job's submission to start from (``envelopes`` follow it).
-    ``samples``: evaluations already made by :func:`cycle_samples` (keyed as it keys them), e.g. by
-    another process over the same envelopes; the others are made here. ``pick``, ``others``: the ``k``-th
-    moment is evaluated here only when ``pick(k)``; else ``others(k, key)`` gives it (or MISSING), e.g. as
-    workers walking the same envelopes stream theirs."""
+    ``pick``, ``others``: the ``k``-th moment is evaluated here only when ``pick(k)``; else ``others(k, key)``
+    gives it (or MISSING: made here after all), e.g. as workers walking the same envelopes with
+    :func:`cycle_samples` stream theirs."""
     st = state if state is not None else State()
     story = _Story(job_id, st.seq)
     exits: dict[int, list[tuple[int, int]]] = {}      # job -> (time, sequence) of each of its ends
     first_seq = last_seq = 0
-    moments = Moments(job_id, known=samples)
+    moments = Moments(job_id)
     bases = moments.bases
     k = 0
 
     def given(key: Key) -> Any:
         """The moment's evaluation if made elsewhere (MISSING: make it here)."""
-        if samples is not None and key in samples:
-            return samples[key]
         if others is not None and pick is not None and not pick(k):
             return others(k, key)
         return MISSING
@@ -387,9 +383,8 @@ class Moments:
     they cannot change what the scheduler says of it.
     """
 
-    def __init__(self, job_id: int | None, known: dict | None = None) -> None:
+    def __init__(self, job_id: int | None) -> None:
         self.job_id = job_id                 # None: every pending job (what any cycle could start)
-        self.known = known                   # the moments already found (and evaluated) by an earlier walk
         self.bases = NodeBases()             # node timelines' inputs, dropped for each node a change touches
         self.changed = False                 # something that may change its evaluation
         self.submitted: list[int] = []       # jobs submitted since, still pending: matter if ranked above
@@ -444,8 +439,6 @@ class Moments:
 
     def _outranked(self, st: State, prev: ev.Envelope, submitted: list[int]) -> bool:
         """Whether the jobs just submitted (or the job itself) make a moment for the job."""
-        if self.known is not None:   # an earlier walk of the same envelopes decided it: reuse its verdict
-            return (prev.seq, prev.ts) in self.known
         assert self.job_id is not None
         return self.job_id in submitted or outranked(st, prev.ts, self.job_id, submitted)
 
@@ -527,16 +520,11 @@ class Moments:
 
 
 def cycle_samples(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None,
-                  state: State | None = None, pick: Any = None) -> dict[Key, CycleSample | None]:
+                  state: State | None = None, pick: Any = None) -> Iterator[tuple[Key, CycleSample | None]]:
     """The evaluations :func:`why` makes while ``job_id`` was pending (the ``k``-th of them only when
     ``pick(k)``), keyed by (log sequence, None) for a recorded cycle and (log sequence, moment) for the
-    others: the expensive part of :func:`why`, to be shared out."""
-    return dict(iter_cycle_samples(envelopes, job_id, at_seq, state, pick))
-
-
-def iter_cycle_samples(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None,
-                       state: State | None = None, pick: Any = None) -> Iterator[tuple[Key, CycleSample | None]]:
-    """:func:`cycle_samples` as they are made, in the order :func:`why` meets them."""
+    others, as they are made, in the order :func:`why` meets them: the expensive part of :func:`why`, to be
+    shared out."""
     st = state if state is not None else State()
     k = 0
     moments = Moments(job_id)
