@@ -78,8 +78,24 @@ def partition_shape(nodes: list["Node"], part: PartitionConfig | None = None) ->
                           len(nodes), tuple(kinds), part.def_mem_per_node if part is not None else None)
 
 
+_REQUESTS_KEPT = 4096
+_REQUESTS: dict[int, tuple[JobSpec, PartitionShape, NodeRequest]] = {}   # by the spec's id: the last one made
+
+
 def node_request(spec: JobSpec, shape: PartitionShape) -> NodeRequest:
-    """The per-node request of ``spec`` on a partition of the given shape."""
+    """The per-node request of ``spec`` on a partition of the given shape (specs are frozen, and the jobs of a
+    queue submitted alike share theirs: the last request made for each of the last few thousand is kept)."""
+    kept = _REQUESTS.get(id(spec))
+    if kept is not None and kept[0] is spec and kept[1] is shape:
+        return kept[2]
+    req = _node_request(spec, shape)
+    if len(_REQUESTS) >= _REQUESTS_KEPT:
+        _REQUESTS.clear()
+    _REQUESTS[id(spec)] = (spec, shape, req)
+    return req
+
+
+def _node_request(spec: JobSpec, shape: PartitionShape) -> NodeRequest:
     cpt = spec.cpus_per_task if spec.cpus_per_task > 1 else 1
     ntasks = spec.ntasks if spec.ntasks > 1 else 1
     tpn = spec.ntasks_per_node

@@ -23,7 +23,8 @@ class SharedEnv(dict[str, str]):
 
 _ENVS: "weakref.WeakValueDictionary[tuple[tuple[str, str], ...], SharedEnv]" = weakref.WeakValueDictionary()
 _FIELD_SETS: dict[frozenset[str], set[str]] = {}
-_SPECS: "weakref.WeakValueDictionary[tuple[Any, ...], Any]" = weakref.WeakValueDictionary()   # by its values
+_SPECS: dict[tuple[Any, ...], "weakref.KeyedRef"] = {}   # by its field names and values: a reference to the spec
+_NAMES: dict[tuple[str, ...], tuple[tuple[str, ...], int]] = {}   # a spec's field names: their one copy, where env is
 _STRINGS = ("script", "submit_line", "workdir", "name", "user", "account", "output", "error", "submit_host")
 
 
@@ -61,27 +62,31 @@ def shared_spec(spec: Any) -> Any:
     """The process's one spec equal to ``spec`` (``spec`` itself the first time): the states a process
     folds from one log, and the jobs of a queue submitted alike, then hold one spec between them."""
     d = spec.__dict__
-    names = shared_value(tuple(d))
-    values: list[Any] = [names, *d.values()]
-    values[1 + _env_at(names)] = id(d["env"])     # the environment is shared already: the same one is the same object
-    key = tuple(values)
+    names = tuple(d)
+    known = _NAMES.get(names)
+    if known is None:
+        if len(_NAMES) >= _MAX_FIELD_SETS:
+            _NAMES.clear()
+        known = _NAMES[names] = (names, names.index("env"))
+    values = [*d.values()]
+    at = known[1]
+    values[at] = id(values[at])     # the environment is shared already: the same one is the same object
+    key = (known[0], *values)
     try:
-        got = _SPECS.get(key)
-        if got is None:
-            _SPECS[key] = got = spec
-    except TypeError:           # a value that cannot be a key (not one a validated spec holds)
+        ref = _SPECS.get(key)
+    except TypeError:               # a value that cannot be a key (not one a validated spec holds)
         return spec
+    got = ref() if ref is not None else None
+    if got is None:
+        _SPECS[key] = weakref.KeyedRef(spec, _forget, key)
+        got = spec
     return got
 
 
-_ENV_AT: dict[tuple[str, ...], int] = {}
-
-
-def _env_at(names: tuple[str, ...]) -> int:
-    at = _ENV_AT.get(names)
-    if at is None:
-        at = _ENV_AT[names] = names.index("env")
-    return at
+def _forget(ref: "weakref.KeyedRef", specs: dict = _SPECS) -> None:
+    """A spec no job holds any more leaves the pool (unless an equal one took its place)."""
+    if specs.get(ref.key) is ref:
+        specs.pop(ref.key, None)
 
 
 KEEP = object()      # a field always kept in a spec's __dict__ (its default is made anew: a dict)
@@ -100,9 +105,7 @@ def share_spec(spec: Any, fields: tuple[tuple[str, Any], ...]) -> None:
         if default is KEEP or not (value is default or (type(value) is type(default) and value == default)):
             d[key] = value
     object.__setattr__(spec, "__dict__", d)     # a dict made for what it holds: a dict never shrinks
-    env = d["env"]
-    if env:
-        d["env"] = shared_env(env)
+    d["env"] = shared_env(d["env"])     # an empty one too: jobs submitted without one are otherwise alike
     intern = sys.intern
     for key in _STRINGS:
         value = d.get(key)

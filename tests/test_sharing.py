@@ -1,5 +1,6 @@
 """Values many jobs repeat are kept once per process (rota.core.sharing); sharing them changes no result."""
 import asyncio
+import gc
 
 import orjson
 import pytest
@@ -10,6 +11,7 @@ from rota.controller.records import encode_body
 from rota.core import events as ev
 from rota.core.apply import fold
 
+from rota.core.request import _node_request, node_request, partition_shape
 from rota.core.sharing import shared_spec
 from rota.core.state import State, dump_snapshot, load_snapshot
 from rota.projections.notifier import Notifier
@@ -35,6 +37,27 @@ def test_equal_specs_decoded_apart_are_one_object_and_unequal_ones_stay_apart():
     assert a.__pydantic_fields_set__ == named and "comment" in d.__pydantic_fields_set__ and a.comment is None
     # the shared environment serializes as the plain dict it is
     assert orjson.loads(a.model_dump_json())["env"] == ENV
+
+
+def test_specs_without_an_environment_share_too_and_leave_the_pool_with_their_last_job():
+    a, b = ev.JobSpec(user="ann", gpus_per_node=1), ev.JobSpec(user="ann", gpus_per_node=1)
+    assert a.env is b.env == {} and shared_spec(a) is shared_spec(b) is a
+    assert orjson.loads(b.model_dump_json())["env"] == {}
+    del a, b
+    gc.collect()
+    c = ev.JobSpec(user="ann", gpus_per_node=1)
+    assert shared_spec(c) is c            # the pool let the first go with its last holder: this one is kept now
+
+
+def test_a_specs_request_is_made_again_for_another_shape_and_is_the_one_computed():
+    h = Harness(make_cluster(nodes=2, gpus=4))
+    small = partition_shape(list(h.state.nodes.values()))
+    big = partition_shape(list(h.state.nodes.values())[:1], h.state.config.partitions[0].model_copy(
+        update={"def_mem_per_node": 1000}))
+    spec = shared_spec(ev.JobSpec(user="ann", ntasks=12, cpus_per_task=2, gpus_per_node=1))
+    for shape in (small, big, small):
+        assert node_request(spec, shape) == _node_request(spec, shape)
+    assert node_request(spec, small) != node_request(spec, big)
 
 
 def test_states_folded_from_one_log_hold_one_spec_per_job_and_stay_equal():
