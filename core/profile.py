@@ -15,7 +15,7 @@ placement is a lower bound for the next).
 from __future__ import annotations
 
 from bisect import bisect_right
-from heapq import heapify, heappop, heappush
+from heapq import heapify, heappop, heappush, heapreplace
 
 INF = 1 << 62
 UNLIMITED_DURATION = 1 << 60
@@ -187,13 +187,15 @@ class ShapeSearch:
     """Earliest-start search for jobs of one shape (per-node request, node count, duration)."""
 
     __slots__ = ("tls", "c", "m", "g", "gtype", "whole_c", "whole_m", "whole_g", "d", "k",
-                 "tmax", "heap", "lower", "exhausted")
+                 "tmax", "heap", "lower", "exhausted", "fixed")
 
     def __init__(self, timelines: list[Timeline], c: int, m: int, g: int, gtype: str | None,
                  whole_c: bool, whole_m: bool, whole_g: bool, d: int, k: int, lower: int,
                  tmax: int, seed: list[tuple] | None = None) -> None:
         self.c, self.m, self.g, self.gtype = c, m, g, gtype
         self.whole_c, self.whole_m, self.whole_g = whole_c, whole_m, whole_g
+        # what it takes on any node, unless it takes a whole node's CPUs, memory or GPUs
+        self.fixed = None if whole_c or whole_m or whole_g else (c, m, g)
         self.d, self.k, self.tmax, self.lower = d, k, tmax, lower
         self.exhausted = False
         self.tls = timelines
@@ -221,6 +223,8 @@ class ShapeSearch:
         return sorted((e[0], -1, -1, -1, e[4], e[5], -1) for e in self.heap)
 
     def _req(self, tl: Timeline) -> tuple[int, int, int]:
+        if self.fixed is not None:
+            return self.fixed
         return (tl.cap_c if self.whole_c else self.c, tl.cap_m if self.whole_m else self.m,
                 tl.cap_g if self.whole_g else self.g)
 
@@ -233,22 +237,24 @@ class ShapeSearch:
         timelines, timeline version)``, so the heap orders by earliest start, then lighter node
         weight, then best fit (least left over). A seed's entries have version -1 (a lower bound to
         make exact). A plain tuple: this is the search's hottest allocation."""
-        fc, _fm, fg = tl.free_at(t)
-        return (t, tl.weight, fg - g, fc - c, tl.idx, pos, tl.version)
+        i = bisect_right(tl.times, t) - 1
+        return (t, tl.weight, tl.fg[i] - g, tl.fc[i] - c, tl.idx, pos, tl.version)
 
     def _peek_fresh(self) -> tuple | None:
         """Make the heap's top entry exact for the current timelines; return it (or None)."""
-        heap, lower = self.heap, self.lower
+        heap, lower, tls, fixed = self.heap, self.lower, self.tls, self.fixed
         while heap:
             top = heap[0]
-            tl = self.tls[top[5]]
+            pos = top[5]
+            tl = tls[pos]
             if top[6] == tl.version and top[0] >= lower:
                 return top
-            heappop(heap)
-            c, m, g = self._req(tl)
+            c, m, g = fixed if fixed is not None else self._req(tl)
             t = tl.earliest(c, m, g, tl.gpu_array(self.gtype), self.d, max(top[0], lower), self.tmax)
             if t >= 0:
-                heappush(heap, self._entry(tl, top[5], t, c, g))
+                heapreplace(heap, self._entry(tl, pos, t, c, g))
+            else:
+                heappop(heap)
         return None
 
     def find(self) -> tuple[int, list[Timeline]] | None:

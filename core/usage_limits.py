@@ -30,7 +30,7 @@ class LimitUse:
     sub-accounts'), from the running jobs at ``now``; a cycle adds what it starts."""
 
     __slots__ = ("qos", "accounts", "assocs", "use", "by_assoc", "by_account", "used", "reserved", "parents",
-                 "safe", "accrued", "now")
+                 "safe", "accrued", "now", "full")
 
     def __init__(self, state: State, now: int) -> None:
         self.qos: dict[str, QosRecord] = state.qos
@@ -48,6 +48,8 @@ class LimitUse:
         # its own limit; without it, only once the minutes used reach the limit
         self.safe = state.config is not None and "safe" in state.config.accounting_enforce
         self.now = now
+        # (user, QOS) at the QOS's MaxJobsPerUser: their every other job is held by it until one of theirs starts
+        self.full: dict[tuple[str, str], Reason] = {}
         jobs = state.jobs
         for jid in state.running:
             job = jobs[jid]
@@ -57,6 +59,7 @@ class LimitUse:
         """Count a running (or just started) job, whose effective time limit is ``limit`` (0: none)."""
         cpus, gpus = job_amounts(job, req)
         spec = job.spec
+        self.full.pop((spec.user, spec.qos), None)
         u = self.use.setdefault((spec.user, spec.qos), [0, 0, 0])
         u[0] += 1
         u[1] += cpus
@@ -81,6 +84,9 @@ class LimitUse:
     def blocking(self, job: Job, req: NodeRequest | None, limit: int) -> Reason | None:
         """The limit this job (effective time limit ``limit``, 0: none) would break by starting now (None:
         none): its QOS's per-user limits, then its association's, then its account's."""
+        full = self.full.get((job.spec.user, job.spec.qos))
+        if full is not None:
+            return full
         why = self._qos(job, req)
         if why is None:
             why = self._assoc(job, req)
@@ -146,7 +152,9 @@ class LimitUse:
             return None
         jobs, cpus, gpus = self.use.get((job.spec.user, job.spec.qos), (0, 0, 0))
         if q.max_jobs_per_user is not None and jobs + 1 > q.max_jobs_per_user:
-            return Reason("QOSMaxJobsPerUserLimit", about=q.name, asked=jobs, limit=q.max_jobs_per_user)
+            why = self.full[(job.spec.user, job.spec.qos)] = Reason("QOSMaxJobsPerUserLimit", about=q.name,
+                                                                    asked=jobs, limit=q.max_jobs_per_user)
+            return why
         if not q.max_tres_per_user:
             return None
         return _tres_over(q.max_tres_per_user, ("QOSMaxGRESPerUser", "QOSMaxCpuPerUserLimit"), q.name, (cpus, gpus),

@@ -120,6 +120,19 @@ def test_qos_max_jobs_per_user_holds_a_job_until_one_of_the_users_jobs_ends():
     assert [s.job_id for s in h.cycle().starts] == [jobs[2]]
 
 
+def test_every_job_of_a_user_at_max_jobs_says_so_and_others_users_jobs_still_start():
+    h = limited()
+    h.put(plan(h.state, "add", "user", ["bob"], {}, {"account": "physics", "qos": "normal,gpu"}, by="root"),
+          actor="root")
+    alice = [h.submit(user="alice", uid=1001, account="physics", qos="gpu", time_limit=600) for _ in range(4)]
+    bob = h.submit(user="bob", uid=1002, account="physics", qos="gpu", time_limit=600)
+    d = h.cycle()
+    assert sorted(s.job_id for s in d.starts) == sorted([*alice[:2], bob])
+    for jid in alice[2:]:
+        why = d.pending[jid].why
+        assert (why.code, why.asked, why.limit) == ("QOSMaxJobsPerUserLimit", 2, 2)
+
+
 def test_qos_max_gres_per_user_counts_the_gpus_the_users_jobs_hold():
     h = limited()
     a = h.submit(user="alice", uid=1001, account="physics", qos="gpu", gpus_per_node=3, gpu_given=True)
