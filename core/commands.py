@@ -200,12 +200,9 @@ def _submit_limit(state: State, spec: ev.JobSpec) -> None:
     if (q_limit is None and a_limit is None) or not limits_enforced(state):
         return
     in_qos = in_assoc = 0
-    for job in state.jobs.values():
-        js = job.spec
-        if js.user == spec.user and job.state in (PENDING, RUNNING):
-            n = len(job.array_pending) if job.array_pending is not None else 1
-            in_qos += n if js.qos == spec.qos else 0
-            in_assoc += n if js.account == spec.account else 0
+    for (qos, account), n in state.active_in.get(spec.user, {}).items():
+        in_qos += n if qos == spec.qos else 0
+        in_assoc += n if account == spec.account else 0
     adding = len(parse_array(spec.array, 1 << 30).indices) if spec.array else 1
     if q_limit is not None and in_qos + adding > q_limit:
         raise Rejected("QOSMaxSubmitJobPerUserLimit", QOS_POLICY, code="qos_limit")

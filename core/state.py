@@ -202,6 +202,7 @@ class State:
     array_tasks: dict[int, list[int]] = field(default_factory=dict)
     # each user's jobs that count toward submit limits (MaxSubmitJobs, MaxJobCount), as job_weight counts them
     active: dict[str, int] = field(default_factory=dict)
+    active_in: dict[str, dict[tuple[str, str], int]] = field(default_factory=dict)   # the same, user -> (QOS, account)
     part_shapes: dict[str, PartitionShape] = field(default_factory=dict)
     part_nodes: dict[str, list[Node]] = field(default_factory=dict, compare=False, repr=False)
     part_configs: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)   # name -> PartitionConfig
@@ -226,7 +227,7 @@ class State:
         self.pending = {}
         self.running = {}
         self.array_tasks = {}
-        self.active = {}
+        self.active, self.active_in = {}, {}
         finished = []
         for jid, job in self.jobs.items():
             self.recount(job, 0)
@@ -247,12 +248,24 @@ class State:
         """Bring the job's user's count of active jobs up to date: ``before`` is its job_weight before it changed."""
         delta = job_weight(job) - before
         if delta:
-            user = job.spec.user
+            spec = job.spec
+            user = spec.user
             n = self.active.get(user, 0) + delta
             if n:
                 self.active[user] = n
             else:
                 self.active.pop(user, None)
+            mine = self.active_in.get(user)
+            if mine is None:
+                mine = self.active_in[user] = {}
+            key = (spec.qos, spec.account)
+            n = mine.get(key, 0) + delta
+            if n:
+                mine[key] = n
+            else:
+                del mine[key]
+                if not mine:
+                    del self.active_in[user]
 
     def active_jobs(self) -> int:
         """The jobs that count toward MaxJobCount: every user's active count."""

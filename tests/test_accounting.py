@@ -159,6 +159,12 @@ def test_qos_max_wall_and_max_submit_jobs_per_user():
                                    "Job violates accounting/QOS policy (job submit limit, user's size and/or time "
                                    "limits)")
     h.submit(user="alice", uid=1001, account="physics", qos="normal")      # another QOS: its own count
+    h.put(ev.JobCancelled(job_id=long, by_uid=1001))                          # a job that ends leaves the count
+    h.submit(user="alice", uid=1001, account="physics", qos="gpu")
+    with pytest.raises(Rejected):
+        h.submit(user="alice", uid=1001, account="physics", qos="gpu")
+    assert load_snapshot(dump_snapshot(h.state)).active_in == h.state.active_in == {
+        "alice": {("gpu", "physics"): 4, ("normal", "physics"): 1}}
 
 
 def test_qos_limits_hold_only_where_limits_are_enforced():
