@@ -170,7 +170,7 @@ def _job_count_limits(state: State, spec: ev.JobSpec, sched: ev.SchedulerParams)
         raise Rejected(f"MaxJobCount: {sched.max_job_count} jobs are pending or running",
                        "Slurm temporarily unable to accept job, sleeping and retrying", code="busy")
     share = sched.max_submit_per_user or max(1, sched.max_job_count // 2)
-    mine = state.active.get(spec.user, 0)
+    mine = state.active_jobs(spec.user)
     if mine + adding > share and not _own_limit_set(state, spec):
         raise Rejected(f"MaxSubmitJobsPerUser: you have {mine} jobs pending or running, at most {share} "
                        "(SchedulerParameters=rota_max_submit_per_user)", QOS_POLICY, code="qos_limit")

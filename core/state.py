@@ -201,8 +201,8 @@ class State:
     running: dict[int, None] = field(default_factory=dict)
     array_tasks: dict[int, list[int]] = field(default_factory=dict)
     # each user's jobs that count toward submit limits (MaxSubmitJobs, MaxJobCount), as job_weight counts them
-    active: dict[str, int] = field(default_factory=dict)
-    active_in: dict[str, dict[tuple[str, str], int]] = field(default_factory=dict)   # the same, user -> (QOS, account)
+    active_in: dict[str, dict[tuple[str, str], int]] = field(default_factory=dict)   # user -> (QOS, account) -> jobs
+    active_total: int = 0                   # every user's, summed
     part_shapes: dict[str, PartitionShape] = field(default_factory=dict)
     part_nodes: dict[str, list[Node]] = field(default_factory=dict, compare=False, repr=False)
     part_configs: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)   # name -> PartitionConfig
@@ -227,7 +227,7 @@ class State:
         self.pending = {}
         self.running = {}
         self.array_tasks = {}
-        self.active, self.active_in = {}, {}
+        self.active_in, self.active_total = {}, 0
         finished = []
         for jid, job in self.jobs.items():
             self.recount(job, 0)
@@ -248,13 +248,9 @@ class State:
         """Bring the job's user's count of active jobs up to date: ``before`` is its job_weight before it changed."""
         delta = job_weight(job) - before
         if delta:
+            self.active_total += delta
             spec = job.spec
             user = spec.user
-            n = self.active.get(user, 0) + delta
-            if n:
-                self.active[user] = n
-            else:
-                self.active.pop(user, None)
             mine = self.active_in.get(user)
             if mine is None:
                 mine = self.active_in[user] = {}
@@ -267,9 +263,11 @@ class State:
                 if not mine:
                     del self.active_in[user]
 
-    def active_jobs(self) -> int:
-        """The jobs that count toward MaxJobCount: every user's active count."""
-        return sum(self.active.values())
+    def active_jobs(self, user: str | None = None) -> int:
+        """The jobs that count toward MaxJobCount: every user's active count (or ``user``'s)."""
+        if user is None:
+            return self.active_total
+        return sum(self.active_in.get(user, {}).values())
 
     def members(self, job_id: int) -> list[Job]:
         """The job, or for an array's id every task record and the head (the pending remainder).

@@ -238,12 +238,16 @@ def test_replay_and_snapshot_plus_tail_equal_the_live_state(cfg, ops, cut):
     h = run_ops(cfg, ops)
     replayed = fold(h.log)
     assert replayed == h.state
-    recounted = {}
+    recounted: dict = {}
     for job in h.state.jobs.values():
         if job.state in ("PENDING", "RUNNING"):
             n = len(job.array_pending) if job.array_pending is not None else 1
-            recounted[job.spec.user] = recounted.get(job.spec.user, 0) + n
-    assert h.state.active == {u: n for u, n in recounted.items() if n}   # kept event by event, as counted anew
+            mine = recounted.setdefault(job.spec.user, {})
+            mine[job.spec.qos, job.spec.account] = mine.get((job.spec.qos, job.spec.account), 0) + n
+    # kept event by event, as counted anew
+    assert h.state.active_in == {u: {k: n for k, n in mine.items() if n} for u, mine in recounted.items()
+                                 if any(mine.values())}
+    assert h.state.active_total == sum(sum(mine.values()) for mine in recounted.values())
     k = cut * len(h.log) // 100
     snap = load_snapshot(dump_snapshot(fold(h.log[:k])))
     assert fold(h.log[k:], snap) == h.state
