@@ -67,7 +67,8 @@ def _purge(state: State) -> None:
     """Forget jobs that ended at least MinJobAge ago (an array only once all of it has).
 
     Like slurmctld: the live state keeps active and recently finished jobs; the log keeps history.
-    What dependencies need of a purged job stays in ``state.ended``.
+    What dependencies need of a purged job stays in ``state.ended`` while an active job's afterok or afternotok
+    names it.
     """
     cutoff = state.now - state.min_job_age
     q, jobs = state.finished, state.jobs
@@ -81,7 +82,8 @@ def _purge(state: State) -> None:
             continue   # requeued since, or already purged with its array
         if job.array_job_id is None:
             del jobs[jid]
-            state.ended[jid] = (1, 0) if job.state == COMPLETED and job.exit_code == 0 else (0, 1)
+            if jid in state.dep_refs:
+                state.ended[jid] = (1, 0) if job.state == COMPLETED and job.exit_code == 0 else (0, 1)
             continue
         aid = job.array_job_id
         every = state.members(aid) or [job]
@@ -92,7 +94,8 @@ def _purge(state: State) -> None:
         for m in every:
             del jobs[m.job_id]
         state.array_tasks.pop(aid, None)
-        state.ended[aid] = (good, len(counted) - good)
+        if aid in state.dep_refs:
+            state.ended[aid] = (good, len(counted) - good)
 
 
 # ---------------------------------------------------------------- helpers
@@ -270,7 +273,7 @@ def _controller_started(state: State, env: ev.Envelope, e: ev.ControllerStarted,
 
 
 def _job_submitted(state: State, env: ev.Envelope, e: ev.JobSubmitted, ch: Changes) -> None:
-    if e.job_id in state.jobs or e.job_id in state.ended:
+    if e.job_id in state.jobs or e.job_id < state.next_job_id:     # ids are handed out in order, never again
         ch.ignored(f"job {e.job_id} was already submitted")
         return
     spec = shared_spec(e.spec)

@@ -1,54 +1,10 @@
 """Job dependencies: ``afterok:1:2,afterany:3``, ``?``-lists, ``singleton`` (pure)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from .depspec import DEP_TYPES, OUTCOME_KINDS, Dependency, DependencySpecError, DepTerm, parse_dependency  # noqa: F401 - re-exported
 from .state import COMPLETED, PENDING, RUNNING, TERMINAL_STATES, Job, State
 
-DEP_TYPES = ("after", "afterany", "afterok", "afternotok", "singleton", "aftercorr")
-
 OK, WAIT, NEVER = "ok", "wait", "never"
-
-
-class DependencySpecError(ValueError):
-    """A --dependency value Slurm would reject."""
-
-
-@dataclass(frozen=True, slots=True)
-class DepTerm:
-    kind: str
-    job_id: int = 0
-    delay: int = 0   # seconds, for after:id+min
-
-
-@dataclass(frozen=True, slots=True)
-class Dependency:
-    terms: tuple[DepTerm, ...]
-    any_of: bool     # "?" separated
-
-
-def parse_dependency(text: str) -> Dependency:
-    """Parse a ``--dependency`` string; ``,`` means all, ``?`` means any (not mixed)."""
-    raw = text.strip()
-    if "," in raw and "?" in raw:
-        raise DependencySpecError("dependency list cannot mix ',' and '?'")
-    any_of = "?" in raw
-    terms: list[DepTerm] = []
-    for item in raw.split("?" if any_of else ","):
-        item = item.strip()
-        if item == "singleton":
-            terms.append(DepTerm("singleton"))
-            continue
-        kind, colon, rest = item.partition(":")
-        if kind not in DEP_TYPES or not colon or not rest:
-            raise DependencySpecError(f"invalid dependency {item!r}: use TYPE:JOBID[:JOBID...]")
-        for ident in rest.split(":"):
-            jid_s, plus, delay_s = ident.partition("+")
-            jid_s = jid_s.split("_")[0]
-            if not jid_s.isdecimal() or (plus and not delay_s.isdecimal()):
-                raise DependencySpecError(f"invalid job id {ident!r} in dependency {item!r}")
-            terms.append(DepTerm(kind, int(jid_s), int(delay_s) * 60 if plus else 0))
-    return Dependency(tuple(terms), any_of)
 
 
 def _term_status(state: State, term: DepTerm, job_id: int, now: int) -> str:
@@ -57,8 +13,8 @@ def _term_status(state: State, term: DepTerm, job_id: int, now: int) -> str:
     members = state.counted_members(term.job_id)
     if members is None:
         ended = state.ended.get(term.job_id)
-        if ended is None:
-            return NEVER
+        if ended is None:     # gone (or never was): done, as Slurm assumes; how it ended is unknown
+            return OK if term.kind not in OUTCOME_KINDS else NEVER
         good, bad = ended   # purged MinJobAge after it ended
         if term.kind == "afterok":
             return NEVER if bad else OK

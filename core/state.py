@@ -9,6 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from .depspec import outcome_ids
 from .events import AccountRecord, Association, ClusterConfig, JobSpec, NodeAlloc, NodeConfig, QosRecord, StepStarted
 from .request import NodeRequest, PartitionShape, partition_shape
 from .sharing import shared_spec, shared_value
@@ -180,8 +181,8 @@ class State:
     controller_version: str = ""
     jobs: dict[int, Job] = field(default_factory=dict)
     nodes: dict[str, Node] = field(default_factory=dict)
-    # jobs purged MinJobAge after they ended: id -> (members that completed with exit 0, other members),
-    # all dependencies need of them
+    # jobs purged MinJobAge after they ended that an active job's afterok/afternotok still reads (dep_refs):
+    # id -> (members that completed with exit 0, other members), all dependencies need of them
     ended: dict[int, tuple[int, int]] = field(default_factory=dict)
     # accounting (sacctmgr): accounts, users' associations (user, account), users' default accounts, QOS
     accounts: dict[str, AccountRecord] = field(default_factory=dict)
@@ -203,6 +204,7 @@ class State:
     # each user's jobs that count toward submit limits (MaxSubmitJobs, MaxJobCount), as job_weight counts them
     active_in: dict[str, dict[tuple[str, str], int]] = field(default_factory=dict)   # user -> (QOS, account) -> jobs
     active_total: int = 0                   # every user's, summed
+    dep_refs: dict[int, int] = field(default_factory=dict)   # job -> the active jobs whose afterok/afternotok names it
     part_shapes: dict[str, PartitionShape] = field(default_factory=dict)
     part_nodes: dict[str, list[Node]] = field(default_factory=dict, compare=False, repr=False)
     part_configs: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)   # name -> PartitionConfig
@@ -227,7 +229,7 @@ class State:
         self.pending = {}
         self.running = {}
         self.array_tasks = {}
-        self.active_in, self.active_total = {}, 0
+        self.active_in, self.active_total, self.dep_refs = {}, 0, {}
         finished = []
         for jid, job in self.jobs.items():
             self.recount(job, 0)
@@ -243,13 +245,18 @@ class State:
         self.finished = deque(finished)
         for tasks in self.array_tasks.values():
             tasks.sort()
+        if len(self.ended) > len(self.dep_refs):     # a state from before outcomes left with their last reader
+            self.ended = {jid: v for jid, v in self.ended.items() if jid in self.dep_refs}
 
     def recount(self, job: Job, before: int) -> None:
         """Bring the job's user's count of active jobs up to date: ``before`` is its job_weight before it changed."""
-        delta = job_weight(job) - before
+        weight = job_weight(job)
+        delta = weight - before
         if delta:
             self.active_total += delta
             spec = job.spec
+            if spec.dependency and (before > 0) != (weight > 0):
+                self._reads_outcomes(spec.dependency, 1 if weight else -1)
             user = spec.user
             mine = self.active_in.get(user)
             if mine is None:
@@ -262,6 +269,18 @@ class State:
                 del mine[key]
                 if not mine:
                     del self.active_in[user]
+
+    def _reads_outcomes(self, dependency: str, step: int) -> None:
+        """An active job with this dependency came (``step`` 1) or went (-1): a purged job's outcome no active job
+        reads any more leaves the state."""
+        refs = self.dep_refs
+        for jid in outcome_ids(dependency):
+            n = refs.get(jid, 0) + step
+            if n > 0:
+                refs[jid] = n
+            else:
+                refs.pop(jid, None)
+                self.ended.pop(jid, None)
 
     def active_jobs(self, user: str | None = None) -> int:
         """The jobs that count toward MaxJobCount: every user's active count (or ``user``'s)."""

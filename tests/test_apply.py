@@ -188,6 +188,7 @@ def test_finished_jobs_are_purged_after_min_job_age_and_dependencies_still_resol
 def test_an_array_is_purged_only_once_all_of_it_has_ended():
     h = Harness(make_cluster(nodes=1, gpus=2, min_job_age=100))
     arr = h.submit(name="arr", array="0-2", gpus_per_node=1)
+    waiter = h.submit(name="waiter", dependency=f"afternotok:{arr}", hold=True)   # reads how the array ended
     first = [s.job_id for s in h.cycle().starts]
     assert len(first) == 2
     for jid in first:
@@ -201,12 +202,16 @@ def test_an_array_is_purged_only_once_all_of_it_has_ended():
     h.advance(100)
     h.put(ev.NodeResumed(node="gpu01", by="root"))
     assert not any(j in h.state.jobs for j in first + last + [arr])
-    assert h.state.ended[arr] == (2, 1) and arr not in h.state.array_tasks
+    assert h.state.ended == {arr: (2, 1)} and arr not in h.state.array_tasks
+    h.put(ev.JobCancelled(job_id=waiter, by_uid=0))
+    assert h.state.ended == {} and h.state.dep_refs == {}      # its last reader gone, the outcome goes too
+    assert fold(h.log) == h.state
 
 
 def test_snapshot_keeps_purge_history_and_purges_like_the_live_state():
     h = Harness(make_cluster(min_job_age=60))
     jobs = [h.submit(name=f"j{i}") for i in range(6)]
+    h.submit(name="reader", dependency="afterok:" + ":".join(map(str, jobs)), hold=True)
     h.cycle()
     for jid in jobs:
         h.advance(20)
@@ -241,3 +246,22 @@ def test_a_node_with_all_its_gpus_taken_but_cpus_free_is_mixed_as_in_slurm():
     h.submit(cpus_per_task=60, gpus_per_node=0)
     h.cycle()
     assert node.alloc_cpus == node.cpus and node.display_state() == "ALLOCATED"
+
+
+def test_a_purged_jobs_outcome_leaves_with_its_last_reader_and_afterany_on_a_gone_job_is_met():
+    h = Harness(make_cluster(min_job_age=60))
+    jobs = [h.submit(name=f"j{i}") for i in range(5)]
+    h.cycle()
+    for jid in jobs:
+        h.finish(jid)
+    h.advance(61)
+    h.put(ev.NodeDrained(node="gpu02", reason="x", by="root"))
+    assert not any(j in h.state.jobs for j in jobs) and h.state.ended == {}   # nobody reads how they ended
+    after = h.submit(name="after", dependency=f"afterany:{jobs[0]}")
+    assert after in {s.job_id for s in h.cycle().starts}     # gone: done, as Slurm assumes of a job it no longer has
+    h.put(ev.JobSubmitted(job_id=jobs[1], spec=ev.JobSpec(name="again")))
+    assert jobs[1] not in h.state.jobs                      # an id is never handed out twice
+    # a state saved before outcomes left with their last reader keeps, once loaded, only those still read
+    old = fold(h.log)
+    old.ended[jobs[2]] = (1, 0)
+    assert load_snapshot(dump_snapshot(old)).ended == {} and fold(h.log) == h.state
