@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Iterable, NamedTuple, Sequence
 
 from . import events as ev
+from .deps import Singletons
 from .fairshare import factors
 from .preempt import Preempter
 from .priority import JobSize, PriorityContext
@@ -90,6 +91,7 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         self.gpu_owner: dict[str, list[int]] = {}
         self.shards: dict[str, tuple[list[int], dict[int, int]]] = {}    # node -> shards used per GPU, held until
         self.next_id = state.next_job_id
+        self.singletons: Singletons | None = None     # made on the first ``singleton`` dependency asked about
         # per-user QOS limits (AccountingStorageEnforce=limits): what each user holds under each QOS
         self.limit_use = LimitUse(state, now) if limits_enforced(state) else None
         # PreemptType=preempt/qos with a QOS that may preempt another

@@ -7,9 +7,9 @@ from .state import COMPLETED, PENDING, RUNNING, TERMINAL_STATES, Job, State
 OK, WAIT, NEVER = "ok", "wait", "never"
 
 
-def _term_status(state: State, term: DepTerm, job_id: int, now: int) -> str:
+def _term_status(state: State, term: DepTerm, job_id: int, now: int, index: Singletons | None) -> str:
     if term.kind == "singleton":
-        return _singleton_status(state, job_id)
+        return _singleton_status(state, job_id, index)
     members = state.counted_members(term.job_id)
     if members is None:
         ended = state.ended.get(term.job_id)
@@ -25,19 +25,34 @@ def _term_status(state: State, term: DepTerm, job_id: int, now: int) -> str:
     return NEVER if NEVER in statuses else WAIT if WAIT in statuses else OK
 
 
-def _singleton_status(state: State, job_id: int) -> str:
-    """``singleton``: no other job of the same user and name running, nor submitted before this one and waiting."""
+Singletons = dict[tuple[str, str], int]    # (user, job name) -> submit order of the one that may go (-1: one runs)
+
+
+def singletons(state: State) -> Singletons:
+    """For ``singleton``: which job of each user's job name may go (one pass over the active jobs; a cycle keeps
+    it for every job it asks about)."""
+    out: Singletons = {}
+    jobs = state.jobs
+    for jid in state.running:
+        spec = jobs[jid].spec
+        out[(spec.user, spec.name)] = -1
+    for jid in state.pending:
+        job = jobs[jid]
+        key = (job.spec.user, job.spec.name)
+        first = out.get(key)
+        if first is None or job.submit_seq < first:
+            out[key] = job.submit_seq
+    return out
+
+
+def _singleton_status(state: State, job_id: int, index: Singletons | None) -> str:
+    """``singleton`` of a pending job: no other job of the same user and name running, nor submitted before this
+    one and waiting."""
     me = state.jobs.get(job_id)
     if me is None:
         return OK     # it is gone: nothing of its own waits
-    for other_id in list(state.running) + list(state.pending):
-        if other_id == job_id:
-            continue
-        o = state.jobs[other_id]
-        if o.spec.user == me.spec.user and o.spec.name == me.spec.name:
-            if o.state == RUNNING or o.submit_seq < me.submit_seq:
-                return WAIT
-    return OK
+    first = (index if index is not None else singletons(state)).get((me.spec.user, me.spec.name))
+    return OK if first is None or first == me.submit_seq else WAIT
 
 
 def _member_status(m: Job, term: DepTerm, now: int) -> str:
@@ -56,9 +71,10 @@ def _member_status(m: Job, term: DepTerm, now: int) -> str:
     return NEVER if good else OK       # afternotok
 
 
-def dependency_status(state: State, dep: Dependency, job_id: int, now: int) -> str:
-    """``ok``, ``wait`` or ``never`` for job ``job_id``'s dependency."""
-    results = [_term_status(state, t, job_id, now) for t in dep.terms]
+def dependency_status(state: State, dep: Dependency, job_id: int, now: int, index: Singletons | None = None) -> str:
+    """``ok``, ``wait`` or ``never`` for job ``job_id``'s dependency (``index``: :func:`singletons` of the state,
+    for a pending job's ``singleton``)."""
+    results = [_term_status(state, t, job_id, now, index) for t in dep.terms]
     if dep.any_of:
         if OK in results:
             return OK

@@ -8,7 +8,7 @@ from typing import Sequence, cast
 
 from . import events as ev
 from .cycle import Cycle, SearchKey
-from .deps import NEVER, OK, DependencySpecError, dependency_status, parse_dependency
+from .deps import NEVER, OK, DependencySpecError, dependency_status, parse_dependency, singletons
 from .hostlist import compress
 from .reasons import REQ_NODE_NOT_AVAIL_ALL, Amounts, Reason, most_severe
 from .usage_limits import wall_reason
@@ -121,7 +121,10 @@ def _waiting_reason(cy: Cycle, job: Job) -> Reason | None:
     spec = job.spec
     if spec.dependency:
         try:
-            status = dependency_status(cy.state, parse_dependency(spec.dependency), job.job_id, cy.now)
+            dep = parse_dependency(spec.dependency)
+            if cy.singletons is None and any(t.kind == "singleton" for t in dep.terms):
+                cy.singletons = singletons(cy.state)
+            status = dependency_status(cy.state, dep, job.job_id, cy.now, cy.singletons)
         except DependencySpecError:   # validated at submit; a record from elsewhere can never be met
             status = NEVER
         if status == NEVER:

@@ -320,3 +320,29 @@ def test_same_stream_same_state_and_decisions_under_any_hash_seed():
                              capture_output=True, text=True, check=True)
         digests.add(res.stdout.strip())
     assert len(digests) == 1, digests
+
+
+SINGLETON_OP = st.tuples(st.sampled_from(["submit", "cycle", "finish"]), st.integers(0, 1), st.integers(0, 1))
+
+
+@SETTINGS
+@given(st.lists(SINGLETON_OP, min_size=1, max_size=30))
+def test_singleton_read_from_the_cycles_index_is_the_scan_of_every_job(ops):
+    from harness import make_cluster
+    from rota.core.deps import dependency_status, parse_dependency, singletons
+
+    h = Harness(make_cluster(nodes=1, gpus=2))
+    for op, user, name in ops:
+        if op == "submit":
+            h.submit(user=f"u{user}", name=f"n{name}", gpus_per_node=1, dependency="singleton")
+        elif op == "cycle":
+            h.cycle()
+        elif h.state.running:
+            h.finish(sorted(h.state.running)[user % len(h.state.running)])
+    st_, dep, index = h.state, parse_dependency("singleton"), singletons(h.state)
+    for jid in st_.pending:
+        me = st_.jobs[jid]
+        blocked = any(o.spec.user == me.spec.user and o.spec.name == me.spec.name
+                      and (o.state == RUNNING or o.submit_seq < me.submit_seq)
+                      for oid in [*st_.running, *st_.pending] if oid != jid for o in [st_.jobs[oid]])
+        assert dependency_status(st_, dep, jid, h.now, index) == ("wait" if blocked else "ok")
