@@ -245,8 +245,8 @@ class State:
         self.finished = deque(finished)
         for tasks in self.array_tasks.values():
             tasks.sort()
-        if len(self.ended) > len(self.dep_refs):     # a state from before outcomes left with their last reader
-            self.ended = {jid: v for jid, v in self.ended.items() if jid in self.dep_refs}
+        # (a state saved before outcomes left with their last reader holds every one)
+        self.ended = {jid: v for jid, v in self.ended.items() if jid in self.dep_refs}
 
     def recount(self, job: Job, before: int) -> None:
         """Bring the job's user's count of active jobs up to date: ``before`` is its job_weight before it changed."""
