@@ -67,8 +67,8 @@ def _purge(state: State) -> None:
     """Forget jobs that ended at least MinJobAge ago (an array only once all of it has).
 
     Like slurmctld: the live state keeps active and recently finished jobs; the log keeps history.
-    What dependencies need of a purged job stays in ``state.ended`` while an active job's afterok or afternotok
-    names it.
+    What dependencies need of a purged job stays in ``state.ended`` while the afterok or afternotok of a job still
+    in the state names it (a finished one may be requeued).
     """
     cutoff = state.now - state.min_job_age
     q, jobs = state.finished, state.jobs
@@ -82,6 +82,8 @@ def _purge(state: State) -> None:
             continue   # requeued since, or already purged with its array
         if job.array_job_id is None:
             del jobs[jid]
+            if job.spec.dependency:
+                state.reads_outcomes(job.spec.dependency, -1)
             if jid in state.dep_refs:
                 state.ended[jid] = (1, 0) if job.state == COMPLETED and job.exit_code == 0 else (0, 1)
             continue
@@ -93,6 +95,8 @@ def _purge(state: State) -> None:
         good = sum(1 for m in counted if m.state == COMPLETED and m.exit_code == 0)
         for m in every:
             del jobs[m.job_id]
+        if job.spec.dependency:     # the array as submitted (its tasks share its spec)
+            state.reads_outcomes(job.spec.dependency, -1)
         state.array_tasks.pop(aid, None)
         if aid in state.dep_refs:
             state.ended[aid] = (good, len(counted) - good)
@@ -295,6 +299,8 @@ def _job_submitted(state: State, env: ev.Envelope, e: ev.JobSubmitted, ch: Chang
         job.array_pending = list(arr.indices)
         job.array_throttle = arr.throttle
     state.jobs[e.job_id] = job
+    if spec.dependency:
+        state.reads_outcomes(spec.dependency, 1)
     state.pending[e.job_id] = None
     state.recount(job, 0)
     ch.new_job(job)

@@ -181,7 +181,7 @@ class State:
     controller_version: str = ""
     jobs: dict[int, Job] = field(default_factory=dict)
     nodes: dict[str, Node] = field(default_factory=dict)
-    # jobs purged MinJobAge after they ended that an active job's afterok/afternotok still reads (dep_refs):
+    # jobs purged MinJobAge after they ended that the afterok/afternotok of a job still here reads (dep_refs):
     # id -> (members that completed with exit 0, other members), all dependencies need of them
     ended: dict[int, tuple[int, int]] = field(default_factory=dict)
     # accounting (sacctmgr): accounts, users' associations (user, account), users' default accounts, QOS
@@ -204,7 +204,7 @@ class State:
     # each user's jobs that count toward submit limits (MaxSubmitJobs, MaxJobCount), as job_weight counts them
     active_in: dict[str, dict[tuple[str, str], int]] = field(default_factory=dict)   # user -> (QOS, account) -> jobs
     active_total: int = 0                   # every user's, summed
-    dep_refs: dict[int, int] = field(default_factory=dict)   # job -> the active jobs whose afterok/afternotok names it
+    dep_refs: dict[int, int] = field(default_factory=dict)   # job -> the jobs in the state whose afterok/afternotok name it
     part_shapes: dict[str, PartitionShape] = field(default_factory=dict)
     part_nodes: dict[str, list[Node]] = field(default_factory=dict, compare=False, repr=False)
     part_configs: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)   # name -> PartitionConfig
@@ -233,6 +233,8 @@ class State:
         finished = []
         for jid, job in self.jobs.items():
             self.recount(job, 0)
+            if job.spec.dependency and job.array_task_id is None:    # a job as submitted (not an array's task)
+                self.reads_outcomes(job.spec.dependency, 1)
             if job.state == PENDING:
                 self.pending[jid] = None
             elif job.state == RUNNING:
@@ -250,13 +252,10 @@ class State:
 
     def recount(self, job: Job, before: int) -> None:
         """Bring the job's user's count of active jobs up to date: ``before`` is its job_weight before it changed."""
-        weight = job_weight(job)
-        delta = weight - before
+        delta = job_weight(job) - before
         if delta:
             self.active_total += delta
             spec = job.spec
-            if spec.dependency and (before > 0) != (weight > 0):
-                self._reads_outcomes(spec.dependency, 1 if weight else -1)
             user = spec.user
             mine = self.active_in.get(user)
             if mine is None:
@@ -270,9 +269,9 @@ class State:
                 if not mine:
                     del self.active_in[user]
 
-    def _reads_outcomes(self, dependency: str, step: int) -> None:
-        """An active job with this dependency came (``step`` 1) or went (-1): a purged job's outcome no active job
-        reads any more leaves the state."""
+    def reads_outcomes(self, dependency: str, step: int) -> None:
+        """A job with this dependency was submitted (``step`` 1) or purged (-1): a purged job's outcome that no job
+        in the state reads any more leaves it."""
         refs = self.dep_refs
         for jid in outcome_ids(dependency):
             n = refs.get(jid, 0) + step

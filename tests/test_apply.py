@@ -204,6 +204,9 @@ def test_an_array_is_purged_only_once_all_of_it_has_ended():
     assert not any(j in h.state.jobs for j in first + last + [arr])
     assert h.state.ended == {arr: (2, 1)} and arr not in h.state.array_tasks
     h.put(ev.JobCancelled(job_id=waiter, by_uid=0))
+    assert h.state.ended == {arr: (2, 1)}                     # a reader that ended stays a while, and may come back
+    h.advance(100)
+    h.put(ev.NodeDrained(node="gpu01", reason="y", by="root"))
     assert h.state.ended == {} and h.state.dep_refs == {}      # its last reader gone, the outcome goes too
     assert fold(h.log) == h.state
 
@@ -259,9 +262,20 @@ def test_a_purged_jobs_outcome_leaves_with_its_last_reader_and_afterany_on_a_gon
     assert not any(j in h.state.jobs for j in jobs) and h.state.ended == {}   # nobody reads how they ended
     after = h.submit(name="after", dependency=f"afterany:{jobs[0]}")
     assert after in {s.job_id for s in h.cycle().starts}     # gone: done, as Slurm assumes of a job it no longer has
+    # a job that read an outcome keeps it while it is in the state: requeued after it ran, it may start again
+    x = h.submit(name="x")
+    h.cycle()
+    reader = h.submit(name="reader", dependency=f"afterok:{x}")
+    h.finish(x)
+    h.advance(61)
+    h.put(ev.NodeResumed(node="gpu02", by="root"))
+    assert x not in h.state.jobs and reader in {s.job_id for s in h.cycle().starts}
+    h.finish(reader)
+    h.put(ev.JobRequeued(job_id=reader))
+    assert reader in {s.job_id for s in h.cycle().starts} and h.state.ended == {x: (1, 0)}
     h.put(ev.JobSubmitted(job_id=jobs[1], spec=ev.JobSpec(name="again")))
     assert jobs[1] not in h.state.jobs                      # an id is never handed out twice
     # a state saved before outcomes left with their last reader keeps, once loaded, only those still read
     old = fold(h.log)
     old.ended[jobs[2]] = (1, 0)
-    assert load_snapshot(dump_snapshot(old)).ended == {} and fold(h.log) == h.state
+    assert load_snapshot(dump_snapshot(old)).ended == {x: (1, 0)} and fold(h.log) == h.state
