@@ -277,7 +277,7 @@ def _controller_started(state: State, env: ev.Envelope, e: ev.ControllerStarted,
 
 
 def _job_submitted(state: State, env: ev.Envelope, e: ev.JobSubmitted, ch: Changes) -> None:
-    if e.job_id in state.jobs or e.job_id < state.next_job_id:     # ids are handed out in order, never again
+    if e.job_id < state.next_job_id:     # ids are handed out in order (every job in the state is below), never again
         ch.ignored(f"job {e.job_id} was already submitted")
         return
     spec = shared_spec(e.spec)
@@ -304,8 +304,7 @@ def _job_submitted(state: State, env: ev.Envelope, e: ev.JobSubmitted, ch: Chang
     state.pending[e.job_id] = None
     state.recount(job, 0)
     ch.new_job(job)
-    if e.job_id >= state.next_job_id:
-        state.next_job_id = e.job_id + 1
+    state.next_job_id = e.job_id + 1
 
 
 def _job_cancelled(state: State, env: ev.Envelope, e: ev.JobCancelled, ch: Changes) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 DEP_TYPES = ("after", "afterany", "afterok", "afternotok", "singleton", "aftercorr")
 
+
 class DependencySpecError(ValueError):
     """A --dependency value Slurm would reject."""
 
