@@ -40,6 +40,47 @@ def shared_env(env: dict[str, str]) -> dict[str, str]:
     return got
 
 
+_STRS: dict[str, str] = {}
+_STRS_ROOM = [4096]             # the pool's size at which it next drops what only it holds
+
+
+def shared_str(value: str) -> str:
+    """The process's one copy of ``value`` while anything holds it. Not ``sys.intern``: since Python 3.12
+    interned strings are immortal, so every script and command line a job brought would stay in memory
+    after its job left."""
+    got = _STRS.get(value)
+    if got is None:
+        if len(_STRS) >= _STRS_ROOM[0]:
+            _sweep_strs()
+        got = _STRS[value] = value
+    return got
+
+
+def _counts(pool: dict[str, str]) -> list[tuple[str, int]]:
+    """Each pooled string with its reference count (the same code counts the probe and the pool)."""
+    return [(k, sys.getrefcount(k)) for k in list(pool)]   # a copy made in one call: other threads may add
+
+
+def _held_by_pool_only() -> int:
+    """The count :func:`_counts` gives a string that only its pool holds."""
+    probe: dict[str, str] = {}
+    s = "".join(("pool", "probe"))
+    probe[s] = s
+    del s
+    return _counts(probe)[0][1]
+
+
+_ONLY_POOL = _held_by_pool_only()
+
+
+def _sweep_strs() -> None:
+    """Drop the strings nothing but the pool holds; the pool may then grow to twice what is left."""
+    for k, n in _counts(_STRS):
+        if n <= _ONLY_POOL:
+            _STRS.pop(k, None)
+    _STRS_ROOM[0] = max(4096, 2 * len(_STRS))
+
+
 _MAX_VALUES = 1 << 16
 _VALUES: dict[type, dict[Any, Any]] = {}
 
@@ -106,11 +147,10 @@ def share_spec(spec: Any, fields: tuple[tuple[str, Any], ...]) -> None:
             d[key] = value
     object.__setattr__(spec, "__dict__", d)     # a dict made for what it holds: a dict never shrinks
     d["env"] = shared_env(d["env"])     # an empty one too: jobs submitted without one are otherwise alike
-    intern = sys.intern
     for key in _STRINGS:
         value = d.get(key)
         if value and type(value) is str:
-            d[key] = intern(value)
+            d[key] = shared_str(value)
     named = frozenset(spec.__pydantic_fields_set__)
     pooled = _FIELD_SETS.get(named)
     if pooled is None:

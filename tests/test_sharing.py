@@ -1,6 +1,7 @@
 """Values many jobs repeat are kept once per process (rota.core.sharing); sharing them changes no result."""
 import asyncio
 import gc
+import sys
 
 import orjson
 import pytest
@@ -11,6 +12,7 @@ from rota.controller.records import encode_body
 from rota.core import events as ev
 from rota.core.apply import fold
 
+from rota.core import sharing
 from rota.core.request import _node_request, node_request, partition_shape
 from rota.core.sharing import shared_spec
 from rota.core.state import State, dump_snapshot, load_snapshot
@@ -22,7 +24,7 @@ ENV = {"PATH": "/usr/bin:/bin", "HOME": "/home/ann", "LANG": "C.UTF-8"}
 
 
 def _spec(**kw):
-    return ev.JobSpec(user="ann", script="#!/bin/sh\ntrue\n", env=dict(ENV), **kw)
+    return ev.JobSpec(**{"user": "ann", "script": "#!/bin/sh\ntrue\n", "env": dict(ENV), **kw})
 
 
 def test_equal_specs_decoded_apart_are_one_object_and_unequal_ones_stay_apart():
@@ -47,6 +49,22 @@ def test_specs_without_an_environment_share_too_and_leave_the_pool_with_their_la
     gc.collect()
     c = ev.JobSpec(user="ann", gpus_per_node=1)
     assert shared_spec(c) is c            # the pool let the first go with its last holder: this one is kept now
+
+
+def test_a_jobs_strings_are_shared_while_held_and_leave_memory_with_their_jobs():
+    a = _spec(script="#!/bin/sh\n" + "echo one\n" * 20)
+    b = _spec(script="".join(["#!/bin/sh\n", "echo one\n" * 20]), name="other")
+    assert a.script is b.script
+    # not interned: interned strings never leave memory on Python 3.12 (the shared copy must stay mortal)
+    assert sys.getrefcount(a.script) < 100
+    del a, b
+    specs = [_spec(script=f"#!/bin/sh\necho pooled-{i}\n", name=f"job{i}") for i in range(3 * 4096)]
+    held = {s.script for s in specs[-10:]}
+    del specs
+    gc.collect()
+    sharing._sweep_strs()
+    left = {k for k in sharing._STRS if k.startswith("#!/bin/sh\necho pooled-")}
+    assert left == held, f"{len(left)} scripts of gone jobs are still pooled"
 
 
 def test_a_specs_request_is_made_again_for_another_shape_and_is_the_one_computed():
