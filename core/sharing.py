@@ -23,7 +23,7 @@ class SharedEnv(dict[str, str]):
 
 _ENVS: "weakref.WeakValueDictionary[tuple[tuple[str, str], ...], SharedEnv]" = weakref.WeakValueDictionary()
 _FIELD_SETS: dict[frozenset[str], set[str]] = {}
-_SPECS: dict[tuple[Any, ...], "weakref.KeyedRef"] = {}   # by its field names and values: a reference to the spec
+_SPECS: dict[int, "weakref.KeyedRef"] = {}   # by the hash of its field names and values: a reference to the spec
 _NAMES: dict[tuple[str, ...], tuple[tuple[str, ...], int]] = {}   # a spec's field names: their one copy, where env is
 _STRINGS = ("script", "submit_line", "workdir", "name", "user", "account", "output", "error", "submit_host")
 
@@ -112,16 +112,17 @@ def shared_spec(spec: Any) -> Any:
     values = [*d.values()]
     at = known[1]
     values[at] = id(values[at])     # the environment is shared already: the same one is the same object
-    key = (known[0], *values)
     try:
-        ref = _SPECS.get(key)
-    except TypeError:               # a value that cannot be a key (not one a validated spec holds)
+        key = hash((known[0], *values))
+    except TypeError:               # a value that cannot be hashed (not one a validated spec holds)
         return spec
+    ref = _SPECS.get(key)
     got = ref() if ref is not None else None
     if got is None:
         _SPECS[key] = weakref.KeyedRef(spec, _forget, key)
-        got = spec
-    return got
+        return spec
+    # the key is a hash, not the values (a deep queue of distinct jobs would hold each twice): equal only if equal
+    return got if got.__dict__ == d else spec
 
 
 def _forget(ref: "weakref.KeyedRef", specs: dict = _SPECS) -> None:

@@ -1,5 +1,5 @@
-"""A child process's lifetime tied to its parent's (Linux: PR_SET_PDEATHSIG), and a daemon's end that always
-comes (its event loop run with a bounded stop)."""
+"""A child process's lifetime tied to its parent's (Linux: PR_SET_PDEATHSIG), a daemon's end that always
+comes (its event loop run with a bounded stop), and its C heap kept close to what it holds."""
 from __future__ import annotations
 
 import asyncio
@@ -27,9 +27,28 @@ def die_with(parent: int, signum: int = 15):
     return arm
 
 
+M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8     # glibc's mallopt parameters
+
+
+def lean_heap(mmap_threshold: int = 128 * 1024) -> None:
+    """A long-running process's C heap (glibc's; elsewhere nothing changes): one arena, so what its worker
+    threads free (a snapshot written off the loop, SQLite's thread) is reused by the next work, not kept in
+    an arena of their own; and blocks of ``mmap_threshold`` or more always mapped and unmapped (glibc
+    otherwise raises the threshold each time one is freed, and a deep queue's large transient buffers then
+    fragment the heap for good)."""
+    try:
+        mallopt = libc().mallopt
+    except AttributeError:
+        return
+    mallopt(M_ARENA_MAX, 1)
+    mallopt(M_MMAP_THRESHOLD, mmap_threshold)
+
+
 def run_bounded(main: Any) -> None:
     """``asyncio.run`` without its unbounded end: tasks left over get 5 s to finish once cancelled, and
-    threads still blocked (a write to a full disk, say) are not waited for: stopping always ends."""
+    threads still blocked (a write to a full disk, say) are not waited for: stopping always ends. The
+    daemon's heap is made lean first (:func:`lean_heap`), before its threads start."""
+    lean_heap()
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(main)
