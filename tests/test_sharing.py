@@ -27,6 +27,13 @@ def _spec(**kw):
     return ev.JobSpec(**{"user": "ann", "script": "#!/bin/sh\ntrue\n", "env": dict(ENV), **kw})
 
 
+def test_specs_whose_keys_collide_stay_apart_unless_equal(monkeypatch):
+    monkeypatch.setattr(sharing, "hash", lambda _values: 7, raising=False)   # every spec has the same key
+    a, b = _spec(name="collide-a"), _spec(name="collide-b")
+    assert shared_spec(a) is a and shared_spec(b) is b          # the pool holds a; b is not taken for it
+    assert shared_spec(_spec(name="collide-a")) is a             # an equal one is still shared
+
+
 def test_equal_specs_decoded_apart_are_one_object_and_unequal_ones_stay_apart():
     a, b = _spec(name="x"), _spec(name="x")
     assert a.env is b.env and a.__pydantic_fields_set__ is b.__pydantic_fields_set__
