@@ -14,6 +14,9 @@ FORBIDDEN_MODULES = {"asyncio", "nats", "aiosqlite", "pyarrow", "typer", "time",
                      "socket", "subprocess", "threading", "datetime", "pathlib", "io", "sqlite3",
                      "pynvml", "rich", "uuid", "secrets", "shutil", "tempfile"}
 FORBIDDEN_CALLS = {"open", "print", "input", "hash"}
+# hash() differs from process to process; the spec pool keys by it only to find a candidate, which must then be
+# equal (test_sharing: specs whose keys collide stay apart), so no result depends on its value
+ALLOWED_CALLS = {"sharing.py": {"hash"}}
 
 
 def core_files():
@@ -32,7 +35,8 @@ def impurities(source: str, filename: str) -> list[str]:
         for n in names:
             if n.split(".")[0] in FORBIDDEN_MODULES:
                 bad.append(f"{filename}:{node.lineno} imports {n}")
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in FORBIDDEN_CALLS:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in FORBIDDEN_CALLS \
+                and node.func.id not in ALLOWED_CALLS.get(filename, ()):
             bad.append(f"{filename}:{node.lineno} calls {node.func.id}()")
     return bad
 
