@@ -30,18 +30,17 @@ def die_with(parent: int, signum: int = 15):
 M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8     # glibc's mallopt parameters
 
 
-def lean_heap(mmap_threshold: int = 128 * 1024) -> None:
+def lean_heap(mmap_threshold: int = 128 * 1024) -> bool:
     """A long-running process's C heap (glibc's; elsewhere nothing changes): one arena, so what its worker
     threads free (a snapshot written off the loop, SQLite's thread) is reused by the next work, not kept in
     an arena of their own; and blocks of ``mmap_threshold`` or more always mapped and unmapped (glibc
     otherwise raises the threshold each time one is freed, and a deep queue's large transient buffers then
-    fragment the heap for good)."""
+    fragment the heap for good). Whether the C library took both settings."""
     try:
         mallopt = libc().mallopt
     except AttributeError:
-        return
-    mallopt(M_ARENA_MAX, 1)
-    mallopt(M_MMAP_THRESHOLD, mmap_threshold)
+        return False
+    return bool(mallopt(M_ARENA_MAX, 1)) & bool(mallopt(M_MMAP_THRESHOLD, mmap_threshold))
 
 
 def run_bounded(main: Any) -> None:
