@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections import namedtuple
+from functools import lru_cache
 
 MAX_ARRAY_SIZE = 1001
 
@@ -45,6 +46,19 @@ def parse_array(text: str, max_array_size: int = MAX_ARRAY_SIZE) -> ArraySpec:
     if not indices:
         raise ArraySpecError(f"empty array specification {text!r}")
     return ArraySpec(tuple(sorted(indices)), throttle)
+
+
+@lru_cache(maxsize=256)
+def array_summary(text: str) -> tuple[int, int, int, int] | None:
+    """(count, min, max, step) of an array specification, as each task's environment gives them
+    (SLURM_ARRAY_TASK_COUNT/MIN/MAX/STEP); None for one Slurm would reject. Kept per text: every task of
+    an array asks, and parsing one spells out all its indices."""
+    try:
+        indices = parse_array(text, 1 << 30).indices
+    except ArraySpecError:
+        return None
+    step = indices[1] - indices[0] if len(indices) > 1 else 1
+    return len(indices), indices[0], indices[-1], step
 
 
 def format_indices(indices: list[int] | tuple[int, ...], throttle: int = 0) -> str:

@@ -9,7 +9,7 @@ the first node of its allocation (as in Slurm).
 """
 from __future__ import annotations
 
-from .arrays import parse_array
+from .arrays import array_summary
 from .changes import Before, Changes
 from .orders import Kill, Launch, Order, Signal, StepKill, StepLaunch, Update
 from .state import RUNNING, Job, State, Step
@@ -87,13 +87,8 @@ def launch(job: Job) -> Launch:
     base, extra = divmod(ntasks, len(alloc))
     count = low = high = step = None
     if job.array_task_id is not None and spec.array:
-        try:
-            indices = parse_array(spec.array, 1 << 30).indices
-        except Exception:  # noqa: BLE001 - validated at submit; never fail a launch over it
-            indices = ()
-        if indices:
-            count, low, high = len(indices), min(indices), max(indices)
-            step = indices[1] - indices[0] if len(indices) > 1 else 1
+        # validated at submit; a launch never fails over it
+        count, low, high, step = array_summary(spec.array) or (None, None, None, None)
     return Launch(job_id=job.job_id, restarts=job.restarts, name=spec.name, user=spec.user, partition=job.partition,
                   nodes=tuple(a.node for a in alloc), cpus=first.cpus, mem=first.mem, gpus=first.gpus,
                   cpus_per_node=tuple(a.cpus for a in alloc), tasks_per_node=tuple(base + (i < extra) for i in range(len(alloc))),

@@ -93,6 +93,24 @@ def test_every_running_job_is_launched_again_after_a_rebuild_and_orders_survive_
     assert wire.message_id(Update(job_id=5, time_limit=3)) is None     # a second update is a new order
 
 
+def test_launching_every_task_of_a_large_array_spells_out_its_indices_once(monkeypatch):
+    """Each task's launch carries the array's count, bounds and step; working them out spells out every index,
+    so a launch per task doing it again was quadratic in the array (10,000 tasks: seconds on the event loop)."""
+    from rota.core import arrays
+
+    h = Harness(make_cluster(nodes=4, gpus=8))
+    array = h.submit(gpus_per_node=1, array="1-900:3%50")
+    arrays.array_summary.cache_clear()
+    spelled = []
+    real = arrays.parse_array
+    monkeypatch.setattr(arrays, "parse_array", lambda *a: spelled.append(a) or real(*a))
+    out = launches(h.state) + step(h, started(h))[1]
+    tasks = [o for _n, o in out if isinstance(o, Launch) and o.array_job_id == array]
+    assert len(tasks) == 32
+    assert {(o.array_count, o.array_min, o.array_max, o.array_step) for o in tasks} == {(300, 1, 898, 3)}
+    assert len(spelled) == 1
+
+
 def test_a_forged_or_broken_order_is_refused_with_the_reason():
     import pytest
 
