@@ -63,10 +63,10 @@ class AgentLink:
 
     async def start(self) -> None:
         await ensure_streams(self.js)
-        await self.ensure_consumers()
         self._subs.append(await self.nc.subscribe(f"{sj.HEARTBEAT_PREFIX}.*", cb=self._on_heartbeat))
         self.resend_launches()
-        self._tasks = [asyncio.create_task(t) for t in (self._inbox(), self._monitor(), self._orders())]
+        self._tasks = [asyncio.create_task(t) for t in (self._keep_consumers(), self._inbox(), self._monitor(),
+                                                         self._orders())]
 
     async def stop(self) -> None:
         self._stopped = True
@@ -86,6 +86,17 @@ class AgentLink:
         if nodes:
             await ensure_agent_consumers(self.js, nodes)
             self._consumers.update(nodes)
+
+    async def _keep_consumers(self) -> None:
+        """Consumers for the configured nodes, made beside the rest (a thousand of them take a while on a busy
+        server, and orders wait in the stream meanwhile), and for nodes configured later."""
+        while True:
+            if self.c.leader:
+                try:
+                    await self.ensure_consumers()
+                except Exception as exc:  # noqa: BLE001 - retried next time round
+                    log.warning("cannot create the agents' consumers yet: %s", exc)
+            await asyncio.sleep(1.0)
 
     # ------------------------------------------------------------ orders
 
@@ -244,8 +255,8 @@ class AgentLink:
         GPUs than configured."""
         interval = min(1.0, self.node_timeout / 10)
         stalled = max(3 * interval, min(5.0, self.node_timeout / 2))
-        last = time.monotonic()
         while True:
+            last = time.monotonic()
             await asyncio.sleep(interval)
             woke = time.monotonic()
             if woke - last > stalled:      # this process was stopped (SIGSTOP) or starved, not
@@ -253,13 +264,8 @@ class AgentLink:
                 self.last_seen.update(dict.fromkeys(self.last_seen, woke))   # none was heard meanwhile (in place:
                 # the controller's /metrics reads this dict)
                 self._started = woke
-            last = woke
             if not self.c.leader:
                 continue
-            try:
-                await self.ensure_consumers()
-            except Exception as exc:  # noqa: BLE001 - retried next time round
-                log.warning("cannot create the agents' consumers yet: %s", exc)
             now = time.monotonic()
             try:
                 for name, node in list(self.c.state.nodes.items()):

@@ -185,6 +185,7 @@ class Candidacy:
         self.on_lead, self.on_lose = on_lead, on_lose
         self.leading = False
         self._status: Any = None
+        self._starting: asyncio.Task | None = None      # on_lead, run beside the renewals
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.lease.open()
@@ -224,14 +225,27 @@ class Candidacy:
                 log.warning("leading from log sequence %d", self.c.state.seq)
                 await self._announce()
                 if self.on_lead is not None:
-                    await self.on_lead()
+                    self._starting = asyncio.create_task(self._start_leading(self.on_lead))
         await self._announce()
+
+    @staticmethod
+    async def _start_leading(on_lead: Callable[[], Awaitable[None]]) -> None:
+        """What leading starts (serving, the agents' link), beside the lease's renewals: a thousand nodes'
+        consumers on a busy server can take longer than the lease lives."""
+        try:
+            await on_lead()
+        except Exception as exc:  # noqa: BLE001 - the servers are away: the parts started retry by themselves
+            log.warning("leadership: %s", exc or type(exc).__name__)
 
     async def _lose(self, why: str) -> None:
         log.warning("no longer leading: %s", why)
         self.leading = False
         self.c.writer.leader = False
         self.lease.revision = None
+        starting, self._starting = self._starting, None
+        if starting is not None and not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
         if self.on_lose is not None:
             await self.on_lose()
 

@@ -81,6 +81,37 @@ async def test_a_standby_takes_over_when_the_leader_dies_and_the_old_leader_cann
     await asyncio.gather(task_a, task_b)
 
 
+async def test_a_leader_whose_start_outlasts_its_lease_keeps_it(jetstream):
+    """What leading starts (a thousand nodes' order consumers on a busy server) may take longer than the lease
+    lives: the lease is renewed meanwhile, so the leader neither loses it nor hands over to a standby."""
+    lg = await jetstream()
+    c = Controller(lg, config=CFG, debounce=0.01, cycle_interval=0.5, name="slow")
+    await c.load()
+
+    async def slow_start() -> None:
+        await asyncio.sleep(3 * TTL)
+        await c.serve(lg.nc)
+
+    cand = Candidacy(c, lg.js, "slow", "host-slow", ttl=TTL, on_lead=slow_start, on_lose=c.stop)
+    lost: list[bool] = []
+
+    async def on_lose() -> None:
+        lost.append(True)
+        await c.stop()
+    cand.on_lose = on_lose
+    stop = asyncio.Event()
+    task = asyncio.create_task(cand.run(stop))
+    await until(lambda: cand.leading, what="it to lead")
+    revision = cand.lease.revision
+    await asyncio.sleep(3 * TTL + 1)
+    assert cand.leading and not lost and c.writer.leader
+    assert cand.lease.revision is not None and cand.lease.revision > (revision or 0)
+    answer = await c.handle("submit", {"rid": "1", "spec": spec(name="after-a-slow-start")})
+    assert answer["ok"]
+    stop.set()
+    await task
+
+
 def test_a_standby_rota_up_takes_over_from_a_killed_one(tmp_path):
     """Two `rota up` on one set of NATS servers (not their own: those die with them): kill -9 the leader,
     the standby leads, commands go on through it, scontrol ping says who leads."""

@@ -83,12 +83,17 @@ def queue_config(durable: str, subject: str, ack_wait: float) -> Any:
                           deliver_policy=DeliverPolicy.ALL, ack_wait=ack_wait, max_ack_pending=1024)
 
 
-async def ensure_agent_consumers(js: Any, nodes: list[str]) -> None:
+async def ensure_agent_consumers(js: Any, nodes: list[str], parallel: int = 32) -> None:
     """One durable consumer per node on the assignment stream, filtered to that node's subject (one made
-    by an older rota with another redelivery wait gets this one)."""
-    for node in nodes:
+    by an older rota with another redelivery wait gets this one); ``parallel`` requests at a time."""
+    gate = asyncio.Semaphore(parallel)
+
+    async def ensure(node: str) -> None:
         cfg = queue_config(sj.agent_consumer(node), f"{sj.ASSIGN_PREFIX}.{node}", ACK_WAIT)
-        await _retrying(f"consumer {cfg.durable_name}", lambda cfg=cfg: _ensure_consumer(js, sj.ASSIGN_STREAM, cfg))
+        async with gate:
+            await _retrying(f"consumer {cfg.durable_name}", lambda: _ensure_consumer(js, sj.ASSIGN_STREAM, cfg))
+
+    await asyncio.gather(*(ensure(n) for n in nodes))
 
 
 async def _ensure_consumer(js: Any, stream: str, cfg: Any) -> None:
