@@ -27,6 +27,7 @@ log = logging.getLogger("rota.controller.leadership")
 LEASE_BUCKET = "rota_leader"
 STATUS_BUCKET = "rota_controllers"
 KEY = "leader"
+START_LIMIT = 6           # leases' lives what leading starts may take before leadership is given up and taken afresh
 LEASE_TTL = 5.0          # seconds a lease lives without renewal: takeover within this plus catching up
 
 
@@ -57,6 +58,12 @@ class Lease:
         self.js, self.name, self.host, self.ttl = js, name, host, ttl
         self.kv: Any = None
         self.revision: int | None = None
+        self.confirmed = 0.0    # when (monotonic) the last take or renewal known to have landed was sent
+
+    def lapsing(self) -> bool:
+        """Whether no take or renewal has been confirmed for half the lease's life: the servers may let it
+        expire before one lands, and another controller take it, so this one must stop acting as leader."""
+        return time.monotonic() - self.confirmed >= self.ttl / 2
 
     async def open(self) -> None:
         self.kv = await _bucket(self.js, LEASE_BUCKET, self.ttl, check_copies=True)
@@ -75,8 +82,10 @@ class Lease:
         restart after a crash need not wait for its old lease to run out)."""
         from nats.js.errors import KeyWrongLastSequenceError
 
+        sent = time.monotonic()
         try:
             self.revision = await self._quick(self.kv.create(KEY, self._value(seq)))
+            self.confirmed = sent
             return True
         except KeyWrongLastSequenceError:
             pass
@@ -89,6 +98,7 @@ class Lease:
             return False
         try:
             self.revision = await self._quick(self.kv.update(KEY, self._value(seq), last=entry.revision))
+            self.confirmed = sent
             return True
         except KeyWrongLastSequenceError:
             return False
@@ -99,8 +109,10 @@ class Lease:
 
         if self.revision is None:
             return False
+        sent = time.monotonic()
         try:
             self.revision = await self._quick(self.kv.update(KEY, self._value(seq), last=self.revision))
+            self.confirmed = sent
             return True
         except KeyWrongLastSequenceError:
             pass
@@ -109,6 +121,7 @@ class Lease:
             held = json.loads(entry.value) if entry.value else {}
             if held.get("name") == self.name and held.get("pid") == os.getpid():
                 self.revision = await self._quick(self.kv.update(KEY, self._value(seq), last=entry.revision))
+                self.confirmed = sent
                 return True
         except KeyWrongLastSequenceError:
             pass
@@ -186,6 +199,7 @@ class Candidacy:
         self.leading = False
         self._status: Any = None
         self._starting: asyncio.Task | None = None      # on_lead, run beside the renewals
+        self._starting_since = 0.0
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.lease.open()
@@ -195,9 +209,9 @@ class Candidacy:
                 try:
                     await self._step()
                 except Exception as exc:  # noqa: BLE001 - the servers are away: keep trying
-                    log.warning("leadership: %s", exc or type(exc).__name__)
-                    if self.leading and (self.lease.revision is None or not self.c.leader):
-                        await self._lose("the lease could not be renewed")
+                    log.warning("leadership: %s", str(exc) or type(exc).__name__)
+                    if self.leading and (self.lease.revision is None or not self.c.leader or self.lease.lapsing()):
+                        await self._lose(f"its lease could not be renewed for {time.monotonic() - self.lease.confirmed:.1f} s")
                 try:
                     await asyncio.wait_for(stop.wait(), timeout=self.ttl / 5)
                 except asyncio.TimeoutError:
@@ -205,15 +219,17 @@ class Candidacy:
         finally:
             if self.leading:
                 try:
-                    await self._lose("stopping")
-                    await self.lease.release()
+                    await self._lose("stopping", release=True)
                 except Exception as exc:  # noqa: BLE001 - the connection is gone: the lease expires by itself
                     log.warning("stopping: %s", exc or type(exc).__name__)
 
     async def _step(self) -> None:
         if self.leading:
+            stuck = self._start_stuck()
             if not self.c.leader:
                 await self._lose("the log refused its append (another controller wrote)")
+            elif stuck:
+                await self._lose(stuck, release=True)    # taken again at once, by this one or the other: a fresh start
             elif not await self.lease.renew(self.c.state.seq):
                 await self._lose("its lease ran out")
         else:
@@ -226,28 +242,47 @@ class Candidacy:
                 await self._announce()
                 if self.on_lead is not None:
                     self._starting = asyncio.create_task(self._start_leading(self.on_lead))
+                    self._starting_since = time.monotonic()
         await self._announce()
 
     @staticmethod
-    async def _start_leading(on_lead: Callable[[], Awaitable[None]]) -> None:
-        """What leading starts (serving, the agents' link), beside the lease's renewals: a thousand nodes'
-        consumers on a busy server can take longer than the lease lives."""
+    async def _start_leading(on_lead: Callable[[], Awaitable[None]]) -> str:
+        """What leading starts (serving, the agents' link), beside the lease's renewals (a busy server can
+        hold it up longer than the lease lives); why it failed, or "" once started."""
         try:
             await on_lead()
-        except Exception as exc:  # noqa: BLE001 - the servers are away: the parts started retry by themselves
-            log.warning("leadership: %s", exc or type(exc).__name__)
+        except Exception as exc:  # noqa: BLE001 - the servers are away: leadership is given up and taken afresh
+            return f"what leading starts failed: {str(exc) or type(exc).__name__}"
+        return ""
 
-    async def _lose(self, why: str) -> None:
+    def _start_stuck(self) -> str:
+        """Why what leading starts will not serve (it failed, or has not finished within START_LIMIT leases),
+        or "" (started, or still starting)."""
+        starting = self._starting
+        if starting is None:
+            return ""
+        if starting.done():
+            self._starting = None
+            return starting.result()
+        if time.monotonic() - self._starting_since > START_LIMIT * self.ttl:
+            return f"what leading starts did not finish in {START_LIMIT * self.ttl:.0f} s"
+        return ""
+
+    async def _lose(self, why: str, release: bool = False) -> None:
+        """Stop leading; ``release``: and give the lease up once stopped (a standby need not wait for it to expire)."""
         log.warning("no longer leading: %s", why)
         self.leading = False
         self.c.writer.leader = False
-        self.lease.revision = None
+        revision, self.lease.revision = self.lease.revision, None
         starting, self._starting = self._starting, None
         if starting is not None and not starting.done():
             starting.cancel()
             await asyncio.gather(starting, return_exceptions=True)
         if self.on_lose is not None:
             await self.on_lose()
+        if release and revision is not None:
+            self.lease.revision = revision
+            await self.lease.release()
 
     async def _announce(self) -> None:
         body = json.dumps({"name": self.name, "host": self.host, "seq": self.c.state.seq,   # who leads: the lease

@@ -3,7 +3,7 @@ controllers (one leads, one stands by), 4 agents with their own host keys, and s
 through the agents' signers, while each piece in turn is killed (-9) and brought back, frozen (SIGSTOP)
 and continued, and cut off from the network and reconnected. Then the log is read back and checked.
 
-    python ops/fault_drill.py [--jobs 400] [--submitters 4] [--hold 30] [--short] [--dir DIR]
+    python ops/fault_drill.py [--jobs 400] [--submitters 4] [--hold 30] [--short] [--faults nats2:cut,...] [--dir DIR]
 
 As root with `ip` (iproute2), every piece runs in a network namespace of its own on one bridge, so a
 partition is `ip link set ... down` on its side of the bridge; otherwise everything runs on loopback and
@@ -46,6 +46,7 @@ FAULTS = ("kill", "stop", "cut")
 SHORT = (("leader", "kill"), ("leader", "stop"), ("nats2", "kill"), ("agent", "stop"), ("nats3", "cut"),
          ("leader", "cut"), ("standby", "kill"))
 GAP = 5.0                       # seconds of calm after each fault before the next
+STALL_SHOWN = 10                # a scheduling stall longer than this (seconds) is shown record by record
 
 
 class Network:
@@ -126,9 +127,10 @@ class Fault:
 
 
 class Drill:
-    def __init__(self, base: Path, jobs: int, submitters: int, hold: float, short: bool) -> None:
+    def __init__(self, base: Path, jobs: int, submitters: int, hold: float, short: bool,
+                 only: list[tuple[str, str]] | None = None) -> None:
         self.base, self.jobs, self.submitters, self.hold = base, jobs, submitters, hold
-        self.plan = list(SHORT) if short else [(p, f) for p in PIECES for f in FAULTS]
+        self.plan = only or (list(SHORT) if short else [(p, f) for p in PIECES for f in FAULTS])
         self.procs: dict[str, subprocess.Popen] = {}
         self.acked: list[tuple[float, int]] = []          # (when, job id) of every acknowledged submit
         self.refused: list[str] = []
@@ -357,15 +359,18 @@ class Drill:
         wanted = {j for _, j in self.acked}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            st = self.fold()[0]
-            ended = {j for j in wanted if (j in st.jobs and st.jobs[j].state in TERMINAL_STATES) or j in st.ended}
+            last = self.fold()[0]
+            ended = {j for j in wanted if last.get(j) in TERMINAL_STATES}
             if ended == wanted:
                 return
             time.sleep(2)
 
-    def fold(self):
+    def fold(self) -> tuple[dict[int, str], list]:
+        """Each job's last state (those the state has purged after MinJobAge included) and the log's records."""
         from rota.controller.eventlog import JetStreamLog
-        from rota.core.apply import fold
+        from rota.core.apply import apply
+        from rota.core.changes import Changes
+        from rota.core.state import State
         from rota.wire import keys
 
         async def read():
@@ -377,7 +382,14 @@ class Drill:
                 await lg.close()
 
         envs = asyncio.run(read())
-        return fold(envs), envs
+        st, last = State(), {}
+        for e in envs:
+            changed = Changes()
+            apply(st, e, changed)
+            for j in changed.jobs:
+                if j in st.jobs:
+                    last[j] = st.jobs[j].state
+        return last, envs
 
     def costs(self, stalls: list[tuple[int, int]]) -> list[tuple[Fault, float, int]]:
         """Each fault's cost, from it to the next fault: the longest wait for an acknowledged submit, and the
@@ -392,6 +404,21 @@ class Drill:
             out.append((f, max((b - a for a, b in zip(points, points[1:])), default=0.0),
                         max((gap for t, gap in stalls if f.wall0 < t <= wall_end), default=0)))
         return out
+
+    def stall_story(self, stall: tuple[int, int], envs: list) -> str:
+        """What the log recorded while jobs waited longest with no start (``stall``: when a start came, after how
+        long), with the fault under way at each record: to find which part of the round trip a fault held up."""
+        end, gap = stall
+        lines = [f"the longest stall, {gap} s until {time.strftime('%H:%M:%S', time.localtime(end))}; the log meanwhile:"]
+        for e in envs:
+            ev = e.event
+            if ev is None or not end - gap <= e.ts <= end:
+                continue
+            fault = next((f.what for f in reversed(self.faults) if f.wall0 <= e.ts), "before any fault")
+            who = getattr(ev, "job_id", None) or getattr(ev, "node", None) or ""
+            lines.append(f"  {time.strftime('%H:%M:%S', time.localtime(e.ts))} #{e.seq} {ev.type} {who} "
+                         f"by {e.actor} ({fault})")
+        return "\n".join(lines[:60])
 
     def story(self, job_id: int, envs: list) -> str:
         """A job's events on the log, each with the fault under way then (to find what a fault did to it)."""
@@ -417,7 +444,7 @@ class Drill:
         from rota.core.apply import apply
         from rota.core.state import State
 
-        st, envs = self.fold()
+        last, envs = self.fold()
         submitted = {e.event.job_id for e in envs if e.event is not None and e.event.type == "job.submitted"}
         acked = {j for _, j in self.acked}
         lost = sorted(acked - submitted)
@@ -445,8 +472,7 @@ class Drill:
         never_ended = 0
         odd: list[str] = []                          # what the log says of each job that did not end well
         for j in sorted(acked):
-            job = st.jobs.get(j)
-            state = job.state if job is not None else ("COMPLETED" if st.ended.get(j, (0, 1))[0] else "ENDED")
+            state = last.get(j, "NEVER SUBMITTED")
             states[state] = states.get(state, 0) + 1
             if state in ("PENDING", "RUNNING"):
                 never_ended += 1
@@ -471,6 +497,8 @@ class Drill:
         print("how the acknowledged jobs ended: " + ", ".join(f"{k} {v}" for k, v in sorted(states.items())))
         print(f"longest time jobs waited with no start recorded (scheduling stall): "
               f"{max((g for _, g in stalls), default=0)} s")
+        if stalls and max(g for _, g in stalls) > STALL_SHOWN:
+            print(self.stall_story(max(stalls, key=lambda s: s[1]), envs))
         for story in odd[:10]:
             print(f"  {story}")
         for why in sorted(set(self.refused))[:5]:
@@ -481,18 +509,33 @@ class Drill:
         return 1 if lost or duplicates or never_ended or wrongly else 0
 
 
+def _faults(text: str) -> list[tuple[str, str]]:
+    """``--faults``: PIECE:FAULT pairs, comma-separated."""
+    out = []
+    for item in text.split(","):
+        piece, _, kind = item.strip().partition(":")
+        if piece not in PIECES or kind not in FAULTS:
+            raise argparse.ArgumentTypeError(f"{item.strip()!r} is not PIECE:FAULT with PIECE one of {', '.join(PIECES)} "
+                                             f"and FAULT one of {', '.join(FAULTS)}")
+        out.append((piece, kind))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=400)
     ap.add_argument("--submitters", type=int, default=4)
     ap.add_argument("--hold", type=float, default=30.0, help="seconds a freeze or a partition lasts (default 30)")
     ap.add_argument("--short", action="store_true", help="one fault of each kind instead of every fault on every piece")
+    ap.add_argument("--faults", type=_faults, default=None, metavar="PIECE:FAULT,...",
+                    help=f"only these faults, in this order (pieces: {', '.join(PIECES)}; faults: {', '.join(FAULTS)}); "
+                         "e.g. nats2:cut,leader:stop")
     ap.add_argument("--dir", help="where the servers', controllers' and agents' state goes (default: a temp dir)")
     args = ap.parse_args(argv)
     base = Path(args.dir or tempfile.mkdtemp(prefix="rota-drill-"))
     base.mkdir(parents=True, exist_ok=True)
     base.chmod(0o755)
-    drill = Drill(base, args.jobs, args.submitters, args.hold, args.short)
+    drill = Drill(base, args.jobs, args.submitters, args.hold, args.short, args.faults)
     try:
         drill.start()
         drill.faults_while_submitting()

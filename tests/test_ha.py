@@ -112,6 +112,65 @@ async def test_a_leader_whose_start_outlasts_its_lease_keeps_it(jetstream):
     await task
 
 
+async def test_a_leader_whose_renewals_fail_stops_leading_before_its_lease_can_expire(jetstream):
+    """Renewals that fail with an error (the servers answer no responders, or nothing) rather than a refusal:
+    the leader stops acting as one before another controller could take the expired lease."""
+    a, cand_a, stop_a, task_a = await candidate(jetstream, "ctl-a")
+    await until(lambda: cand_a.leading, what="ctl-a to lead")
+    from nats.errors import NoRespondersError
+
+    async def no_responders(*args, **kwargs):
+        raise NoRespondersError
+
+    cand_a.lease.kv.update = no_responders
+    cand_a.lease.kv.get = no_responders
+    failing = time.monotonic()
+    await until(lambda: not cand_a.leading, timeout=3 * TTL, what="ctl-a to stop leading")
+    assert time.monotonic() - failing < TTL, time.monotonic() - failing
+    assert not a.writer.leader
+    stop_a.set()
+    await task_a
+
+
+async def test_a_leader_whose_start_fails_gives_the_lease_up_and_takes_it_afresh(jetstream):
+    lg = await jetstream()
+    c = Controller(lg, config=CFG, debounce=0.01, cycle_interval=0.5, name="flaky")
+    await c.load()
+    starts: list[float] = []
+
+    async def start() -> None:
+        starts.append(time.monotonic())
+        if len(starts) == 1:
+            raise TimeoutError()         # e.g. the streams could not be read yet
+        await c.serve(lg.nc)
+
+    cand = Candidacy(c, lg.js, "flaky", "host-flaky", ttl=TTL, on_lead=start, on_lose=c.stop)
+    stop = asyncio.Event()
+    task = asyncio.create_task(cand.run(stop))
+    await until(lambda: len(starts) == 2, timeout=3 * TTL, what="a second start")
+    assert starts[1] - starts[0] < TTL      # the lease was given up, not left to expire
+    await until(lambda: cand.leading, what="it to lead again")
+    answer = await c.handle("submit", {"rid": "1", "spec": spec(name="after-a-failed-start")})
+    assert answer["ok"]
+    stop.set()
+    await task
+
+
+async def test_a_leader_that_stops_cleanly_hands_the_lease_over_at_once(jetstream):
+    a, cand_a, stop_a, task_a = await candidate(jetstream, "ctl-a")
+    await until(lambda: cand_a.leading, what="ctl-a to lead")
+    b, cand_b, stop_b, task_b = await candidate(jetstream, "ctl-b")
+    await asyncio.sleep(TTL / 2)
+    assert not cand_b.leading
+    stop_a.set()
+    await task_a
+    stopped = time.monotonic()
+    await until(lambda: cand_b.leading, timeout=3 * TTL, what="ctl-b to take over")
+    assert time.monotonic() - stopped < TTL / 2, time.monotonic() - stopped    # not after the lease expired
+    stop_b.set()
+    await task_b
+
+
 def test_a_standby_rota_up_takes_over_from_a_killed_one(tmp_path):
     """Two `rota up` on one set of NATS servers (not their own: those die with them): kill -9 the leader,
     the standby leads, commands go on through it, scontrol ping says who leads."""
