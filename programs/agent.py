@@ -3,7 +3,6 @@ host), each in the foreground until Ctrl-C or SIGTERM."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import signal
 import sys
@@ -60,9 +59,10 @@ def _setup(prog: str, host: str, nats: str | None, key: str | None, state_dir: s
            echo) -> tuple[str, Path, Any] | None:
     """The NATS URLs, the state directory and this host's keyring; None (said why) when one is missing."""
     from rota.wire.cluster import NoCluster, nats_urls
+    from rota.wire.daemonlog import daemon_logging
     from rota.wire.paths import default_state_dir
 
-    logging.basicConfig(level=logging.WARNING, format=f"{prog} {host}: %(message)s")
+    daemon_logging(f"{prog} {host}")
     try:
         url = nats_urls(nats)
     except NoCluster as exc:

@@ -383,9 +383,10 @@ def main(state_dir: str | None, config: str | None, nats: str | None, nats_port:
          fake_gpus: str | None, echo=print, *, agent_node: str | None = None, no_agent: bool = False,
          node_timeout: float = 300.0, agent_options: dict | None = None, tls: dict[str, str] | None = None,
          listen: str | None = None, standby: bool = False, web_port: int = 0) -> int:
+    from rota.wire.daemonlog import daemon_logging
     from rota.wire.keys import KeyFileError
 
-    logging.basicConfig(level=os.environ.get("ROTA_LOGLEVEL", "WARNING").upper(), format="rota: %(message)s")
+    daemon_logging("rota", os.environ.get("ROTA_LOGLEVEL", "WARNING").upper())
     try:
         cfg = load_config(config, fake_gpus)
         node = None if no_agent else pick_agent_node(cfg, agent_node)
