@@ -1,6 +1,7 @@
 """Connecting to the NATS servers: one way for every part (its role's credentials, TLS, reconnects)."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -53,4 +54,54 @@ async def connect(urls: str | list[str], who: str, *, keyring: Any = None, host:
                               "ping_interval": PING_INTERVAL, "max_outstanding_pings": MAX_OUTSTANDING_PINGS,
                               **connection_callbacks(who), **connect_options(keyring, host, tls_ca)}
     kwargs.update(options)
-    return await nats.connect(servers, **kwargs)
+    nc = await nats.connect(servers, **kwargs)
+    if kwargs["max_reconnect_attempts"] != 0:
+        task = asyncio.get_running_loop().create_task(_watch(nc, who))
+        _WATCHING.add(task)
+        task.add_done_callback(_WATCHING.discard)
+    return nc
+
+
+_WATCHING: set[asyncio.Task] = set()
+
+
+async def _watch(nc: Any, who: str) -> None:
+    """Give up a server that no longer answers, whatever the connection was doing. nats-py's own pings go out
+    through its write queue: once a frozen server's socket is full and that queue too, its ping loop waits
+    there for good and never finds the connection stale (a controller stayed on a SIGSTOPped server for the
+    whole freeze). This round trip is bounded from outside: no PONG within the pings' allowance, another server."""
+    limit = PING_INTERVAL * MAX_OUTSTANDING_PINGS
+    while not nc.is_closed:
+        await asyncio.sleep(PING_INTERVAL)
+        if not nc.is_connected:
+            continue            # reconnecting (or closed): nats-py is already on it
+        # a round trip waited for, not cancelled: nats-py swallows a cancel of a write stuck in its queue
+        probe = asyncio.ensure_future(nc.flush(timeout=limit))
+        probe.add_done_callback(_quietly)
+        done, _ = await asyncio.wait({probe}, timeout=limit)
+        if not (done and probe.exception() is None):     # no answer in time (or the connection went meanwhile)
+            if nc.is_connected:
+                server = nc.connected_url.netloc if nc.connected_url else "?"
+                log.warning("%s: the NATS server at %s stopped answering: trying another", who, server)
+                if not _cut(nc):
+                    await nc.force_reconnect()
+
+
+def _quietly(task: asyncio.Future) -> None:
+    """Take a finished probe's outcome (asyncio would complain of an exception never retrieved)."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _cut(nc: Any) -> bool:
+    """Cut the connection's socket at once, as a reset from the server would; nats-py then reconnects to
+    another server. Its own reconnect closes the socket gently, which waits for what is buffered to reach the
+    frozen server: for good. False where nats-py's transport is not as known (then its reconnect is asked)."""
+    cut = False
+    transport = getattr(nc, "_transport", None)
+    for name in ("_io_writer", "_bare_io_writer"):     # the TLS stream and the TCP one beneath it
+        writer = getattr(transport, name, None)
+        if writer is not None and hasattr(writer, "transport"):
+            writer.transport.abort()
+            cut = True
+    return cut

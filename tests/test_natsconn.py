@@ -1,0 +1,46 @@
+"""Connections to NATS give up a server that stops answering, even when their writes are stuck behind it."""
+import asyncio
+import signal
+import time
+
+from rota.controller import natsserver
+from rota.wire import natsconn
+
+
+async def test_a_frozen_server_is_given_up_even_with_the_connections_writes_stuck_behind_it(tmp_path):
+    """SIGSTOP the server, then publish until the socket and nats-py's write queue are full: its own ping loop
+    then waits behind them for good; the connection must still notice within its pings' allowance, and be
+    back once the server is."""
+    srv = natsserver.start(tmp_path / "nats", sync_always=False)
+    gave_up = asyncio.Event()
+
+    async def disconnected() -> None:
+        gave_up.set()
+
+    nc = await natsconn.connect(srv.url, "test", disconnected_cb=disconnected, flusher_queue_size=64)
+    writers: list[asyncio.Task] = []
+    try:
+        await nc.flush()
+        srv.process.send_signal(signal.SIGSTOP)
+        frozen = time.monotonic()
+        payload = b"x" * 32_768
+        writers = [asyncio.create_task(nc.publish("filler", payload)) for _ in range(4000)]
+        await asyncio.sleep(1)
+        assert sum(1 for w in writers if not w.done()) > 0      # the writes are stuck behind the frozen server
+        allowance = natsconn.PING_INTERVAL * (natsconn.MAX_OUTSTANDING_PINGS + 2) + 1
+        await asyncio.wait_for(gave_up.wait(), timeout=allowance + 5)
+        assert time.monotonic() - frozen <= allowance
+    finally:
+        srv.process.send_signal(signal.SIGCONT)
+    try:
+        for _ in range(100):
+            if nc.is_connected:
+                break
+            await asyncio.sleep(0.2)
+        await nc.flush(timeout=5)           # back on the server once it answers again
+    finally:
+        for w in writers:
+            w.cancel()
+        await asyncio.gather(*writers, return_exceptions=True)
+        await nc.close()
+        srv.stop()
