@@ -270,7 +270,8 @@ class AgentLink:
             try:
                 for name, node in list(self.c.state.nodes.items()):
                     if node.registered and not node.down:
-                        await self._check(name, node, now - self.last_seen.get(name, self._started))
+                        # heard before this link began (an earlier spell as leader) counts as heard at its start
+                        await self._check(name, node, now - max(self.last_seen.get(name, 0.0), self._started))
             except FencedError:
                 return
 

@@ -120,7 +120,7 @@ async def cluster(tmp_path, request):
             os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    await link.stop()
+    await cl.link.stop()
     await c.stop()
     await lg.close()
     srv.stop()
@@ -320,6 +320,27 @@ async def test_a_silent_agent_makes_its_node_down_and_its_job_node_fail(cluster)
     assert node.reason == "Not responding"
     assert cluster.c.state.jobs[jid].state == "NODE_FAIL"
     assert cluster.c.state.jobs[requeue].state == "PENDING" and cluster.c.state.jobs[requeue].restarts == 1
+
+
+async def test_a_controller_leading_again_gives_every_agent_a_whole_timeout(cluster):
+    """What a controller heard in an earlier spell as leader is old news when it leads again (leadership can
+    move back and forth while NATS servers fail): its agents were heard by the other leader meanwhile."""
+    import time
+
+    proc = cluster.start_agent("n1")
+    await cluster.registered("n1")
+    await cluster.link.stop()                          # this controller stops leading ...
+    cluster.c.agent_seen["n1"] = time.monotonic() - 3600     # ... having last heard n1 an hour ago
+    proc.kill()                                        # (and n1 falls silent, so only that old hearing counts)
+    proc.wait()
+    cluster.link = AgentLink(cluster.c, cluster.c.log.nc, node_timeout=3.0, keyring=cluster.keyring)
+    await cluster.link.start()                         # it leads again
+    led = time.monotonic()
+    await asyncio.sleep(1.0)
+    node = cluster.c.state.nodes["n1"]
+    assert not node.down and not node.not_responding, node.reason
+    await cluster.until(lambda s: s.nodes["n1"].down, timeout=10, what="n1 DOWN")
+    assert time.monotonic() - led >= 3.0               # silent for the whole timeout since it leads
 
 
 async def test_a_restarted_agent_finds_its_running_jobs_again(cluster):
