@@ -418,6 +418,8 @@ class Drill:
             who = getattr(ev, "job_id", None) or getattr(ev, "node", None) or ""
             lines.append(f"  {time.strftime('%H:%M:%S', time.localtime(e.ts))} #{e.seq} {ev.type} {who} "
                          f"by {e.actor} ({fault})")
+        if len(lines) == 1:
+            lines.append("  nothing: no record was appended")
         return "\n".join(lines[:60])
 
     def story(self, job_id: int, envs: list) -> str:
