@@ -47,6 +47,7 @@ SHORT = (("leader", "kill"), ("leader", "stop"), ("nats2", "kill"), ("agent", "s
          ("leader", "cut"), ("standby", "kill"))
 GAP = 5.0                       # seconds of calm after each fault before the next
 STALL_SHOWN = 10                # a scheduling stall longer than this (seconds) is shown record by record
+LOST = "NEVER SUBMITTED"         # how an acknowledged job missing from the log is counted (with the lost submits)
 
 
 class Network:
@@ -474,13 +475,13 @@ class Drill:
         never_ended = 0
         odd: list[str] = []                          # what the log says of each job that did not end well
         for j in sorted(acked):
-            state = last.get(j, "NEVER SUBMITTED")
+            state = last.get(j, LOST)
             states[state] = states.get(state, 0) + 1
             if state in ("PENDING", "RUNNING"):
                 never_ended += 1
             if state != "COMPLETED":
                 odd.append(self.story(j, envs))
-        wrongly = sum(n for s, n in states.items() if s not in ("COMPLETED", "PENDING", "RUNNING"))
+        wrongly = sum(n for s, n in states.items() if s not in ("COMPLETED", "PENDING", "RUNNING", LOST))
         layout = ("each piece in its own network namespace" if self.net.isolated
                   else f"all on loopback, no partitions ({self.net.why_not})")
         print(f"\nfault drill: 3 NATS servers ({'TLS' if self.tls_ca else 'no TLS: openssl missing'}), 2 controllers, "
