@@ -333,9 +333,9 @@ async def test_a_controller_leading_again_gives_every_agent_a_whole_timeout(clus
     cluster.c.agent_seen["n1"] = time.monotonic() - 3600     # ... having last heard n1 an hour ago
     proc.kill()                                        # (and n1 falls silent, so only that old hearing counts)
     proc.wait()
+    led = time.monotonic()
     cluster.link = AgentLink(cluster.c, cluster.c.log.nc, node_timeout=3.0, keyring=cluster.keyring)
     await cluster.link.start()                         # it leads again
-    led = time.monotonic()
     await asyncio.sleep(1.0)
     node = cluster.c.state.nodes["n1"]
     assert not node.down and not node.not_responding, node.reason
