@@ -80,9 +80,11 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
                                for p in cfg.partitions}
             self.part_shapes = {name: partition_shape(ns, self.parts[name]) for name, ns in self.part_nodes.items()}
         self.timelines: dict[str, Timeline] = {}
+        self.booked: list[Timeline] = []        # each booking's timeline, in order (searches read what changed)
         if timelines:   # static reasons alone do not need them
             self._build_timelines(bases)
         self.filters: dict[FilterKey, tuple[list[Timeline], list[Node]]] = {}
+        self.eligible_sets: dict[FilterKey, frozenset[str]] = {}
         self.searches: dict[tuple[SearchKey, int, int], ShapeSearch] = {}   # (key, duration, horizon)
         self.seeds: dict[SearchKey, list[tuple]] = {}
         self.requests: dict[str, dict[int, NodeRequest]] = {}
@@ -136,6 +138,7 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
                     built[name], tl = tl, copy
             if explain:
                 tl.items = [(s, e if e > now else now + 1, jid, "running") for s, e, jid in items]
+            tl.log = self.booked
             self.timelines[name] = tl
 
     def _node_base(self, node: Node) -> tuple:
@@ -217,6 +220,14 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         self.filters[key] = (tls, nodes)
         return tls, nodes
 
+    def eligible_names(self, spec: ev.JobSpec, part: str) -> frozenset[str]:
+        """The names of :meth:`eligible`'s usable timelines."""
+        key = FilterKey(part, spec.constraint, spec.nodelist, spec.exclude, spec.gpu_type, spec.shards_per_node)
+        hit = self.eligible_sets.get(key)
+        if hit is None:
+            hit = self.eligible_sets[key] = frozenset(tl.name for tl in self.eligible(spec, part)[0])
+        return hit
+
     def job_size(self, job: Job, part: str) -> JobSize:
         """What the job-size factor reads of the job in ``part``: its nodes, its CPUs (as a pending job's in
         Slurm: those its tasks ask, one a node for ``--exclusive``) and its time limit in minutes."""
@@ -256,7 +267,7 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
                                    req.whole_mem, req.whole_gpus, 1, req.nnodes, self.now, INF)
                 seed = self.seeds[base_key] = base.seed()
             s = ShapeSearch(tls, req.cpus, req.mem, req.gpus, req.gpu_type, req.whole_cpus,
-                            req.whole_mem, req.whole_gpus, d, req.nnodes, self.now, tmax, seed)
+                            req.whole_mem, req.whole_gpus, d, req.nnodes, self.now, tmax, seed, self.booked)
             self.searches[key] = s
         return s
 

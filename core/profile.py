@@ -23,7 +23,7 @@ UNLIMITED_DURATION = 1 << 60
 
 class Timeline:
     __slots__ = ("name", "idx", "weight", "cap_c", "cap_m", "cap_g", "times", "fc", "fm", "fg",
-                 "fgt", "version", "items", "owned")
+                 "fgt", "version", "items", "owned", "log")
 
     def __init__(self, name: str, idx: int, weight: int, cap_c: int, cap_m: int, cap_g: int,
                  now: int, free_c: int, free_m: int, free_g: int,
@@ -34,6 +34,7 @@ class Timeline:
         self.version = 0
         self.items: list[tuple[int, int, int, str]] | None = None   # (start, end, job, kind)
         self.owned = True           # its free amounts are its own (a moved copy shares them until it changes)
+        self.log: list[Timeline] | None = None     # the cycle's record of the timelines each booking changed
         times = [now]
         fc, fm, fg = [free_c], [free_m], [free_g]
         fgt = None if free_by_type is None else {t: [v] for t, v in free_by_type.items()}
@@ -66,7 +67,7 @@ class Timeline:
         tl = Timeline.__new__(Timeline)
         tl.name, tl.idx, tl.weight = self.name, self.idx, self.weight
         tl.cap_c, tl.cap_m, tl.cap_g = self.cap_c, self.cap_m, self.cap_g
-        tl.version, tl.items, tl.owned = 0, None, False
+        tl.version, tl.items, tl.owned, tl.log = 0, None, False, None
         tl.times = times.copy()
         tl.times[0] = now
         tl.fc, tl.fm, tl.fg, tl.fgt = self.fc, self.fm, self.fg, self.fgt
@@ -159,6 +160,8 @@ class Timeline:
             for k in range(i, j):
                 arr[k] = min(arr[k], 0)
         self.version += 1
+        if self.log is not None:
+            self.log.append(self)
         if self.items is not None:
             self.items.append((start, end, job_id, "resv"))
 
@@ -179,6 +182,8 @@ class Timeline:
             for k in range(i, j):
                 arr[k] -= g
         self.version += 1
+        if self.log is not None:
+            self.log.append(self)
         if self.items is not None:
             self.items.append((start, end, job_id, kind))
 
@@ -187,11 +192,11 @@ class ShapeSearch:
     """Earliest-start search for jobs of one shape (per-node request, node count, duration)."""
 
     __slots__ = ("tls", "c", "m", "g", "gtype", "whole_c", "whole_m", "whole_g", "d", "k",
-                 "tmax", "heap", "lower", "exhausted", "fixed")
+                 "tmax", "heap", "lower", "exhausted", "fixed", "at", "log", "seen", "pos_of", "stale")
 
     def __init__(self, timelines: list[Timeline], c: int, m: int, g: int, gtype: str | None,
                  whole_c: bool, whole_m: bool, whole_g: bool, d: int, k: int, lower: int,
-                 tmax: int, seed: list[tuple] | None = None) -> None:
+                 tmax: int, seed: list[tuple] | None = None, log: list[Timeline] | None = None) -> None:
         self.c, self.m, self.g, self.gtype = c, m, g, gtype
         self.whole_c, self.whole_m, self.whole_g = whole_c, whole_m, whole_g
         # what it takes on any node, unless it takes a whole node's CPUs, memory or GPUs
@@ -199,9 +204,17 @@ class ShapeSearch:
         self.d, self.k, self.tmax, self.lower = d, k, tmax, lower
         self.exhausted = False
         self.tls = timelines
+        # the bookings of the cycle (``log``) read so far, and the nodes booked since this search last evaluated
+        # them: such a node's entry keeps the fit it had, so at an equal start it may rank below a worse node
+        self.log, self.seen = log, len(log) if log is not None else 0
+        self.pos_of: dict[int, int] | None = None
+        self.stale: set[int] = set()
+        self.at = [-1] * len(timelines)     # each node's entry's start (-1: none)
         if seed is not None:
             # lower bounds shared by every duration of this request; made exact when they surface
             self.heap = list(seed)
+            for e in seed:
+                self.at[e[5]] = e[0]
             return
         heap = []
         for pos, tl in enumerate(timelines):
@@ -211,6 +224,7 @@ class ShapeSearch:
             t = tl.earliest(c_, m_, g_, tl.gpu_array(gtype), d, lower, tmax)
             if t >= 0:
                 heap.append(self._entry(tl, pos, t, c_, g_))
+                self.at[pos] = t
         heapify(heap)
         self.heap = heap
 
@@ -255,7 +269,40 @@ class ShapeSearch:
                 heapreplace(heap, self._entry(tl, pos, t, c, g))
             else:
                 heappop(heap)
+            self.at[pos] = t
+            self.stale.discard(pos)
         return None
+
+    def _read_log(self) -> None:
+        """Note the nodes of this search booked since it last looked."""
+        log = self.log
+        if log is None or self.seen == len(log):
+            return
+        pos_of = self.pos_of
+        if pos_of is None:
+            pos_of = self.pos_of = {tl.idx: pos for pos, tl in enumerate(self.tls)}
+        stale = self.stale
+        for tl in log[self.seen:]:
+            pos = pos_of.get(tl.idx)
+            if pos is not None:
+                stale.add(pos)
+        self.seen = len(log)
+
+    def _ties(self, t: int, keep: list[tuple[tuple, int]]) -> list[tuple[tuple, int]]:
+        """For a one-node shape: the nodes booked since they were evaluated whose entry starts at ``t`` and that
+        still fit there, with their exact entries (best fit among equal starts depends on no earlier search)."""
+        out: list[tuple[tuple, int]] = []
+        at, tls, gtype, d = self.at, self.tls, self.gtype, self.d
+        taken = keep[0][0][5]
+        for pos in self.stale:
+            if at[pos] != t or pos == taken:
+                continue
+            tl = tls[pos]
+            c, m, g = self._req(tl)
+            garr = tl.gpu_array(gtype)
+            if tl.fits_at(c, m, g, garr, d, t):
+                out.append((self._entry(tl, pos, t, c, g), 0))
+        return out
 
     def find(self) -> tuple[int, list[Timeline]] | None:
         """The earliest start and the best nodes for the next job of this shape, or None.
@@ -265,6 +312,7 @@ class ShapeSearch:
         if self.exhausted:
             return None
         k, d, gtype, tls, tmax = self.k, self.d, self.gtype, self.tls, self.tmax
+        self._read_log()
         popped: list[tuple] = []
         retry: list[tuple] = []     # nodes that stopped fitting, with their next possible start
         # nodes that fit at the candidate start, each with the latest start its window still fits
@@ -293,13 +341,41 @@ class ShapeSearch:
             if until < soonest:
                 soonest = until
             if len(keep) >= k:
-                result = (t, [tls[entry[5]]] if k == 1 else self._best(keep, t))
+                result = (t, self._one(t, keep) if k == 1 else self._best(self._all_at(t, keep, popped, retry), t))
                 break
         for e in popped:
             heappush(self.heap, e)
         if result is None:
             self.exhausted = True
         return result
+
+    def _one(self, t: int, keep: list[tuple[tuple, int]]) -> list[Timeline]:
+        """The node for a one-node shape: the first entry at ``t``, unless a node booked since it was evaluated
+        fits better there."""
+        best = keep[0][0]
+        for e, _ in self._ties(t, keep):
+            if e < best:
+                best = e
+        return [self.tls[best[5]]]
+
+    def _all_at(self, t: int, keep: list[tuple[tuple, int]], popped: list[tuple],
+                retry: list[tuple]) -> list[tuple[tuple, int]]:
+        """``keep`` with every other node whose entry starts at ``t`` and fits there: the best of all the nodes
+        that fit at ``t`` are taken, whichever surfaced first."""
+        tls, gtype, d = self.tls, self.gtype, self.d
+        while True:
+            top = self._peek_fresh()
+            if retry and retry[0][0] == t and (top is None or retry[0] < top):
+                entry = heappop(retry)
+            elif top is not None and top[0] == t:
+                entry = heappop(self.heap)
+                popped.append(entry)
+            else:
+                return keep
+            tl = tls[entry[5]]
+            c, m, g = self._req(tl)
+            if tl.fits_at(c, m, g, tl.gpu_array(gtype), d, t):
+                keep.append((entry, t))
 
     def _recheck(self, keep: list[tuple[tuple, int]], t: int, retry: list[tuple]) -> tuple[list[tuple[tuple, int]], int]:
         """The candidate start moved past a kept node's bound: check those nodes again at ``t`` (one that no

@@ -17,6 +17,7 @@ from .policies import POLICIES, Policy, make_policy
 from .priority import Factors, job_priority, priority_factors
 from .profile import INF, UNLIMITED_DURATION, ShapeSearch, Timeline
 from .reasons import REQ_NODE_NOT_AVAIL_ALL, Amounts, Reason
+from .replan import PlanMemory, Replan
 from .request import effective_time_limit
 from .sharing import shared_value
 from .state import PENDING, RUNNING, Job, State
@@ -120,7 +121,8 @@ class Decision:
 
 def schedule(state: State, now: int, policy: str | None = None, explain: bool = False,
              focus: int | None = None, window: int | None = None, bases: NodeBases | None = None,
-             kept_shadow: tuple[int, int] | None = None, give_way: Callable[[], None] | None = None) -> Decision:
+             kept_shadow: tuple[int, int] | None = None, give_way: Callable[[], None] | None = None,
+             memory: PlanMemory | None = None) -> Decision:
     """Decide which pending jobs start at ``now`` and when the others expect to start.
 
     ``focus`` (with ``explain``): only that job's situation is wanted (``rota why``): the walk stops
@@ -129,11 +131,14 @@ def schedule(state: State, now: int, policy: str | None = None, explain: bool = 
     ``bases``: node timelines' inputs kept from earlier cycles of a walk (see :class:`NodeBases`).
     ``kept_shadow``: easy_strict's head job and shadow from the previous cycle (the simulator's).
     ``give_way``: called between slices of the pass over every pending job (a cycle run off the event loop
-    pauses there while requests are answered); it changes nothing decided."""
+    pauses there while requests are answered); it changes nothing decided.
+    ``memory``: what the last conservative cycle planned, kept by the caller between cycles (and updated here): a
+    conservative cycle then searches only for jobs whose place may have changed (:mod:`rota.core.replan`); the
+    decision is the same."""
     cfg = state.config
     pol = policy or (cfg.scheduler.policy if cfg is not None else "conservative")
-    policy_now = make_policy(pol, now, window if window is not None else cfg.scheduler.bf_window if cfg is not None else 0,
-                             kept_shadow)
+    horizon = window if window is not None else cfg.scheduler.bf_window if cfg is not None else 0
+    policy_now = make_policy(pol, now, horizon, kept_shadow)
     decision = Decision(now=now, policy=pol, cycle=state.cycle + 1)
     if cfg is None or not state.pending:
         return decision
@@ -165,7 +170,12 @@ def schedule(state: State, now: int, policy: str | None = None, explain: bool = 
         cy.focus = focus
         cut = next((i for i, r in enumerate(ready) if r[1].job_id == focus), None)
         ready = ready[: cut + 1] if cut is not None else []
-    _walk(cy, decision, ready, policy_now)
+    rp = None
+    if memory is not None and pol == "conservative" and not explain and focus is None and cy.preempter is None:
+        rp = Replan(memory, cy, horizon)
+    _walk(cy, decision, ready, policy_now, rp)
+    if rp is not None:
+        rp.commit()
     decision.shadow = policy_now.head
     return decision
 
@@ -266,46 +276,75 @@ def factors_of(state: State, now: int, job_ids: Iterable[int]) -> dict[int, tupl
     return out
 
 
-def _walk(cy: Cycle, decision: Decision, ready: list, policy: Policy) -> None:
-    """Start or place each ranked job in turn, as ``policy`` allows."""
-    now = cy.now
+def _walk(cy: Cycle, decision: Decision, ready: list, policy: Policy, rp: Replan | None = None) -> None:
+    """Start or place each ranked job in turn, as ``policy`` allows (``rp``: keeping what the last plan
+    placed where nothing changed, :mod:`rota.core.replan`)."""
     max_test = cy.params.bf_max_job_test
-    resources_given = _Failed()
+    failed = _Failed()
     tested = 0
-    state = cy.state
     for rank, (_key, job, parts) in enumerate(ready, start=1):
         if max_test and tested >= max_test:
             _not_tested(decision, ready, rank)
             break
         jid = job.job_id
         decision.order.append(jid)
-        prio = decision.priorities[jid]
         tested += 1
         if not policy.considers(parts):
-            decision.pending[jid] = Pending(_BEHIND, rank=rank, priority=prio)
+            decision.pending[jid] = Pending(_BEHIND, rank=rank, priority=decision.priorities[jid])
             continue
-        tasks, running_tasks = _tasks_of(state, job)
-        for ti, task in enumerate(tasks):
-            if job.array_throttle and running_tasks >= job.array_throttle:
-                decision.pending[jid] = Pending(Reason("JobArrayTaskLimit", asked=running_tasks,
-                                                       limit=job.array_throttle), rank=rank, priority=prio)
-                break
-            if cy.limit_use is not None:
-                over = cy.limit_use.blocking(job, cy.request(job, parts[0]),
-                                             effective_time_limit(job.time_limit, cy.parts[parts[0]]))
-                if over is not None:
-                    decision.pending[jid] = Pending(over, rank=rank, priority=prio)
-                    break
+        if rp is None:
+            _walk_job(cy, decision, job, parts, rank, policy, failed, None)
+            continue
+        rp.enter(jid)
+        _walk_job(cy, decision, job, parts, rank, policy, failed, rp)
+        rp.leave(job)
+
+
+def _walk_job(cy: Cycle, decision: Decision, job: Job, parts: Sequence[str], rank: int, policy: Policy,
+              failed: _Failed, rp: Replan | None) -> None:
+    """Start what of the job can start now; place (or hold back) the rest."""
+    now, jid = cy.now, job.job_id
+    prio = decision.priorities[jid]
+    tasks, running_tasks = _tasks_of(cy.state, job)
+    for ti, task in enumerate(tasks):
+        if job.array_throttle and running_tasks >= job.array_throttle:
+            decision.pending[jid] = Pending(Reason("JobArrayTaskLimit", asked=running_tasks,
+                                                   limit=job.array_throttle), rank=rank, priority=prio)
+            return
+        if cy.limit_use is not None:
+            over = cy.limit_use.blocking(job, cy.request(job, parts[0]),
+                                         effective_time_limit(job.time_limit, cy.parts[parts[0]]))
+            if over is not None:
+                decision.pending[jid] = Pending(over, rank=rank, priority=prio)
+                return
+        best = _kept(cy, rp, job, parts, task) if rp is not None and ti == 0 else None
+        if best is None:
             best = _earliest(cy, job, parts, policy)
-            if best is not None and best.start == now:
-                _start(cy, decision, job, task, tasks, ti, best, policy.reserved or bool(decision.reservations))
-                if cy.limit_use is not None:
-                    cy.limit_use.add(job, cy.request(job, best.partition), best.limit)
-                running_tasks += 1
-                continue
-            decision.pending[jid] = _blocked(cy, decision, job, parts, task, best, policy, resources_given,
-                                             Pending(_RESOURCES, rank=rank, priority=prio))
-            break
+            if rp is not None and best is not None:
+                rp.placed(task, job, best.partition, best.duration, best.start, best.timelines, False)
+        if best is not None and best.start == now:
+            _start(cy, decision, job, task, tasks, ti, best, policy.reserved or bool(decision.reservations), rp)
+            if cy.limit_use is not None:
+                cy.limit_use.add(job, cy.request(job, best.partition), best.limit)
+            running_tasks += 1
+            continue
+        decision.pending[jid] = _blocked(cy, decision, job, parts, task, best, policy, failed,
+                                         Pending(_RESOURCES, rank=rank, priority=prio), rp)
+        return
+
+
+def _kept(cy: Cycle, rp: Replan, job: Job, parts: Sequence[str], task: int | None) -> _Place | None:
+    """The last plan's placement, where the search would find it again (its search object only books it)."""
+    kept = rp.reuse(job, parts, task)
+    if kept is None:
+        return None
+    t, tls, part, limit = kept
+    req = cy.request(job, part)
+    d = limit if limit else UNLIMITED_DURATION
+    s = ShapeSearch(tls, req.cpus, req.mem, req.gpus, req.gpu_type, req.whole_cpus, req.whole_mem,
+                    req.whole_gpus, d, req.nnodes, cy.now, t, seed=[])
+    rp.placed(task, job, part, d, t, tls, True)
+    return _Place(t, tls, part, limit, s)
 
 
 def _tasks_of(state: State, job: Job) -> tuple[list[int | None], int]:
@@ -316,8 +355,8 @@ def _tasks_of(state: State, job: Job) -> tuple[list[int | None], int]:
                                         if state.jobs[t].state == RUNNING)
 
 
-def _blocked(cy: Cycle, decision: Decision, job: Job, parts: list[str], task: int | None, best: _Place | None,
-             policy: Policy, failed: _Failed, pend: Pending) -> Pending:
+def _blocked(cy: Cycle, decision: Decision, job: Job, parts: Sequence[str], task: int | None, best: _Place | None,
+             policy: Policy, failed: _Failed, pend: Pending, rp: Replan | None = None) -> Pending:
     """A job that cannot start now: preempt for it where it may, say Resources (the first blocked in its
     partitions) or Priority, and reserve its earliest start where the policy books one."""
     jid = job.job_id
@@ -336,7 +375,7 @@ def _blocked(cy: Cycle, decision: Decision, job: Job, parts: list[str], task: in
             best = _first_nodes(cy, job, best)
         # the focus job is the last walked: nothing is placed after it, its nodes need no booking
         pend.start = _reserve(decision, jid, task, best, book=cy.focus != jid and policy.book,
-                              whole=cy.params.reserve == "nodes").start
+                              whole=cy.params.reserve == "nodes", rp=rp).start
     if cy.explain and cy.focus in (None, jid):
         _explain_pending(cy, job, parts, pend, decision.reservations.get(jid))
     return pend
@@ -441,7 +480,7 @@ def _first_nodes(cy: Cycle, job: Job, place: _Place) -> _Place:
 
 
 def _reserve(decision: Decision, job_id: int, task: int | None, place: _Place, book: bool = True,
-             whole: bool = False) -> Reservation:
+             whole: bool = False, rp: Replan | None = None) -> Reservation:
     """Hold ``place`` for the job: later jobs are placed around it (``book``: on its nodes' timelines; ``whole``:
     its nodes whole, as Slurm's backfill does, else only what it needs there)."""
     t, d, s = place.start, place.duration, place.search
@@ -454,12 +493,14 @@ def _reserve(decision: Decision, job_id: int, task: int | None, place: _Place, b
             c, m, g = s.request_on(tl)
             tl.reserve(t, t + d, c, m, g, s.gtype, job_id, "resv")
         s.placed(t)
+        if rp is not None:
+            rp.booked(t, t + d, resv.nodes, whole)
     decision.reservations[job_id] = resv
     return resv
 
 
 def _start(cy: Cycle, decision: Decision, job: Job, task: int | None, tasks: list, ti: int, place: _Place,
-           backfilled: bool) -> None:
+           backfilled: bool, rp: Replan | None = None) -> None:
     now = cy.now
     tls, pname, limit, s = place.timelines, place.partition, place.limit, place.search
     if task is None:
@@ -485,6 +526,8 @@ def _start(cy: Cycle, decision: Decision, job: Job, task: int | None, tasks: lis
         allocs.append(ev.NodeAlloc(node=tl.name, cpus=c, mem=m, gpus=gpus, shards=shards))
         tl.reserve(now, now + d, c, m, g, s.gtype, run_id, "start")
     s.placed(now)
+    if rp is not None:
+        rp.booked(now, now + d, tuple(tl.name for tl in tls), False)
     decision.starts.append(ev.Start(
         job_id=run_id, array_job_id=job.job_id if task is not None else None, array_task_id=task,
         partition=pname, alloc=tuple(allocs), time_limit=limit, backfilled=backfilled))
