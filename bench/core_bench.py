@@ -9,12 +9,17 @@ with jobs started over the previous day. Pending mix: mostly 1-2 GPU jobs of 1-4
 from __future__ import annotations
 
 import argparse
+from contextlib import contextmanager
+import copy
 import gc
 import random
+import statistics
 import time
+from typing import Any, Iterator
 
 from rota.core import events as ev
 from rota.core.apply import apply, fold
+from rota.core.replan import PlanMemory
 from rota.core.schedule import schedule
 from rota.core.state import State
 
@@ -160,8 +165,9 @@ def event_stream(n_events: int, seed: int = 2, nodes: int = 1000) -> list[ev.Env
 TARGETS = {"conservative": (10000, 1.0), "easy": (50000, 1.0)}
 
 
-def _with_accounting(state: State, pending: int, runs: int, cmd: str) -> Figure:
-    """The conservative cycle with fair-share and limits: 200 users in 20 accounts under 4 departments
+@contextmanager
+def _accounting(state: State) -> Iterator[None]:
+    """Fair-share and limits on the state while in the block: 200 users in 20 accounts under 4 departments
     (shares, usage from the day of history, Fair Tree, PriorityWeightFairshare), per-user QOS limits
     (MaxJobsPerUser, MaxTRESPerUser) and departments' GrpTRES, enforced on every job."""
     saved = state.config, state.qos, state.accounts, state.associations
@@ -178,15 +184,76 @@ def _with_accounting(state: State, pending: int, runs: int, cmd: str) -> Figure:
                                                                                 account=f"acct{u % 20:02d}")
                           for u in range(200)}
     try:
+        yield
+    finally:
+        state.config, state.qos, state.accounts, state.associations = saved
+
+
+def _with_accounting(state: State, pending: int, runs: int, cmd: str) -> Figure:
+    """The conservative cycle with fair-share and limits (:func:`_accounting`)."""
+    with _accounting(state):
         gc.collect()
         med, _ = median_time(lambda: schedule(state, T0 + 600, "conservative"), runs)
         d = schedule(state, T0 + 600, "conservative")
-    finally:
-        state.config, state.qos, state.accounts, state.associations = saved
     held = sum(1 for p in d.pending.values() if p.reason.startswith(("QOS", "Assoc")))
     target, met = ("<= 1.0 s", med <= 1.0) if pending in (10000, 50000) else ("", None)
     return Figure(f"cycle conservative with fair-share and limits, {pending:,} pending", med, "s", target, met,
                   f"{cmd} --pending {pending}", f"{len(d.starts)} starts, {held} held by a QOS or association limit")
+
+
+def _put(state: State, ts: int, event: Any) -> None:
+    apply(state, ev.Envelope(seq=state.seq + 1, ts=ts, event=event))
+
+
+def _kept_plan(state: State, pending: int, runs: int, cmd: str) -> list[Figure]:
+    """The cycle with fair-share and limits as the controller runs it, with the plan kept from the last cycle
+    (rota.core.replan), after three changes: a minute passes; another, and ten jobs are submitted; then one
+    running job ends early. Each next cycle, full and kept, must decide the same. Leaves the state changed."""
+    rng = random.Random(3)
+    figures = []
+    with _accounting(state):
+        now = T0 + 600
+        memory = PlanMemory()
+        for _ in range(2):          # the second finds the first's starts running, as a steady queue does
+            event = schedule(state, now, "conservative", memory=memory).event()
+            if event is not None:
+                _put(state, now, event)
+        now += 60
+        figures.append(_next_cycle(state, now, memory, runs, f"a minute later, {pending:,} pending",
+                                   f"{cmd} --pending {pending}"))
+        now += 60
+        for _ in range(10):
+            _put(state, now, ev.JobSubmitted(job_id=state.next_job_id, spec=random_spec(rng, rng.randrange(200))))
+        figures.append(_next_cycle(state, now, memory, runs, f"a minute later, 10 jobs submitted, {pending:,} pending",
+                                   f"{cmd} --pending {pending}"))
+        _put(state, now, ev.JobExited(job_id=min(state.running), state="COMPLETED", elapsed=600))
+        figures.append(_next_cycle(state, now, memory, runs, f"a job ended early, {pending:,} pending",
+                                   f"{cmd} --pending {pending}"))
+    return figures
+
+
+def _next_cycle(state: State, now: int, memory: PlanMemory, runs: int, what: str, cmd: str) -> Figure:
+    """The cycle at ``now`` with the plan kept in ``memory`` (left as that cycle leaves it), against the full plan."""
+    gc.collect()
+    fulls, kepts = [], []
+    for _ in range(runs):           # alternating, so both see the same machine
+        began = time.perf_counter()
+        schedule(state, now, "conservative")
+        fulls.append(time.perf_counter() - began)
+        again = copy.copy(memory)
+        began = time.perf_counter()
+        schedule(state, now, "conservative", memory=again)
+        kepts.append(time.perf_counter() - began)
+    full_s, kept_s = statistics.median(fulls), statistics.median(kepts)
+    full = schedule(state, now, "conservative")
+    kept = schedule(state, now, "conservative", memory=memory)
+    event = kept.event()
+    if event is not None:
+        _put(state, now, event)
+    same = (kept.starts, kept.reservations, kept.pending) == (full.starts, full.reservations, full.pending)
+    return Figure(f"next cycle with fair-share and limits, plan kept: {what}", kept_s, "s", "", None, cmd,
+                  f"full plan {full_s:.3f} s ({kept_s / full_s:.2f}x); {memory.reused:,} placements kept, "
+                  f"{memory.searched:,} searched; same decision as the full plan: {'yes' if same else 'NO'}")
 
 
 def run(runs: int, pendings: list[int], n_events: int) -> list[Figure]:
@@ -211,6 +278,7 @@ def run(runs: int, pendings: list[int], n_events: int) -> list[Figure]:
                                   f"{cmd} --pending {pending}",
                                   f"{len(d.starts)} starts, {len(d.reservations)} reservations"))
         figures.append(_with_accounting(state, pending, runs, cmd))
+        figures.extend(_kept_plan(state, pending, runs, cmd))
     if n_events:
         t = time.perf_counter()
         stream = event_stream(n_events)

@@ -28,6 +28,7 @@ LEASE_BUCKET = "rota_leader"
 STATUS_BUCKET = "rota_controllers"
 KEY = "leader"
 START_LIMIT = 6           # leases' lives what leading starts may take before leadership is given up and taken afresh
+SLOW_START = 2.0      # seconds: what leading starts taking longer is logged
 LEASE_TTL = 5.0          # seconds a lease lives without renewal: takeover within this plus catching up
 
 
@@ -263,7 +264,11 @@ class Candidacy:
             return ""
         if starting.done():
             self._starting = None
-            return starting.result()
+            why = starting.result()
+            took = time.monotonic() - self._starting_since
+            if not why and took > SLOW_START:
+                log.warning("serving as leader after %.1f s", took)
+            return why
         if time.monotonic() - self._starting_since > START_LIMIT * self.ttl:
             return f"what leading starts did not finish in {START_LIMIT * self.ttl:.0f} s"
         return ""

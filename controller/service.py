@@ -20,6 +20,7 @@ from rota.core.auth import ROOT, Caller
 from rota.core.idle import idle_actions
 from rota.core.orders import Order
 from rota.core.policies import cycle_policy
+from rota.core.replan import PlanMemory
 from rota.core.schedule import Decision, schedule
 from rota.core.state import State, dump_snapshot
 from rota.wire import collector, diskspace, subjects as sj
@@ -39,6 +40,7 @@ from .writer import OffLoop, Prepare, Writer
 log = logging.getLogger("rota.controller")
 FREEZE_JOBS = 10_000    # jobs held from which a snapshot also moves what is alive out of the collector's reach
 OFF_LOOP_PENDING = 1_000   # pending jobs from which a cycle runs in a worker thread, reads answered meanwhile
+SLOW_CYCLE = 5.0           # seconds: a cycle taking longer, with its wait for the writer, is logged
 DUMP_ASIDE_FROM = 5_000    # jobs held from which a snapshot is written by a forked child (writes need not wait)
 GIVE_WAY_MAX = 1.0         # seconds a cycle off the loop may pause for reads, in all
 
@@ -74,6 +76,7 @@ class Controller:
         self.frontdoor = FrontDoor(self, keyring)
         self.views = Views(self)
         self.last_decision: tuple[int, Decision] | None = None   # (state sequence, Decision) for queue views
+        self.plan_memory = PlanMemory()      # the last conservative cycle's plan, repaired by the next
         self.cycle_times: deque[float] = deque(maxlen=100)       # seconds of the latest cycles (sdiag's figures)
         self.cycle_hist = CycleHistogram()                       # every cycle's duration (/metrics)
         self.agent_seen: dict[str, float] = {}                   # node -> monotonic time of its last heartbeat
@@ -205,7 +208,8 @@ class Controller:
         def decide(state: State) -> ev.JobsStarted:
             with collector.paused():   # its many short-lived objects would be moved to the oldest generation
                 policy = cycle_policy(state.config.scheduler, backfill) if state.config is not None else None
-                decision = schedule(state, max(self.now(), state.now), policy=policy, give_way=give_way)
+                decision = schedule(state, max(self.now(), state.now), policy=policy, give_way=give_way,
+                                    memory=self.plan_memory)
             event = decision.event()
             self.last_decision = (state.seq, decision)
             if event is None:
@@ -213,10 +217,16 @@ class Controller:
             decided.append(event)
             return event
 
+        began = time.monotonic()
         try:
             await self.write(OffLoop(decide) if off_loop else decide, self.name)
         except _NothingToDo:
             return None
+        finally:
+            took = time.monotonic() - began
+            if took > SLOW_CYCLE:
+                log.warning("a cycle took %.1f s from its request to its outcome (%d pending)", took,
+                            len(self.state.pending))
         return decided[0]
 
     async def idle_sweep(self) -> None:

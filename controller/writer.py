@@ -13,6 +13,7 @@ import asyncio
 import functools
 import gc
 import logging
+import time
 from collections import deque
 from typing import Any, Callable
 
@@ -28,6 +29,8 @@ from .eventlog import AtomicRefused, EventLog, FencedError, LogUnavailable
 from .logbatch import ATOMIC_FROM
 from .outbox import Outbox
 from .recent import Recent
+
+SLOW_APPEND = 2.0     # seconds: an append taking longer is logged
 
 log = logging.getLogger("rota.controller")
 
@@ -247,12 +250,22 @@ class Writer:
         staged = await self._stage(batch, changes)
         if not staged:
             return
+        began = time.monotonic()
         acks = await self._append(base, staged)
+        took = time.monotonic() - began
         clean = all(not isinstance(a, BaseException) and not a.duplicate and a.seq == env.seq
                     for a, (env, _, _) in zip(acks, staged))
         if not clean:
+            failed = next((a for a in acks if isinstance(a, BaseException)), None)
+            log.warning("appending %d event(s) after sequence %d did not land as sent (%s, after %.1f s): reading "
+                        "back what the log holds", len(staged), base,
+                        f"{type(failed).__name__}: {failed}" if failed else "a duplicate or a sequence moved", took)
             await self._reconcile(base, staged, acks)
+            log.warning("the state now holds the log up to sequence %d (%.1f s after the append began)",
+                        self.state.seq, time.monotonic() - began)
             return
+        if took > SLOW_APPEND:
+            log.warning("appending %d event(s) after sequence %d took %.1f s", len(staged), base, took)
         for env, fut, _ in staged:
             self.remember(env.idem, env.seq)
             _resolve(fut, (env, False))

@@ -32,10 +32,9 @@ if TYPE_CHECKING:
 
 # (start, end, node names, whole nodes held)
 Booking = tuple[int, int, tuple[str, ...], bool]
-# where the job's first search put it, when nothing of it was booked before: (array task, spec, request, partition,
-# duration, start, nodes)
-Found = tuple[Any, Any, Any, str, int, int, tuple[str, ...]]
-Record = tuple[Found | None, tuple[Booking, ...]]
+# a job the walk placed: (its place in the walk's order of placed jobs, then where its first search put it: array
+# task, spec, request, partition, duration, start, nodes; then what it booked, None for just that place)
+Record = tuple[int, Any, Any, Any, str, int, int, tuple[str, ...], "tuple[Booking, ...] | None"]
 
 DIRTY_SHARE = 8        # past 1/8 of the nodes dirty (and more than DIRTY_MIN), checking them costs more than a search
 DIRTY_MIN = 16
@@ -51,7 +50,7 @@ class PlanMemory:
         self.now = 0
         self.horizon = 0                       # the backfill window's length
         self.nodes: dict[str, tuple] = {}      # node -> (identity, times, CPUs, MiB, GPUs, GPUs by type)
-        self.order: list[int] = []             # the jobs walked, in order
+        self.order: list[int] = []             # the jobs placed, in the walk's order
         self.records: dict[int, Record] = {}
         self.reused = 0                        # the last cycle's placements kept, and searched
         self.searched = 0
@@ -59,6 +58,19 @@ class PlanMemory:
     def clear(self) -> None:
         self.config = None
         self.nodes, self.order, self.records = {}, [], {}
+
+
+def _bookings(rec: Record) -> tuple[Booking, ...]:
+    """What a placed job booked."""
+    if rec[8] is not None:
+        return rec[8]
+    t, d, names = rec[6], rec[5], rec[7]
+    return ((t, t + d, names, False),)
+
+
+def _booked_nodes(rec: Record) -> Iterable[tuple[str, ...]]:
+    """The nodes of each of a placed job's bookings."""
+    return (rec[7],) if rec[8] is None else (b[2] for b in rec[8])
 
 
 def _node_view(cy: Cycle, tl: Timeline) -> tuple:
@@ -93,7 +105,6 @@ class Replan:
         self.on = old.config is cy.cfg and old.horizon == horizon and old.now <= cy.now and bool(old.records)
         self.horizon = horizon
         self.old_order, self.old_records = old.order, old.records
-        self.old_rank = {jid: i for i, jid in enumerate(old.order)} if self.on else {}
         self.limit = max(DIRTY_MIN, len(cy.timelines) // DIRTY_SHARE)
         self.dirty: set[str] = set()
         if self.on:
@@ -106,7 +117,7 @@ class Replan:
         self.aligned = False                 # the job being walked is at its place in the last order
         self.order: list[int] = []
         self.records: dict[int, Record] = {}
-        self.found: tuple | None = None
+        self.found: tuple | None = None       # (task, spec, request, partition, duration, start, nodes)
         self.bookings: list[Booking] = []
         self.reused = self.searched = 0
 
@@ -121,22 +132,19 @@ class Replan:
     def enter(self, job_id: int) -> None:
         """The walk takes ``job_id`` next: the jobs the last walk placed before it and this one has not are
         missing from the timelines here, so their nodes are dirty."""
-        self.order.append(job_id)
         self.found, self.bookings, self.aligned = None, [], False
         if not self.on:
             return
-        r = self.old_rank.get(job_id)
-        self.aligned = r is not None and r >= self.frontier
-        if not self.aligned:
+        records = self.old_records
+        rec = records.get(job_id)
+        if rec is None or rec[0] < self.frontier:
             return
-        assert r is not None
-        records, order = self.old_records, self.old_order
-        for k in range(self.frontier, r):
-            rec = records.get(order[k])
-            if rec is not None:
-                for b in rec[1]:
-                    self._dirty(b[2])
-        self.frontier = r + 1
+        self.aligned = True
+        order = self.old_order
+        for k in range(self.frontier, rec[0]):
+            for names in _booked_nodes(records[order[k]]):
+                self._dirty(names)
+        self.frontier = rec[0] + 1
 
     def reuse(self, job: Job, parts: Sequence[str], task: int | None) -> tuple[int, list[Timeline], str, int] | None:
         """The job's last placement ``(start, timelines, partition, limit)`` when a search would find it again;
@@ -144,11 +152,9 @@ class Replan:
         if not (self.on and self.aligned) or len(parts) != 1 or job.spec.shards_per_node:
             return None
         rec = self.old_records.get(job.job_id)
-        found = rec[0] if rec is not None else None
-        if found is None:
+        if rec is None:
             return None
-        rtask, spec, req, part, d, t, names = found
-        bookings = rec[1] if rec is not None else ()
+        _rank, rtask, spec, req, part, d, t, names, _bookings = rec
         cy = self.cy
         if rtask != task or spec is not job.spec or part != parts[0] or t <= cy.now or req.nnodes != 1:
             return None
@@ -156,7 +162,7 @@ class Replan:
         if (limit or UNLIMITED_DURATION) != d or cy.request(job, part) != req:
             return None
         dirty = self.dirty
-        if any(n in dirty for n in names) or any(n in dirty for b in bookings for n in b[2]):
+        if any(n in dirty for booked in _booked_nodes(rec) for n in booked):
             return None
         if dirty and self._offers(job, part, req, d, t):
             return None
@@ -194,17 +200,20 @@ class Replan:
 
     def leave(self, job: Job) -> None:
         """The walk is done with the job: a booking unlike the last walk's makes its nodes dirty."""
-        bookings = tuple(self.bookings)
-        if self.found is not None or bookings:
-            self.records[job.job_id] = (self.found, bookings)
+        found, bookings = self.found, tuple(self.bookings)
+        if found is not None:
+            t, d, names = found[5], found[4], found[6]
+            plain = len(bookings) == 1 and bookings[0] == (t, t + d, names, False)
+            self.records[job.job_id] = (len(self.order), *found, None if plain else bookings)
+            self.order.append(job.job_id)
         if not self.on:
             return
         rec = self.old_records.get(job.job_id) if self.aligned else None
-        if rec is not None and rec[1] == bookings and not job.spec.shards_per_node:
+        if rec is not None and _bookings(rec) == bookings and not job.spec.shards_per_node:
             return
         if rec is not None:
-            for b in rec[1]:
-                self._dirty(b[2])
+            for names in _booked_nodes(rec):
+                self._dirty(names)
         for b in bookings:
             self._dirty(b[2])
 

@@ -13,6 +13,7 @@ from . import events as ev
 from .apply import apply
 from .changes import Changes
 from .cycle import NodeBases
+from .replan import PlanMemory
 from .policies import slurm_differences
 from .schedule import factors_of, outranked, plan, schedule
 from .state import PENDING, RUNNING, TERMINAL_STATES, State
@@ -627,6 +628,7 @@ def verify(envelopes: Iterable[ev.Envelope], from_seq: int = 1, to_seq: int | No
     ``pick(k)``: check only the k-th cycle of the range when true (to share the work out)."""
     st = State()
     bases = NodeBases()
+    memory = PlanMemory()          # the last conservative cycle's plan, repaired by the next
     k = 0
     for env in envelopes:
         if to_seq is not None and env.seq > to_seq:
@@ -634,17 +636,18 @@ def verify(envelopes: Iterable[ev.Envelope], from_seq: int = 1, to_seq: int | No
         e = env.event
         if isinstance(e, ev.JobsStarted) and env.seq >= from_seq:
             if pick is None or pick(k):
-                yield env.seq, check_cycle(st, env.seq, e, bases)
+                yield env.seq, check_cycle(st, env.seq, e, bases, memory)
             k += 1
         ch = Changes()
         apply(st, env, ch)
         drop_touched(bases, ch)
 
 
-def check_cycle(st: State, seq: int, e: ev.JobsStarted, bases: NodeBases | None = None) -> Divergence | None:
+def check_cycle(st: State, seq: int, e: ev.JobsStarted, bases: NodeBases | None = None,
+                memory: PlanMemory | None = None) -> Divergence | None:
     """The recorded cycle ``e`` (at ``seq``) re-run from ``st``, the state just before it: None if it decides
-    the same."""
-    d = schedule(st, e.now, e.policy, kept_shadow=e.shadow, bases=bases)
+    the same (``memory``: the plan of the cycle last re-run, :mod:`rota.core.replan`)."""
+    d = schedule(st, e.now, e.policy, kept_shadow=e.shadow, bases=bases, memory=memory)
     return _compare(seq, e, d.starts) or _compare_preemptions(seq, e, d.preemptions)
 
 
