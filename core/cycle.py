@@ -80,7 +80,7 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
                                for p in cfg.partitions}
             self.part_shapes = {name: partition_shape(ns, self.parts[name]) for name, ns in self.part_nodes.items()}
         self.timelines: dict[str, Timeline] = {}
-        self.booked: list[Timeline] = []        # each booking's timeline, in order (searches read what changed)
+        self.booked: list[int] = []          # each booking's node (index), in order (searches read what changed)
         if timelines:   # static reasons alone do not need them
             self._build_timelines(bases)
         self.filters: dict[FilterKey, tuple[list[Timeline], list[Node]]] = {}

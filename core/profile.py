@@ -34,7 +34,7 @@ class Timeline:
         self.version = 0
         self.items: list[tuple[int, int, int, str]] | None = None   # (start, end, job, kind)
         self.owned = True           # its free amounts are its own (a moved copy shares them until it changes)
-        self.log: list[Timeline] | None = None     # the cycle's record of the timelines each booking changed
+        self.log: list[int] | None = None     # the cycle's record of the node (index) each booking changed
         times = [now]
         fc, fm, fg = [free_c], [free_m], [free_g]
         fgt = None if free_by_type is None else {t: [v] for t, v in free_by_type.items()}
@@ -161,7 +161,7 @@ class Timeline:
                 arr[k] = min(arr[k], 0)
         self.version += 1
         if self.log is not None:
-            self.log.append(self)
+            self.log.append(self.idx)
         if self.items is not None:
             self.items.append((start, end, job_id, "resv"))
 
@@ -183,7 +183,7 @@ class Timeline:
                 arr[k] -= g
         self.version += 1
         if self.log is not None:
-            self.log.append(self)
+            self.log.append(self.idx)
         if self.items is not None:
             self.items.append((start, end, job_id, kind))
 
@@ -192,11 +192,11 @@ class ShapeSearch:
     """Earliest-start search for jobs of one shape (per-node request, node count, duration)."""
 
     __slots__ = ("tls", "c", "m", "g", "gtype", "whole_c", "whole_m", "whole_g", "d", "k",
-                 "tmax", "heap", "lower", "exhausted", "fixed", "at", "log", "seen", "pos_of", "stale")
+                 "tmax", "heap", "lower", "exhausted", "fixed", "live", "log", "seen", "pos_of", "mine", "stale_at")
 
     def __init__(self, timelines: list[Timeline], c: int, m: int, g: int, gtype: str | None,
                  whole_c: bool, whole_m: bool, whole_g: bool, d: int, k: int, lower: int,
-                 tmax: int, seed: list[tuple] | None = None, log: list[Timeline] | None = None) -> None:
+                 tmax: int, seed: list[tuple] | None = None, log: list[int] | None = None) -> None:
         self.c, self.m, self.g, self.gtype = c, m, g, gtype
         self.whole_c, self.whole_m, self.whole_g = whole_c, whole_m, whole_g
         # what it takes on any node, unless it takes a whole node's CPUs, memory or GPUs
@@ -204,17 +204,20 @@ class ShapeSearch:
         self.d, self.k, self.tmax, self.lower = d, k, tmax, lower
         self.exhausted = False
         self.tls = timelines
-        # the bookings of the cycle (``log``) read so far, and the nodes booked since this search last evaluated
-        # them: such a node's entry keeps the fit it had, so at an equal start it may rank below a worse node
+        # the bookings of the cycle (``log``) read so far, and by their entry's start the nodes booked since this
+        # search last evaluated them: such an entry keeps the fit it had, so at an equal start it may rank below
+        # a worse node
         self.log, self.seen = log, len(log) if log is not None else 0
-        self.pos_of: dict[int, int] | None = None
-        self.stale: set[int] = set()
-        self.at = [-1] * len(timelines)     # each node's entry's start (-1: none)
+        self.pos_of: dict[int, int] | None = None      # node index -> position in ``tls``
+        self.mine: frozenset[int] = frozenset()
+        self.stale_at: dict[int, set[int]] = {}
+        # each node's entry in the heap (None: none); an entry replaced while under others is left there, skipped
+        self.live: list[tuple | None] = [None] * len(timelines)
         if seed is not None:
             # lower bounds shared by every duration of this request; made exact when they surface
             self.heap = list(seed)
             for e in seed:
-                self.at[e[5]] = e[0]
+                self.live[e[5]] = e
             return
         heap = []
         for pos, tl in enumerate(timelines):
@@ -223,8 +226,9 @@ class ShapeSearch:
                 continue
             t = tl.earliest(c_, m_, g_, tl.gpu_array(gtype), d, lower, tmax)
             if t >= 0:
-                heap.append(self._entry(tl, pos, t, c_, g_))
-                self.at[pos] = t
+                e = self._entry(tl, pos, t, c_, g_)
+                heap.append(e)
+                self.live[pos] = e
         heapify(heap)
         self.heap = heap
 
@@ -256,52 +260,75 @@ class ShapeSearch:
 
     def _peek_fresh(self) -> tuple | None:
         """Make the heap's top entry exact for the current timelines; return it (or None)."""
-        heap, lower, tls, fixed = self.heap, self.lower, self.tls, self.fixed
+        heap, lower, tls, fixed, live = self.heap, self.lower, self.tls, self.fixed, self.live
         while heap:
             top = heap[0]
             pos = top[5]
+            if live[pos] is not top:
+                heappop(heap)
+                continue
             tl = tls[pos]
             if top[6] == tl.version and top[0] >= lower:
                 return top
             c, m, g = fixed if fixed is not None else self._req(tl)
             t = tl.earliest(c, m, g, tl.gpu_array(self.gtype), self.d, max(top[0], lower), self.tmax)
             if t >= 0:
-                heapreplace(heap, self._entry(tl, pos, t, c, g))
+                e = self._entry(tl, pos, t, c, g)
+                heapreplace(heap, e)
+                live[pos] = e
             else:
                 heappop(heap)
-            self.at[pos] = t
-            self.stale.discard(pos)
+                live[pos] = None
+            if self.stale_at:
+                stale = self.stale_at.get(top[0])
+                if stale is not None:
+                    stale.discard(pos)
         return None
 
     def _read_log(self) -> None:
         """Note the nodes of this search booked since it last looked."""
         log = self.log
-        if log is None or self.seen == len(log):
+        if log is None or self.seen == len(log) or self.k > 1:     # many nodes' choice looks at every tie
             return
         pos_of = self.pos_of
         if pos_of is None:
             pos_of = self.pos_of = {tl.idx: pos for pos, tl in enumerate(self.tls)}
-        stale = self.stale
-        for tl in log[self.seen:]:
-            pos = pos_of.get(tl.idx)
-            if pos is not None:
-                stale.add(pos)
+            self.mine = frozenset(pos_of)
+        booked = self.mine.intersection(log[self.seen:])     # in C: many bookings are on nodes of other shapes
         self.seen = len(log)
+        live, stale_at = self.live, self.stale_at
+        for idx in booked:
+            e = live[pos_of[idx]]
+            if e is not None:
+                t, pos = e[0], e[5]
+                stale = stale_at.get(t)
+                if stale is None:
+                    stale_at[t] = {pos}
+                else:
+                    stale.add(pos)
 
-    def _ties(self, t: int, keep: list[tuple[tuple, int]]) -> list[tuple[tuple, int]]:
-        """For a one-node shape: the nodes booked since they were evaluated whose entry starts at ``t`` and that
-        still fit there, with their exact entries (best fit among equal starts depends on no earlier search)."""
-        out: list[tuple[tuple, int]] = []
-        at, tls, gtype, d = self.at, self.tls, self.gtype, self.d
-        taken = keep[0][0][5]
-        for pos in self.stale:
-            if at[pos] != t or pos == taken:
+    def _ties(self, t: int, taken: int) -> list[tuple]:
+        """For a one-node shape whose first entry at ``t`` is node ``taken``: the other nodes booked since they were
+        evaluated whose entry starts at ``t``, made exact (an entry left under others is replaced), with those
+        that still start there (best fit among equal starts depends on no earlier search)."""
+        out: list[tuple] = []
+        stale = self.stale_at.pop(t, None)
+        if not stale:
+            return out
+        tls, gtype, d, tmax, live, heap = self.tls, self.gtype, self.d, self.tmax, self.live, self.heap
+        for pos in stale:
+            if pos == taken:
                 continue
             tl = tls[pos]
             c, m, g = self._req(tl)
-            garr = tl.gpu_array(gtype)
-            if tl.fits_at(c, m, g, garr, d, t):
-                out.append((self._entry(tl, pos, t, c, g), 0))
+            t2 = tl.earliest(c, m, g, tl.gpu_array(gtype), d, t, tmax)
+            if t2 < 0:
+                live[pos] = None
+                continue
+            e = live[pos] = self._entry(tl, pos, t2, c, g)
+            heappush(heap, e)
+            if t2 == t:
+                out.append(e)
         return out
 
     def find(self) -> tuple[int, list[Timeline]] | None:
@@ -353,7 +380,7 @@ class ShapeSearch:
         """The node for a one-node shape: the first entry at ``t``, unless a node booked since it was evaluated
         fits better there."""
         best = keep[0][0]
-        for e, _ in self._ties(t, keep):
+        for e in self._ties(t, best[5]):
             if e < best:
                 best = e
         return [self.tls[best[5]]]

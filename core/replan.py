@@ -38,6 +38,7 @@ Record = tuple[int, Any, Any, Any, str, int, int, tuple[str, ...], "tuple[Bookin
 
 DIRTY_SHARE = 8        # past 1/8 of the nodes dirty (and more than DIRTY_MIN), checking them costs more than a search
 DIRTY_MIN = 16
+TRIAL, KEPT_SHARE = 64, 2        # past TRIAL checks, keeping fewer than 1 in KEPT_SHARE stops checking
 
 
 class PlanMemory:
@@ -119,7 +120,7 @@ class Replan:
         self.records: dict[int, Record] = {}
         self.found: tuple | None = None       # (task, spec, request, partition, duration, start, nodes)
         self.bookings: list[Booking] = []
-        self.reused = self.searched = 0
+        self.reused = self.searched = self.tried = 0
 
     def _check_limit(self) -> None:
         if len(self.dirty) > self.limit:
@@ -162,9 +163,11 @@ class Replan:
         if (limit or UNLIMITED_DURATION) != d or cy.request(job, part) != req:
             return None
         dirty = self.dirty
-        if any(n in dirty for booked in _booked_nodes(rec) for n in booked):
-            return None
-        if dirty and self._offers(job, part, req, d, t):
+        self.tried += 1
+        if any(n in dirty for booked in _booked_nodes(rec) for n in booked) or \
+                (dirty and self._offers(job, part, req, d, t)):
+            if self.tried >= TRIAL and self.reused * KEPT_SHARE < self.tried:
+                self.on = False          # most of the plan moved: checking costs more than it saves
             return None
         return t, [cy.timelines[n] for n in names], part, limit
 
