@@ -30,7 +30,7 @@ class LimitUse:
     sub-accounts'), from the running jobs at ``now``; a cycle adds what it starts."""
 
     __slots__ = ("qos", "accounts", "assocs", "use", "by_assoc", "by_account", "used", "reserved", "parents",
-                 "safe", "accrued", "now", "full")
+                 "safe", "accrued", "now", "full", "verdicts")
 
     def __init__(self, state: State, now: int) -> None:
         self.qos: dict[str, QosRecord] = state.qos
@@ -50,6 +50,8 @@ class LimitUse:
         self.now = now
         # (user, QOS) at the QOS's MaxJobsPerUser: their every other job is held by it until one of theirs starts
         self.full: dict[tuple[str, str], Reason] = {}
+        # verdicts by everything :meth:`blocking` reads of a job, until the next start changes what is held
+        self.verdicts: dict[tuple, Reason | None] = {}
         jobs = state.jobs
         for jid in state.running:
             job = jobs[jid]
@@ -60,6 +62,7 @@ class LimitUse:
         cpus, gpus = job_amounts(job, req)
         spec = job.spec
         self.full.pop((spec.user, spec.qos), None)
+        self.verdicts.clear()
         u = self.use.setdefault((spec.user, spec.qos), [0, 0, 0])
         u[0] += 1
         u[1] += cpus
@@ -84,13 +87,21 @@ class LimitUse:
     def blocking(self, job: Job, req: NodeRequest | None, limit: int) -> Reason | None:
         """The limit this job (effective time limit ``limit``, 0: none) would break by starting now (None:
         none): its QOS's per-user limits, then its association's, then its account's."""
-        full = self.full.get((job.spec.user, job.spec.qos))
+        spec = job.spec
+        full = self.full.get((spec.user, spec.qos))
         if full is not None:
             return full
+        key = (spec.user, spec.qos, spec.account, job_amounts(job, req), limit)
+        verdicts = self.verdicts
+        if key in verdicts:
+            return verdicts[key]
         why = self._qos(job, req)
         if why is None:
             why = self._assoc(job, req)
-        return why if why is not None else self._minutes(job, req, limit)
+        if why is None:
+            why = self._minutes(job, req, limit)
+        verdicts[key] = why
+        return why
 
     def _minutes(self, job: Job, req: NodeRequest | None, limit: int) -> Reason | None:
         """GrpTRESMins of the job's account and each above it: what ended runs there used (decayed), what its

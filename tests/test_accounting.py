@@ -302,3 +302,33 @@ def test_a_job_that_names_no_qos_runs_under_its_associations_default_qos():
     assert submit(h.state, spec, 9, ALICE).spec.qos == "gpu"                       # sbatch without -q
     named = spec.model_copy(update={"qos": "normal", "qos_given": True})         # sbatch -q normal
     assert submit(h.state, named, 9, ALICE).spec.qos == "normal"
+
+
+class _Forgetful(dict):
+    """A verdict cache that keeps nothing: every check is made afresh."""
+
+    def __setitem__(self, key, value) -> None:
+        pass
+
+
+def test_limit_verdicts_kept_between_starts_decide_as_checking_every_job(monkeypatch):
+    from rota.bench.core_bench import _accounting, loaded_state
+    from rota.core import usage_limits
+    from rota.core.schedule import schedule
+
+    state = loaded_state(2000, nodes=40)
+    with _accounting(state):
+        # tight enough that on 40 nodes most users are at a limit
+        state.qos = {"normal": ev.QosRecord(name="normal", max_jobs_per_user=2, max_tres_per_user={"gres/gpu": 4})}
+        now = state.now + 600
+        kept = schedule(state, now, "conservative")
+        held = [p for p in kept.pending.values() if p.reason.startswith(("QOS", "Assoc"))]
+        assert len(kept.starts) > 10 and len(held) > 100       # both starts and limits in play
+        init = usage_limits.LimitUse.__init__
+
+        def forgetful(self, *a, **kw):
+            init(self, *a, **kw)
+            self.verdicts = _Forgetful()
+        monkeypatch.setattr(usage_limits.LimitUse, "__init__", forgetful)
+        fresh = schedule(state, now, "conservative")
+    assert (fresh.starts, fresh.reservations, fresh.pending) == (kept.starts, kept.reservations, kept.pending)
