@@ -32,6 +32,9 @@ __all__ = ["FencedError", "LogUnavailable", "EventLog", "MemoryLog", "JetStreamL
 log = logging.getLogger("rota.eventlog")
 STREAM = sj.EVENT_STREAM
 SUBJECT_PREFIX = sj.EVENT_PREFIX
+# seconds an append (and the stream's API) waits for the log's answer: within a lease's life, so an append whose outcome is
+# unknown is read back while this controller still holds the lease, and the writer is not held for longer
+APPEND_TIMEOUT = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +146,7 @@ class JetStreamLog:
         from nats.js.errors import BadRequestError, NotFoundError
 
         nc = await natsconn.connect(servers, "rota", connect_timeout=connect_timeout, drain_timeout=5, **options)
-        js = nc.jetstream(timeout=10)
+        js = nc.jetstream(timeout=APPEND_TIMEOUT)
         config = StreamConfig(name=stream, subjects=[f"{SUBJECT_PREFIX}.>"], storage=StorageType.FILE,
                               retention=RetentionPolicy.LIMITS, discard=DiscardPolicy.OLD,
                               max_msgs=-1, max_bytes=-1, max_age=0, num_replicas=replicas,
@@ -269,7 +272,7 @@ class JetStreamLog:
                         await self.nc.publish(subject_for(event), body, headers=headers)
                         continue
                     headers["Nats-Batch-Commit"] = "1"
-                    msg = await self.nc.request(subject_for(event), body, timeout=10, headers=headers)
+                    msg = await self.nc.request(subject_for(event), body, timeout=APPEND_TIMEOUT, headers=headers)
             except Exception as exc:  # noqa: BLE001 - timeouts, reconnects: the outcome is unknown
                 self.chain = None
                 raise LogUnavailable(f"{type(exc).__name__}: {exc}") from None
