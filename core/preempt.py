@@ -105,9 +105,7 @@ class Preempter:
 def _pick(tl: Timeline, node: Node, req: NodeRequest, pool: list[Job], now: int, duration: int) -> list[Job] | None:
     """The fewest of ``pool`` (taken in order) whose stop lets the node hold one node's share of ``req`` from
     ``now`` for ``duration`` ([] when it fits already), or None when even all of them would not."""
-    c = tl.cap_c if req.whole_cpus else req.cpus
-    m = tl.cap_m if req.whole_mem else req.mem
-    g = tl.cap_g if req.whole_gpus else req.gpus
+    c, m, g = req.on_node(tl.cap_c, tl.cap_m, tl.cap_g)
     garr = tl.gpu_array(req.gpu_type)
     freed: list[tuple[int, int, int, int]] = []     # (end on the timeline, CPUs, MiB, GPUs)
     picked: list[Job] = []

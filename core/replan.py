@@ -28,6 +28,7 @@ from .request import effective_time_limit
 
 if TYPE_CHECKING:
     from .cycle import Cycle
+    from .request import NodeRequest
     from .state import Job
 
 # (start, end, node names, whole nodes held)
@@ -55,10 +56,6 @@ class PlanMemory:
         self.records: dict[int, Record] = {}
         self.reused = 0                        # the last cycle's placements kept, and searched
         self.searched = 0
-
-    def clear(self) -> None:
-        self.config = None
-        self.nodes, self.order, self.records = {}, [], {}
 
 
 def _bookings(rec: Record) -> tuple[Booking, ...]:
@@ -171,7 +168,7 @@ class Replan:
             return None
         return t, [cy.timelines[n] for n in names], part, limit
 
-    def _offers(self, job: Job, part: str, req: Any, d: int, t: int) -> bool:
+    def _offers(self, job: Job, part: str, req: NodeRequest, d: int, t: int) -> bool:
         """Whether a dirty node could start a job of this shape by ``t``."""
         cy = self.cy
         eligible = cy.eligible_names(job.spec, part)
@@ -179,9 +176,7 @@ class Replan:
             if name not in eligible:
                 continue
             tl = cy.timelines[name]
-            c = tl.cap_c if req.whole_cpus else req.cpus
-            m = tl.cap_m if req.whole_mem else req.mem
-            g = tl.cap_g if req.whole_gpus else req.gpus
+            c, m, g = req.on_node(tl.cap_c, tl.cap_m, tl.cap_g)
             if c <= tl.cap_c and m <= tl.cap_m and g <= tl.cap_g and \
                     tl.earliest(c, m, g, tl.gpu_array(req.gpu_type), d, cy.now, t) >= 0:
                 return True

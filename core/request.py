@@ -33,6 +33,11 @@ class NodeRequest(NamedTuple):
     def total_cpus(self) -> int:
         return self.cpus * self.nnodes
 
+    def on_node(self, cpus: int, mem: int, gpus: int) -> tuple[int, int, int]:
+        """The CPUs, MiB and GPUs it takes on a node of those capacities (all of a kind it takes whole)."""
+        return (cpus if self.whole_cpus else self.cpus, mem if self.whole_mem else self.mem,
+                gpus if self.whole_gpus else self.gpus)
+
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)

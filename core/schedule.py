@@ -292,12 +292,11 @@ def _walk(cy: Cycle, decision: Decision, ready: list, policy: Policy, rp: Replan
         if not policy.considers(parts):
             decision.pending[jid] = Pending(_BEHIND, rank=rank, priority=decision.priorities[jid])
             continue
-        if rp is None:
-            _walk_job(cy, decision, job, parts, rank, policy, failed, None)
-            continue
-        rp.enter(jid)
+        if rp is not None:
+            rp.enter(jid)
         _walk_job(cy, decision, job, parts, rank, policy, failed, rp)
-        rp.leave(job)
+        if rp is not None:
+            rp.leave(job)
 
 
 def _walk_job(cy: Cycle, decision: Decision, job: Job, parts: Sequence[str], rank: int, policy: Policy,
@@ -547,8 +546,7 @@ def _explain_pending(cy: Cycle, job: Job, parts: Sequence[str], pend: Pending,
     best_free = max((tl.free_at(now) for tl in tls), key=lambda f: (f[2], f[0], f[1]), default=(0, 0, 0))
     fit = 0            # nodes that could hold one node's share now (after what higher-ranked jobs hold)
     for tl in tls:
-        c, m, g = (tl.cap_c if req.whole_cpus else req.cpus, tl.cap_m if req.whole_mem else req.mem,
-                   tl.cap_g if req.whole_gpus else req.gpus)
+        c, m, g = req.on_node(tl.cap_c, tl.cap_m, tl.cap_g)
         fit += tl.fits_at(c, m, g, tl.gpu_array(req.gpu_type), 1, now)
     pend.why = replace(pend.why, needs=shared_value(Amounts(req.nnodes, req.cpus, req.mem, req.gpus, req.gpu_type,
                                                             req.whole_cpus)),

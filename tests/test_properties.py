@@ -72,28 +72,32 @@ STEP = st.tuples(
 )
 
 
-def run_ops(cfg, steps, check=None):
-    """Drive a harness through steps; after every cycle, call ``check(h, state_before, decision)``."""
+def apply_step(h, submits, finishes, node_op, node_i):
+    """One step's submits (refused ones dropped), ends of the first running jobs, and admin action on a node."""
     from rota.core import commands
 
+    for spec in submits:
+        try:
+            h.submit(**spec)
+        except commands.Rejected:
+            pass
+    for jid in sorted(h.state.running)[:finishes]:
+        h.finish(jid)
+    names = [n.name for n in h.state.config.nodes]
+    node = names[node_i % len(names)]
+    if node_op == "drain":
+        h.put(ev.NodeDrained(node=node, reason="test", by="root"))
+    elif node_op == "down":
+        h.put(ev.NodeDown(node=node, reason="test", by="root"))
+    elif node_op == "resume" and (h.state.nodes[node].drain or h.state.nodes[node].down):
+        h.put(ev.NodeResumed(node=node, by="root"))
+
+
+def run_ops(cfg, steps, check=None):
+    """Drive a harness through steps; after every cycle, call ``check(h, state_before, decision)``."""
     h = Harness(cfg)
-    names = [n.name for n in cfg.nodes]
     for submits, finishes, (node_op, node_i), wait in steps:
-        for spec in submits:
-            try:
-                h.submit(**spec)
-            except commands.Rejected:
-                pass
-        running = sorted(h.state.running)
-        for jid in running[:finishes]:
-            h.finish(jid)
-        node = names[node_i % len(names)]
-        if node_op == "drain":
-            h.put(ev.NodeDrained(node=node, reason="test", by="root"))
-        elif node_op == "down":
-            h.put(ev.NodeDown(node=node, reason="test", by="root"))
-        elif node_op == "resume" and (h.state.nodes[node].drain or h.state.nodes[node].down):
-            h.put(ev.NodeResumed(node=node, by="root"))
+        apply_step(h, submits, finishes, node_op, node_i)
         h.advance(wait)
         before = copy.deepcopy(h.state) if check is not None else None
         d = h.cycle()

@@ -6,15 +6,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 import pytest
 
-from rota.core import commands
 from rota.core import events as ev
 from rota.core.replan import PlanMemory
 from rota.core.schedule import Decision, schedule
 from harness import Harness
+from test_properties import GPU_TYPES, NODE_OPS, apply_step, job_specs as plain_specs
 
 pytestmark = pytest.mark.fast
-
-GPU_TYPES = ("a100", "h100")
 
 
 @st.composite
@@ -41,28 +39,14 @@ def clusters(draw):
     return ev.ClusterConfig(nodes=tuple(nodes), partitions=tuple(parts), scheduler=sched, priority=prio)
 
 
-@st.composite
-def job_specs(draw):
-    gpus = draw(st.sampled_from([0, 0, 1, 1, 2, 4, 8]))
-    return dict(
-        nodes=draw(st.sampled_from([1, 1, 1, 1, 1, 2, 3])), nodes_given=True,
-        cpus_per_task=draw(st.sampled_from([1, 1, 2, 4, 16])), cpus_per_task_given=True,
-        mem_per_node=draw(st.sampled_from([None, None, 1000, 4000, 60000])),
-        gpus_per_node=gpus,
-        gpu_type=draw(st.sampled_from([None, None, None, "a100", "h100"])) if gpus else None,
-        time_limit=draw(st.sampled_from([60, 300, 900, 3600, 7200])),
-        constraint=draw(st.sampled_from([None, None, None, "ib", "nvme|ib"])),
-        exclusive=draw(st.sampled_from([False] * 9 + [True])),
-        array=draw(st.sampled_from([None] * 8 + ["0-3", "1-5%2"])),
-        partitions=draw(st.sampled_from([(), (), (), ("q",), ("q", "p")])),
-    )
+# the property tests' jobs, some naming the second partition (first, or before the default one)
+job_specs = st.tuples(plain_specs(), st.sampled_from([(), (), (), ("q",), ("q", "p")])).map(
+    lambda spec_parts: {**spec_parts[0], "partitions": spec_parts[1]})
 
-
-NODE_OPS = st.sampled_from([None] * 8 + ["drain", "resume", "down"])
 JOB_OPS = st.sampled_from([None] * 4 + ["cancel", "hold", "release", "limit", "nice"])
 
 STEP = st.tuples(
-    st.lists(job_specs(), max_size=6),       # submits
+    st.lists(job_specs, max_size=6),         # submits
     st.integers(0, 3),                       # running jobs that end
     st.tuples(NODE_OPS, st.integers(0, 5)),  # an admin's action on a node
     st.tuples(JOB_OPS, st.integers(0, 50)),  # and on a pending job
@@ -93,22 +77,8 @@ def _same(full: Decision, kept: Decision) -> None:
 def _drive(cfg: ev.ClusterConfig, steps: list) -> PlanMemory:
     h = Harness(cfg)
     memory = PlanMemory()
-    names = [n.name for n in cfg.nodes]
     for submits, ends, (node_op, node_i), (job_op, job_i), wait in steps:
-        for spec in submits:
-            try:
-                h.submit(**spec)
-            except commands.Rejected:
-                pass
-        for jid in sorted(h.state.running)[:ends]:
-            h.finish(jid)
-        node = names[node_i % len(names)]
-        if node_op == "drain":
-            h.put(ev.NodeDrained(node=node, reason="test", by="root"))
-        elif node_op == "down":
-            h.put(ev.NodeDown(node=node, reason="test", by="root"))
-        elif node_op == "resume" and (h.state.nodes[node].drain or h.state.nodes[node].down):
-            h.put(ev.NodeResumed(node=node, by="root"))
+        apply_step(h, submits, ends, node_op, node_i)
         _job_op(h, job_op, job_i)
         h.advance(wait)
         kept = schedule(h.state, h.now, "conservative", memory=memory)
