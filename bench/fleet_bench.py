@@ -1,6 +1,6 @@
 """A fleet: many simulated nodes against one `rota up`, over the real NATS, with the real signing.
 
-    python -m rota.bench.fleet_bench [--nodes 1000] [--procs 4] [--jobs 10000] [--run-for 1]
+    python -m rota.bench.fleet_bench [--nodes 1000] [--procs 4] [--jobs 10000] [--run-for 1] [--servers 3]
 
 Each simulated node is a lightweight agent in a worker process (``--procs`` of them, the nodes shared out):
 its own NATS connection under its node's credentials, the real registration (8 A100s, 64 CPUs), signed
@@ -13,6 +13,9 @@ JobExited (COMPLETED) ``--run-for`` seconds later, without running anything. Wha
   controller's CPU meanwhile;
 - a failure wave: 5 % of the nodes fall silent at once; the time until the controller has marked them all.
 
+``--servers 3``: the same against a NATS cluster of three servers (JetStream R3, rota's roles) with two
+controllers, one leading and one standing by, as in production; the CPU figures are then the leader's.
+
 The fleet's own message counts give the NATS message rates. On a 2-core machine the fleet, NATS and
 rota up share the two cores, so rota up's CPU is measured, not the machine's.
 """
@@ -23,6 +26,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -225,42 +229,120 @@ def _node_states() -> dict[str, str]:
     return {n["name"]: n["state"] for n in _ask("nodes")["nodes"]}
 
 
-def run(nodes: int = 1000, procs: int = 4, jobs: int = 10_000, run_for: float = 1.0, timeout: float = 30.0
-        ) -> list[Figure]:
-    base = Path(tempfile.mkdtemp(prefix="rota-fleet-"))
-    (base / "slurm.conf").write_text(_config(nodes))
-    state = base / "state"
-    os.environ.update(ROTA_STATE_DIR=str(state), ROTA_WEB_PORT="0")
-    up = subprocess.Popen([str(BIN / "rota"), "up", "--config", str(base / "slurm.conf"), "--no-agent",
-                           "--node-timeout", str(timeout)], stdout=open(base / "up.log", "w"), stderr=subprocess.STDOUT)
+class Fleet:
+    """Where the benchmark runs: one ``rota up`` on its embedded NATS server, or (``servers`` 3) a NATS
+    cluster with a leading controller and a standby, as :mod:`ops/fault_drill` lays it out (without TLS)."""
+
+    def __init__(self, base: Path, nodes: int, timeout: float, servers: int = 1) -> None:
+        self.base, self.nodes, self.timeout, self.servers = base, nodes, timeout, servers
+        self.procs: dict[str, subprocess.Popen] = {}
+        (base / "slurm.conf").write_text(_config(nodes))
+        self.url = ""
+        self.key = ""
+
+    @property
+    def leader(self) -> subprocess.Popen:
+        return self.procs["ctl-a"]
+
+    def start(self) -> None:
+        if self.servers == 1:
+            state = self.base / "state"
+            os.environ.update(ROTA_STATE_DIR=str(state), ROTA_WEB_PORT="0")
+            self._up("ctl-a", state)
+            self.url, self.key = json.loads((state / "cluster.json").read_text())["nats"], str(state / "cluster.key")
+            return
+        self._cluster()
+
+    def _rota(self, *args: str) -> None:
+        subprocess.run([str(BIN / "rota"), *args], check=True, capture_output=True)
+
+    def _cluster(self) -> None:
+        from rota.agents.agent import hostname
+        from rota.controller import natsserver
+        from rota.controller.natscluster import wait_for_jetstream
+        from rota.wire.keys import load_keyring
+        from rota.wire.natsauth import connect_options
+
+        key = self.base / "cluster.key"
+        self._rota("keygen", str(key))
+        self._rota("keygen", str(key), "--nats-auth", str(self.base / "auth.conf"), "--config",
+                   str(self.base / "slurm.conf"), "--login-host", hostname())
+        ports = [(natsserver.free_port(), natsserver.free_port()) for _ in range(self.servers)]
+        for i, (port, route) in enumerate(ports):
+            conf = self.base / f"nats{i + 1}" / "nats-server.conf"
+            conf.parent.mkdir(mode=0o700)
+            natsserver.write_config(conf, port, conf.parent / "jetstream", server_name=f"nats{i + 1}",
+                                    cluster=("fleet", route, [r for j, (_, r) in enumerate(ports) if j != i]),
+                                    authorization=(self.base / "auth.conf").read_text())
+            self._launch(f"nats{i + 1}", [natsserver.find_binary(), "-c", str(conf)])
+        self.url, self.key = ",".join(f"nats://127.0.0.1:{p}" for p, _ in ports), str(key)
+        asyncio.run(wait_for_jetstream(self.url.split(","), options=connect_options(load_keyring(str(key)))))
+        for name in ("ctl-a", "ctl-b"):
+            (self.base / name).mkdir(mode=0o700)
+            shutil.copy(key, self.base / name / "cluster.key")
+            self._up(name, self.base / name, "--nats", self.url, *(["--standby"] if name == "ctl-b" else []))
+        os.environ.update(ROTA_STATE_DIR=str(self.base / "ctl-a"), ROTA_WEB_PORT="0")
+
+    def _launch(self, name: str, cmd: list[str], env: dict | None = None) -> None:
+        self.procs[name] = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
+                                            stdout=open(self.base / f"{name}.log", "w"), stderr=subprocess.STDOUT)
+
+    def _up(self, name: str, state: Path, *extra: str) -> None:
+        env = dict(os.environ, ROTA_STATE_DIR=str(state), ROTA_WEB_PORT="0")
+        self._launch(name, [str(BIN / "rota"), "up", "--config", str(self.base / "slurm.conf"), "--no-agent",
+                            "--node-timeout", str(self.timeout), *extra], env)
+        _wait(lambda: (state / "cluster.json").exists(), 60, f"rota up ({name}; see {self.base / name}.log)")
+
+    def stop(self) -> None:
+        order = [p for n, p in self.procs.items() if n.startswith("ctl")] + \
+                [p for n, p in self.procs.items() if not n.startswith("ctl")]
+        for p in order:
+            p.send_signal(signal.SIGINT)
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+    def others_cpu(self) -> float:
+        """CPU seconds so far of every process but the leader (the standby, the NATS servers)."""
+        return sum(_cpu_seconds(p.pid) for n, p in self.procs.items() if n != "ctl-a" and p.poll() is None)
+
+
+def run(nodes: int = 1000, procs: int = 4, jobs: int = 10_000, run_for: float = 1.0, timeout: float = 30.0,
+        servers: int = 1) -> list[Figure]:
+    fleet = Fleet(Path(tempfile.mkdtemp(prefix="rota-fleet-")), nodes, timeout, servers)
     workers: list[subprocess.Popen] = []
-    status = [base / f"fleet-{i}.json" for i in range(procs)]
-    how = f"python -m rota.bench.fleet_bench --nodes {nodes} --procs {procs} --jobs {jobs}"
+    status = [fleet.base / f"fleet-{i}.json" for i in range(procs)]
+    how = f"python -m rota.bench.fleet_bench --nodes {nodes} --procs {procs} --jobs {jobs}" + \
+        (f" --servers {servers}" if servers > 1 else "")
+    where = "" if servers == 1 else f" ({servers} NATS servers, a standby)"
     figures: list[Figure] = []
     try:
-        _wait(lambda: (state / "cluster.json").exists(), 60, "rota up")
-        url = json.loads((state / "cluster.json").read_text())["nats"]
+        fleet.start()
+        pid = fleet.leader.pid
         names = [f"f{i:04d}" for i in range(1, nodes + 1)]
         t0 = time.monotonic()
         for i in range(procs):
             workers.append(subprocess.Popen([sys.executable, "-m", "rota.bench.fleet_bench", "--worker",
-                                             ",".join(names[i::procs]), "--nats", url, "--key", str(state / "cluster.key"),
+                                             ",".join(names[i::procs]), "--nats", fleet.url, "--key", fleet.key,
                                              "--run-for", str(run_for), "--status", str(status[i])]))
         _wait(lambda: sum(1 for s in _node_states().values() if s == "IDLE") == nodes, 600, "every registration", 1.0)
         storm = time.monotonic() - t0
-        figures.append(Figure(f"fleet: {nodes:,} nodes registered, all started at once", storm, "s", "", None, how,
-                              f"{procs} worker processes, each node its own NATS connection"))
+        figures.append(Figure(f"fleet{where}: {nodes:,} nodes registered, all started at once", storm, "s", "", None,
+                              how, f"{procs} worker processes, each node its own NATS connection"))
         time.sleep(2 * HEARTBEAT)
-        c0, m0 = time.monotonic(), _counts(status)
-        rest = _cpu_share(up.pid, 20.0)
-        m1 = _counts(status)
-        beat_rate = (m1["heartbeats"] - m0["heartbeats"]) / (time.monotonic() - c0)
-        figures.append(Figure(f"fleet: rota up's CPU at rest, {nodes:,} nodes at {HEARTBEAT:g} s heartbeats", rest * 100,
-                              "% of a core", "<= 10 %", rest <= 0.10, how,
-                              f"{beat_rate:.0f} signed heartbeats/s reaching the controller"))
-        figures += _array(jobs, up.pid, status, how, [w.pid for w in workers])
+        c0, m0, o0 = time.monotonic(), _counts(status), fleet.others_cpu()
+        rest = _cpu_share(pid, 20.0)
+        m1, spent = _counts(status), time.monotonic() - c0
+        beat_rate = (m1["heartbeats"] - m0["heartbeats"]) / spent
+        others = "" if servers == 1 else \
+            f"; the standby and the NATS servers together {(fleet.others_cpu() - o0) / spent:.0%} of a core"
+        figures.append(Figure(f"fleet{where}: the leader's CPU at rest, {nodes:,} nodes at {HEARTBEAT:g} s heartbeats",
+                              rest * 100, "% of a core", "<= 10 %", rest <= 0.10, how,
+                              f"{beat_rate:.0f} signed heartbeats/s reaching the controller{others}"))
+        figures += _array(jobs, pid, status, how, [w.pid for w in workers], where)
         wave = sum(max(1, len(names[i::procs]) // 20) for i in range(procs))
-        figures += _failure_wave(workers, status, wave, timeout, how)
+        figures += _failure_wave(workers, status, wave, timeout, how, where)
     finally:
         for w in workers:
             w.send_signal(signal.SIGTERM)
@@ -269,15 +351,12 @@ def run(nodes: int = 1000, procs: int = 4, jobs: int = 10_000, run_for: float = 
                 w.wait(30)
             except subprocess.TimeoutExpired:
                 w.kill()
-        up.send_signal(signal.SIGINT)
-        try:
-            up.wait(60)
-        except subprocess.TimeoutExpired:
-            up.kill()
+        fleet.stop()
     return figures
 
 
-def _array(jobs: int, pid: int, status: list[Path], how: str, fleet: list[int]) -> list[Figure]:
+def _array(jobs: int, pid: int, status: list[Path], how: str, fleet: list[int], where: str = ""
+           ) -> list[Figure]:
     """An array of one-GPU tasks over the fleet: submit to every task started, and the CPU meanwhile (rota up's,
     the fleet's processes', the machine's)."""
     before = _ask("metrics")
@@ -294,7 +373,8 @@ def _array(jobs: int, pid: int, status: list[Path], how: str, fleet: list[int]) 
     def all_started() -> bool:
         m = _ask("metrics")
         return m["pending"] == 0
-    took = _wait(all_started, 900, "every task started", 0.2)
+    _wait(all_started, 900, "every task started", 0.2)
+    took = time.monotonic() - t0
     cpu = (_cpu_seconds(pid) - c0) / took
     m1 = _counts(status)
     orders = m1["orders"] - m0["orders"]
@@ -307,25 +387,25 @@ def _array(jobs: int, pid: int, status: list[Path], how: str, fleet: list[int]) 
     done = time.monotonic() - t0
     m2 = _counts(status)
     events = _ask("metrics")["seq"] - ended0
-    return [Figure(f"fleet: array of {jobs:,} one-GPU tasks, submit to every task started", took, "s", "", None, how,
+    return [Figure(f"fleet{where}: array of {jobs:,} one-GPU tasks, submit to every task started", took, "s", "", None, how,
                    f"array job {array}; {orders:,} launch orders delivered meanwhile"),
-            Figure("fleet: launch rate (tasks started per second, as the log decided them)", jobs / took, "tasks/s",
+            Figure(f"fleet{where}: launch rate (tasks started per second, as the log decided them)", jobs / took, "tasks/s",
                    ">= 500", jobs / took >= 500, how),
-            Figure("fleet: launch orders received by the nodes per second (submit to the last delivered)",
+            Figure(f"fleet{where}: launch orders received by the nodes per second (submit to the last delivered)",
                    jobs / delivered, "orders/s", ">= 500", jobs / delivered >= 500, how,
                    f"the last order reached its node {delivered:.1f} s after the submit"),
-            Figure("fleet: rota up's CPU while the array starts", cpu * 100, "% of a core", "", None, how),
-            Figure("fleet: the simulated nodes' own CPU meanwhile (all worker processes)", fleet_cpu * 100,
+            Figure(f"fleet{where}: the leader's CPU while the array starts", cpu * 100, "% of a core", "", None, how),
+            Figure(f"fleet{where}: the simulated nodes' own CPU meanwhile (all worker processes)", fleet_cpu * 100,
                    "% of a core", "", None, how, f"the machine was {machine:.0%} busy (all its cores) while orders "
                    "were delivered: beyond ~90 % the figures above are this machine's, not rota's"),
-            Figure("fleet: messages through NATS during the array (orders + reports + heartbeats, per second)",
+            Figure(f"fleet{where}: messages through NATS during the array (orders + reports + heartbeats, per second)",
                    ((m2["orders"] - m0["orders"]) + (m2["reports"] - m0["reports"])
                     + (m2["heartbeats"] - m0["heartbeats"])) / done, "msgs/s", "", None, how,
                    f"{events:,} events appended in {done:.0f} s, submit to the last end")]
 
 
 def _failure_wave(workers: list[subprocess.Popen], status: list[Path], expected: int, timeout: float,
-                  how: str) -> list[Figure]:
+                  how: str, where: str = "") -> list[Figure]:
     """A twentieth of the fleet (of each worker's nodes) falls silent at once: the time until the controller has
     them all DOWN."""
     for w in workers:
@@ -339,7 +419,7 @@ def _failure_wave(workers: list[subprocess.Popen], status: list[Path], expected:
         return all(states.get(n) == "DOWN" for n in failed)
     _wait(marked, 10 * timeout, "the silent nodes DOWN", 0.5)
     took = time.monotonic() - t0
-    return [Figure(f"fleet: {len(failed)} nodes fall silent at once, until all are DOWN", took, "s",
+    return [Figure(f"fleet{where}: {len(failed)} nodes fall silent at once, until all are DOWN", took, "s",
                    f"<= {timeout + 2 * HEARTBEAT:g} s", took <= timeout + 2 * HEARTBEAT, how,
                    f"node timeout {timeout:g} s")]
 
@@ -351,6 +431,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=10_000)
     ap.add_argument("--run-for", type=float, default=1.0)
     ap.add_argument("--node-timeout", type=float, default=30.0)
+    ap.add_argument("--servers", type=int, choices=(1, 3), default=1,
+                    help="3: a NATS cluster of 3 servers, with a leading controller and a standby")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--nats", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--key", default=None, help=argparse.SUPPRESS)
@@ -359,7 +441,7 @@ def main() -> None:
     if args.worker:
         asyncio.run(_worker(args.worker.split(","), args.nats, args.key, args.run_for, args.status))
         return
-    figures = run(args.nodes, args.procs, args.jobs, args.run_for, args.node_timeout)
+    figures = run(args.nodes, args.procs, args.jobs, args.run_for, args.node_timeout, args.servers)
     print_table(figures, "rota fleet benchmark (one run)")
 
 
