@@ -77,6 +77,7 @@ class Controller:
         self.views = Views(self)
         self.last_decision: tuple[int, Decision] | None = None   # (state sequence, Decision) for queue views
         self.plan_memory = PlanMemory()      # the last conservative cycle's plan, repaired by the next
+        self.deciding = 0.0      # seconds the latest cycle spent deciding (without its wait for the writer)
         self.cycle_times: deque[float] = deque(maxlen=100)       # seconds of the latest cycles (sdiag's figures)
         self.cycle_hist = CycleHistogram()                       # every cycle's duration (/metrics)
         self.agent_seen: dict[str, float] = {}                   # node -> monotonic time of its last heartbeat
@@ -198,6 +199,7 @@ class Controller:
     async def cycle(self, backfill: bool = True) -> ev.JobsStarted | None:
         """One scheduling cycle; appends its decision when it started something. ``backfill``: a backfill cycle
         (under Slurm's cadence the others are the main scheduler's strict-priority pass)."""
+        self.deciding = 0.0
         if not self.leader or not self.state.pending:
             return None
         decided: list[ev.JobsStarted] = []
@@ -206,10 +208,12 @@ class Controller:
         give_way = GiveWay(lambda: self.frontdoor.reading > 0, GIVE_WAY_MAX) if off_loop else None
 
         def decide(state: State) -> ev.JobsStarted:
+            t0 = time.perf_counter()
             with collector.paused():   # its many short-lived objects would be moved to the oldest generation
                 policy = cycle_policy(state.config.scheduler, backfill) if state.config is not None else None
                 decision = schedule(state, max(self.now(), state.now), policy=policy, give_way=give_way,
                                     memory=self.plan_memory)
+            self.deciding += time.perf_counter() - t0
             event = decision.event()
             self.last_decision = (state.seq, decision)
             if event is None:
@@ -259,7 +263,8 @@ class Controller:
         """Cycle when something changed and every ``cycle_interval``. A change after a quiet spell is
         scheduled at once; after a cycle that had jobs pending and took d seconds, the next starts no
         sooner than ``debounce`` and 2d later, so a burst of submits against a long queue is not starved
-        by back-to-back cycles. Under Slurm's cadence (``rota_cadence=slurm``) only the cycles every
+        by back-to-back cycles (d is the cycle's own deciding: a wait for the log, a server failing over, is
+        not a reason to wait longer). Under Slurm's cadence (``rota_cadence=slurm``) only the cycles every
         ``bf_interval`` run the policy; the others are the main scheduler's pass."""
         last, ended = 0.0, -float("inf")
         dirty = self.writer.dirty
@@ -284,7 +289,7 @@ class Controller:
                 await self.idle_sweep()
                 spent = time.perf_counter() - t0
                 if ran:         # a cycle with nothing pending cost nothing: no wait after it
-                    last, ended = spent, t0 + spent
+                    last, ended = self.deciding, t0 + spent
                     self.cycle_times.append(spent)
                     self.cycle_hist.observe(spent)
                 await self.maybe_snapshot()

@@ -222,6 +222,43 @@ async def test_a_change_after_a_quiet_spell_is_scheduled_at_once_and_busy_cycles
         cycles.cancel()
 
 
+class StallingLog(MemoryLog):
+    """The in-memory log, whose first append of a cycle's decision waits ``stall`` seconds (a server
+    failing over) before it lands."""
+
+    def __init__(self, stall: float) -> None:
+        super().__init__()
+        self.stall = stall
+
+    async def append(self, event, *, actor, idem, ts, expected_last=None, seal=False):
+        import asyncio
+
+        if isinstance(event, ev.JobsStarted) and self.stall:
+            stall, self.stall = self.stall, 0.0
+            await asyncio.sleep(stall)
+        return await super().append(event, actor=actor, idem=idem, ts=ts, expected_last=expected_last)
+
+
+async def test_a_cycle_kept_waiting_by_the_log_does_not_hold_the_next_one_back():
+    import asyncio
+    import time
+
+    c = Controller(StallingLog(1.5), config=CFG, clock=Clock(), debounce=0.01, cycle_interval=60)
+    await c.start()
+    cycles = asyncio.create_task(c.run_cycles())
+    try:
+        await c.handle("submit", {"rid": "a", "spec": spec()})
+        while c.state.jobs[1].state != "RUNNING":
+            await asyncio.sleep(0.01)
+        await c.handle("submit", {"rid": "b", "spec": spec()})     # behind the start, which waits 1.5 s for the log
+        t = time.monotonic()
+        while c.state.jobs[2].state != "RUNNING":
+            assert time.monotonic() - t < 1.0, "the next cycle waited for twice the log's stall"
+            await asyncio.sleep(0.01)
+    finally:
+        cycles.cancel()
+
+
 class UnsureLog(MemoryLog):
     """The in-memory log, told to store some appends but report them as unconfirmed (a timeout)."""
 
