@@ -13,8 +13,10 @@ The pieces: each NATS server, the leading controller, the standby, an agent (n4;
 three agents' signers). ``--hold``: how long a freeze or a partition lasts. ``--short``: one fault of each
 kind (for CI) instead of all of them on every piece.
 
-It prints, per fault, the longest wait for an acknowledged submit and the longest stretch without a
-recorded start, the takeover times, and the counts that must be zero: acknowledged submits lost,
+After each fault the drill waits until every NATS stream and consumer has a leader and current copies again
+(a server back from a partition can depose them all) before the next, so that each fault meets a whole
+cluster. It prints, per fault, the longest wait for an acknowledged submit, the longest stretch without a
+recorded start that began then, how long NATS took to be whole again, the takeover times, and the counts that must be zero: acknowledged submits lost,
 duplicate starts of one run, jobs that never ended, jobs that ended other than COMPLETED (their jobs are
 `sleep 0.1`: anything else was wrongly failed). Exit status 1 when one is not.
 """
@@ -45,7 +47,8 @@ PIECES = ("nats1", "nats2", "nats3", "leader", "standby", "agent")
 FAULTS = ("kill", "stop", "cut")
 SHORT = (("leader", "kill"), ("leader", "stop"), ("nats2", "kill"), ("agent", "stop"), ("nats3", "cut"),
          ("leader", "cut"), ("standby", "kill"))
-GAP = 5.0                       # seconds of calm after each fault before the next
+GAP = 5.0                       # seconds of calm after each fault (once NATS is whole again) before the next
+WHOLE_WAIT = 120.0              # seconds a fault's recovery is waited for before the next fault comes anyway
 STALL_SHOWN = 10                # a scheduling stall longer than this (seconds) is shown record by record
 LOST = "NEVER SUBMITTED"         # how an acknowledged job missing from the log is counted (with the lost submits)
 
@@ -125,6 +128,8 @@ class Fault:
     t0: float
     wall0: float
     takeover: float | None = None
+    whole: float | None = None      # seconds from the piece's return until every NATS stream and consumer had
+                                    # its leader and all its copies current again (None: not within WHOLE_WAIT)
 
 
 class Drill:
@@ -169,7 +174,7 @@ class Drill:
         self.urls = ",".join(f"{scheme}://{self.addr[s]}:{ports[s][0]}" for s in SERVERS)
         self.server_cmd = {}
         for s in SERVERS:
-            routes = [f"{self.addr[o]}:{ports[o][1]}" for o in SERVERS if o != s]
+            routes: list[int | str] = [f"{self.addr[o]}:{ports[o][1]}" for o in SERVERS if o != s]
             conf = self.base / s / "nats-server.conf"
             conf.parent.mkdir(mode=0o700, exist_ok=True)
             natsserver.write_config(conf, ports[s][0], self.base / s / "jetstream", cluster=("drill", ports[s][1], routes),
@@ -341,6 +346,35 @@ class Drill:
                 proc.send_signal(signal.SIGCONT)
             else:
                 self.net.heal(target)
+        f.whole = self.whole()
+
+    def whole(self) -> float | None:
+        """Seconds until every stream and consumer on the servers has a leader and all its copies current (a
+        server back from a partition can depose every leader, and a fault on a cluster still electing is two
+        faults), or None when that takes longer than WHOLE_WAIT."""
+        from rota.wire import natsconn
+
+        async def poll() -> float | None:
+            t0 = time.monotonic()
+            nc = await natsconn.connect(self.urls, "drill", **self._controller_options())
+            try:
+                js = nc.jetstream(timeout=2)
+                while time.monotonic() - t0 < WHOLE_WAIT:
+                    try:
+                        streams = await js.streams_info()
+                        groups = [i.cluster for i in streams]
+                        for stream in streams:
+                            groups += [c.cluster for c in await js.consumers_info(stream.config.name)]
+                        if all(g is not None and g.leader and all(r.current for r in g.replicas or [])
+                               for g in groups):
+                            return time.monotonic() - t0
+                    except Exception:  # noqa: BLE001 - the servers are still electing
+                        pass
+                    await asyncio.sleep(0.5)
+                return None
+            finally:
+                await nc.close()
+        return asyncio.run(poll())
 
     def _restart(self, piece: str) -> None:
         if piece in SERVERS:
@@ -394,7 +428,8 @@ class Drill:
 
     def costs(self, stalls: list[tuple[int, int]]) -> list[tuple[Fault, float, int]]:
         """Each fault's cost, from it to the next fault: the longest wait for an acknowledged submit, and the
-        longest time jobs waited with no start recorded (``stalls``: (when a start came, after how long))."""
+        longest time jobs waited with no start recorded that began then (``stalls``: (when a start came, after
+        how long))."""
         with self.lock:
             times = sorted(t for t, _ in self.acked)
         out = []
@@ -402,8 +437,9 @@ class Drill:
             nxt = self.faults[i + 1] if i + 1 < len(self.faults) else None
             end, wall_end = (nxt.t0, nxt.wall0) if nxt else (float("inf"), float("inf"))
             points = [f.t0] + [t for t in times if f.t0 < t <= end]
+            began = [(t - gap, gap) for t, gap in stalls]
             out.append((f, max((b - a for a, b in zip(points, points[1:])), default=0.0),
-                        max((gap for t, gap in stalls if f.wall0 < t <= wall_end), default=0)))
+                        max((gap for t, gap in began if (i == 0 or f.wall0 <= t) and t < wall_end), default=0)))
         return out
 
     def stall_story(self, stall: tuple[int, int], envs: list) -> str:
@@ -487,10 +523,12 @@ class Drill:
         print(f"\nfault drill: 3 NATS servers ({'TLS' if self.tls_ca else 'no TLS: openssl missing'}), 2 controllers, "
               f"4 agents, {self.submitters} submitters; {layout}")
         print(f"{len(acked)} acknowledged submits ({len(self.refused)} refused), log of {len(envs)} events")
-        print(f"{'fault':<38} {'takeover':>9} {'longest wait for an ack':>24} {'longest wait for a start':>25}")
+        print(f"{'fault':<38} {'takeover':>9} {'longest wait for an ack':>24} {'longest wait for a start':>25} "
+              f"{'NATS whole again':>17}")
         for f, cost, gap in self.costs(stalls):
             took = "" if f.takeover is None else f"{f.takeover:.2f} s"
-            print(f"{f.what:<38} {took:>9} {cost:>22.2f} s {gap:>23} s")
+            whole = f"> {WHOLE_WAIT:.0f} s" if f.whole is None else f"{f.whole:.1f} s"
+            print(f"{f.what:<38} {took:>9} {cost:>22.2f} s {gap:>23} s {whole:>17}")
         takeovers = [f.takeover for f in self.faults if f.takeover is not None]
         if takeovers:
             print(f"takeover (the leader killed, frozen or cut off -> the other holds the lease): "
