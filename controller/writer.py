@@ -128,6 +128,9 @@ class Writer:
         self._recent: Recent[str, int] = Recent(200_000)   # idempotency id -> sequence, for retries
         self._reported = 0
         self._retried: set[int] = set()       # requests already tried again after a fence by a set-aside record
+        # this writer's appends whose outcome was left unknown: one may still land (a server failing over
+        # stores it late), and finding it on the log is not another controller writing
+        self._unsure: Recent[str, bool] = Recent(1024)
         self.snapshot_seq = 0                 # the sequence of the snapshot the last rebuild started from
         self._landed: asyncio.Future | None = None   # resolved when the next batch has been through
 
@@ -330,10 +333,11 @@ class Writer:
         landed = await self._reload(since=base)
         if landed is None:
             self.stale = True
-            for (_env, fut, _), ack in zip(staged, acks):
+            for (env, fut, _), ack in zip(staged, acks):
+                self._unsure[env.idem] = True
                 _reject(fut, ack if isinstance(ack, Exception) else LogUnavailable("outcome unknown"))
             return
-        if any(idem not in ours for idem in landed):
+        if any(idem not in ours and idem not in self._unsure for idem in landed):
             self.leader = False
             log.error("another controller appended to the log: stepping back to follower")
         again = []
@@ -350,6 +354,8 @@ class Writer:
             elif not self.leader:
                 _reject(fut, FencedError(base))
             else:
+                if isinstance(ack, LogUnavailable):
+                    self._unsure[env.idem] = True
                 _reject(fut, ack if isinstance(ack, LogUnavailable) else
                                   LogUnavailable("a request before it in the same batch failed"))
         self._queue.put_back(again)

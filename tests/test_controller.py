@@ -287,6 +287,39 @@ async def test_an_unconfirmed_append_in_a_batch_is_answered_from_what_the_log_ho
     assert fold(lg.entries) == c.state and not c.writer.stale
 
 
+class LateLog(MemoryLog):
+    """The in-memory log, whose first cycle decision times out and lands only later, just before the next
+    append (a server failing over stores it late)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.late: tuple | None = None
+        self.delayed = False
+
+    async def append(self, event, *, actor, idem, ts, expected_last=None, seal=False):
+        if self.late is not None:
+            late, self.late = self.late, None
+            await super().append(late[0], actor=late[1], idem=late[2], ts=late[3])
+        if isinstance(event, ev.JobsStarted) and not self.delayed:
+            self.delayed, self.late = True, (event, actor, idem, ts)
+            raise LogUnavailable("timeout")
+        return await super().append(event, actor=actor, idem=idem, ts=ts, expected_last=expected_last)
+
+
+async def test_its_own_append_landing_late_is_not_taken_for_another_controller():
+    lg = LateLog()
+    c = Controller(lg, config=CFG, clock=Clock())
+    await c.start()
+    await c.handle("submit", {"rid": "a", "spec": spec()})
+    with pytest.raises(LogUnavailable):
+        await c.cycle()
+    await c.handle("submit", {"rid": "b", "spec": spec()})       # fenced by the late decision: read back
+    assert c.leader, "it stepped back as if another controller had written"
+    assert c.state.jobs[1].state == "RUNNING" and fold(lg.entries) == c.state
+    await c.cycle()
+    assert c.state.jobs[2].state == "RUNNING"
+
+
 async def test_a_retry_after_a_restart_is_not_appended_again():
     lg = MemoryLog()
     c = Controller(lg, config=CFG, clock=Clock())
