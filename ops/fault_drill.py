@@ -16,9 +16,10 @@ kind (for CI) instead of all of them on every piece.
 After each fault the drill waits until every NATS stream and consumer has a leader and current copies again
 (a server back from a partition can depose them all) before the next, so that each fault meets a whole
 cluster. It prints, per fault, the longest wait for an acknowledged submit, the longest stretch without a
-recorded start that began then, how long NATS took to be whole again, the takeover times, and the counts that must be zero: acknowledged submits lost,
-duplicate starts of one run, jobs that never ended, jobs that ended other than COMPLETED (their jobs are
-`sleep 0.1`: anything else was wrongly failed). Exit status 1 when one is not.
+recorded start that began then, how long NATS took to be whole again, the takeover times, and the counts
+that must be zero: acknowledged submits lost, duplicate starts of one run, jobs that never ended, jobs that
+ended other than COMPLETED (their jobs are `sleep 0.1`: anything else was wrongly failed). Exit status 1
+when one is not.
 """
 from __future__ import annotations
 
