@@ -36,6 +36,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from rota.cli.client import NoCluster
+
 from .common import Figure, print_table
 
 BIN = Path(sys.executable).parent
@@ -167,6 +169,10 @@ async def _worker(names: list[str], url: str, key_path: str, run_for: float, sta
             await asyncio.wait_for(stop.wait(), timeout=1.0)
         except asyncio.TimeoutError:
             pass
+    ends = [t for n in nodes for t in n.ends]
+    for t in ends:
+        t.cancel()
+    await asyncio.gather(*ends, return_exceptions=True)
 
 
 # ---------------------------------------------------------------- the benchmark (main process)
@@ -343,6 +349,8 @@ def run(nodes: int = 1000, procs: int = 4, jobs: int = 10_000, run_for: float = 
         figures += _array(jobs, pid, status, how, [w.pid for w in workers], where)
         wave = sum(max(1, len(names[i::procs]) // 20) for i in range(procs))
         figures += _failure_wave(workers, status, wave, timeout, how, where)
+    except NoCluster as exc:
+        raise SystemExit(f"fleet_bench: {exc}: the controllers' and servers' logs are in {fleet.base}") from None
     finally:
         for w in workers:
             w.send_signal(signal.SIGTERM)

@@ -111,7 +111,7 @@ async def _load_cluster(url: str, log: list[ev.Envelope], snaps: dict[int, bytes
         pending = []
         for env in log:
             body = encode_body(env.event)
-            pending.append(lg.js.publish(subject_for(env.event), body, stream=STREAM,
+            pending.append(lg.js.publish(subject_for(env.event), body, stream=STREAM, timeout=60,   # 4,000 in flight
                                          headers=record_headers(mac_key, env.seq, env.ts, env.actor, env.idem, body)))
             if len(pending) >= 4000:
                 await asyncio.gather(*pending)
