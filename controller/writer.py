@@ -128,9 +128,7 @@ class Writer:
         self._recent: Recent[str, int] = Recent(200_000)   # idempotency id -> sequence, for retries
         self._reported = 0
         self._retried: set[int] = set()       # requests already tried again after a fence by a set-aside record
-        # this writer's appends whose outcome was left unknown: one may still land (a server failing over
-        # stores it late), and finding it on the log is not another controller writing
-        self._unsure: Recent[str, bool] = Recent(1024)
+        self._unsure: Recent[str, bool] = Recent(1024)   # appends of unknown outcome: theirs if they land late
         self.snapshot_seq = 0                 # the sequence of the snapshot the last rebuild started from
         self._landed: asyncio.Future | None = None   # resolved when the next batch has been through
 
@@ -354,8 +352,7 @@ class Writer:
             elif not self.leader:
                 _reject(fut, FencedError(base))
             else:
-                if isinstance(ack, LogUnavailable):
-                    self._unsure[env.idem] = True
+                self._unsure[env.idem] = True      # sent, not found: a server failing over may store it late
                 _reject(fut, ack if isinstance(ack, LogUnavailable) else
                                   LogUnavailable("a request before it in the same batch failed"))
         self._queue.put_back(again)
