@@ -1,10 +1,11 @@
 """The node agent (slurmd): registers inventory, runs assigned jobs confined, reports what happens.
 
-It reads only its own node's assignments (``rota.assign.<node>``, a work-queue stream) and reports
-through the inbox (``rota.inbox.<node>``, a work-queue stream the controller drains and appends to
-the log). Heartbeats are plain NATS messages (``rota.hb.<node>``). Jobs run under a tiny shell
-shepherd that records the exit status in the spool, so a restarted agent finds its running jobs
-again (or reports honestly what became of them) and never leaves one behind.
+It reads only its own node's orders (``rota.orders.<node>``, through a consumer it makes itself from the
+last order it acted on: :mod:`rota.wire.orderqueue`) and reports through the inbox (``rota.inbox.<node>``,
+a work-queue stream the controller drains and appends to the log). Heartbeats are plain NATS messages
+(``rota.hb.<node>``). Jobs run under a tiny shell shepherd that records the exit status in the spool, so a
+restarted agent finds its running jobs again (or reports honestly what became of them) and never leaves one
+behind.
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ from rota.wire import natsconn
 from rota.wire import orders as wire_orders
 from rota.wire import subjects as sj
 from rota.wire.subjects import CRED_HEADER
-from rota.wire.jsqueue import stored_at, work_queue
+from rota.wire.jsqueue import stored_at
+from rota.wire.orderqueue import OrderMark, OrderReader
 
 from . import cgroups as cg
 from . import launch
@@ -127,6 +129,7 @@ class Agent:
         self.seen: set[tuple[int, int]] = set()   # (job id, restarts) launched here
         self.nc: Any = None
         self.js: Any = None
+        self.orders: OrderReader | None = None
         self._tasks: list[asyncio.Task] = []
         self._stop = asyncio.Event()
 
@@ -155,6 +158,9 @@ class Agent:
         self.nc = await natsconn.connect(self.url, f"agent {self.node}", keyring=self.keyring, host=self.node,
                                          tls_ca=self.tls_ca)
         self.js = self.nc.jetstream(timeout=10)
+        # its orders' consumer before it registers: an order sent once it has would be missed by a first read
+        self.orders = OrderReader(self.js, self.node, OrderMark(self.dir / "orders.json"))
+        await self.orders.open()
         running = self._adopt()
         for run in [r for r in self.runs.values() if r.job_id not in running]:
             done = self._exit_status(run)      # ended while no agent watched: its real end goes first, before
@@ -219,7 +225,8 @@ class Agent:
     async def _heartbeats(self) -> None:
         subject = f"{sj.HEARTBEAT_PREFIX}.{self.node}"
         while True:
-            body = Heartbeat(running=tuple(sorted(self.runs))).model_dump_json().encode()
+            acted = self.orders.mark.seq if self.orders is not None else 0
+            body = Heartbeat(running=tuple(sorted(self.runs)), orders=acted).model_dump_json().encode()
             try:
                 await self.nc.publish(subject, body, headers={CRED_HEADER: self.sign(subject, body)})
             except Exception:  # noqa: BLE001 - reconnecting
@@ -267,15 +274,13 @@ class Agent:
         return wire_orders.decode(msg.data)
 
     async def _assignments(self) -> None:
-        async for msgs in work_queue(self.js, sj.ASSIGN_STREAM, f"{sj.ASSIGN_PREFIX}.{self.node}",
-                                     sj.agent_consumer(self.node), batch=64, what="assignments",
-                                     create=False):
+        assert self.orders is not None
+        async for msgs in self.orders.batches():
             for msg in msgs:
                 try:
                     order = self.check_order(msg)
                 except (credentials.CredentialError, wire_orders.BadOrder) as exc:
                     log.error("an order for %s was set aside: %s", self.node, exc)
-                    await msg.ack()
                     continue
                 try:
                     await self.act(order)
@@ -285,7 +290,7 @@ class Agent:
                 except Exception as exc:  # noqa: BLE001 - a bad assignment must not stop the agent
                     log.error("order %r failed: %s", msg.data[:200], exc)
                     await self._launch_failed(order, f"{type(exc).__name__}: {exc}")
-                await msg.ack()
+            await self.orders.done(msgs)
 
     async def _launch_failed(self, order: Order, why: str) -> None:
         if isinstance(order, Launch):

@@ -4,7 +4,7 @@
 
 Each simulated node is a lightweight agent in a worker process (``--procs`` of them, the nodes shared out):
 its own NATS connection under its node's credentials, the real registration (8 A100s, 64 CPUs), signed
-heartbeats every 5 s, and a durable consumer of its own orders; a launch order is answered by a signed
+heartbeats every 5 s, and the consumer of its own orders that an agent makes; a launch order is answered by a signed
 JobExited (COMPLETED) ``--run-for`` seconds later, without running anything. What is measured:
 
 - the registration storm: every node started at once, the time until the controller has all of them;
@@ -58,6 +58,7 @@ class FakeNode:
         self.ends: set[asyncio.Future] = set()      # job ends being reported
         self.nc: Any = None
         self.js: Any = None
+        self.reader: Any = None
 
     def sign(self, subject: str, body: bytes) -> str:
         from rota.core import credentials
@@ -69,8 +70,12 @@ class FakeNode:
         from rota.core import events as ev
         from rota.wire import natsconn
 
+        from rota.wire.orderqueue import OrderMark, OrderReader
+
         self.nc = await natsconn.connect(self.url, f"agent {self.name}", keyring=self.keyring, host=self.name)
         self.js = self.nc.jetstream(timeout=30)
+        self.reader = OrderReader(self.js, self.name, OrderMark())
+        await self.reader.open()
         gpus = tuple(ev.GpuInfo(index=i, uuid=f"GPU-{self.name}-{i}", model="NVIDIA A100-SXM4-80GB", type="a100",
                                 memory=81920) for i in range(8))
         await self.report(ev.NodeRegistered(node=self.name, cpus=64, memory=257000, gpus=gpus, agent_version="fleet"))
@@ -98,7 +103,7 @@ class FakeNode:
         subject = f"{sj.HEARTBEAT_PREFIX}.{self.name}"
         await asyncio.sleep(random.random() * HEARTBEAT)
         while True:
-            body = Heartbeat(running=tuple(sorted(self.running))).model_dump_json().encode()
+            body = Heartbeat(running=tuple(sorted(self.running)), orders=self.reader.mark.seq).model_dump_json().encode()
             await self.nc.publish(subject, body, headers={sj.CRED_HEADER: self.sign(subject, body)})
             self.counts["heartbeats"] += 1
             await asyncio.sleep(HEARTBEAT)
@@ -108,11 +113,10 @@ class FakeNode:
         from rota.core.orders import Launch
         from rota.wire import orders as wire_orders
         from rota.wire import subjects as sj
-        from rota.wire.jsqueue import stored_at, work_queue
+        from rota.wire.jsqueue import stored_at
 
         replay = credentials.ReplayCache()
-        async for msgs in work_queue(self.js, sj.ASSIGN_STREAM, f"{sj.ASSIGN_PREFIX}.{self.name}",
-                                     sj.agent_consumer(self.name), batch=64, what="orders", create=False):
+        async for msgs in self.reader.batches():
             for msg in msgs:
                 credentials.verify(lambda host: self.key if host == self.name else None,
                                    (msg.headers or {}).get(sj.CRED_HEADER), msg.subject, msg.data,
@@ -122,7 +126,7 @@ class FakeNode:
                 if isinstance(order, Launch) and order.job_id not in self.running:
                     self.running.add(order.job_id)
                     asyncio.get_running_loop().call_later(self.run_for, self._end, order.job_id)
-                await msg.ack()
+            await self.reader.done(msgs)
 
     def _end(self, job_id: int) -> None:
         task = asyncio.ensure_future(self._exited(job_id))

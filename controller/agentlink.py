@@ -24,7 +24,7 @@ from rota.core.state import RUNNING, Node
 from rota.wire import orders as wire_orders
 from rota.wire import subjects as sj
 from rota.wire.subjects import CRED_HEADER
-from rota.wire.jsqueue import ensure_agent_consumers, ensure_streams, stored_at, work_queue
+from rota.wire.jsqueue import ensure_streams, stored_at, work_queue
 from rota.wire.keys import Keyring
 
 from .eventlog import FencedError, LogUnavailable
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("rota.controller.agents")
 
 SEND_ATTEMPTS = 12        # about a minute of retries (0.1 s doubling to 5 s) before an order is set aside
+PURGE_EVERY = 64          # orders a node acts on before they are purged from the stream (or PURGE_WAIT)
+PURGE_WAIT = 30.0         # seconds after which what a node acted on is purged however little it is
 
 
 class AgentLink:
@@ -57,7 +59,8 @@ class AgentLink:
         self._tasks: list[asyncio.Task] = []
         self._subs: list[Any] = []
         self._started = time.monotonic()
-        self._consumers: set[str] = set()
+        self._purged: dict[str, tuple[int, float]] = {}   # node -> (order sequence purged up to, when)
+        self._purging: set[asyncio.Task] = set()
         self.set_aside: list[tuple[str, str, str]] = []    # (node, order, why) of orders never delivered
         self._warned: dict[str, float] = {}
 
@@ -65,8 +68,7 @@ class AgentLink:
         await ensure_streams(self.js)
         self._subs.append(await self.nc.subscribe(f"{sj.HEARTBEAT_PREFIX}.*", cb=self._on_heartbeat))
         self.resend_launches()
-        self._tasks = [asyncio.create_task(t) for t in (self._keep_consumers(), self._inbox(), self._monitor(),
-                                                         self._orders())]
+        self._tasks = [asyncio.create_task(t) for t in (self._inbox(), self._monitor(), self._orders())]
 
     async def stop(self) -> None:
         self._stopped = True
@@ -79,24 +81,6 @@ class AgentLink:
             await asyncio.wait(left, timeout=0.1)
         for sub in self._subs:
             await sub.unsubscribe()
-
-    async def ensure_consumers(self) -> None:
-        """A durable consumer for each configured node's orders (agents may only read their own)."""
-        nodes = sorted(n for n in self.c.state.nodes if n not in self._consumers and creds.valid_host(n))
-        if nodes:
-            await ensure_agent_consumers(self.js, nodes)
-            self._consumers.update(nodes)
-
-    async def _keep_consumers(self) -> None:
-        """Consumers for the configured nodes, made beside the rest (a thousand of them take a while on a busy
-        server, and orders wait in the stream meanwhile), and for nodes configured later."""
-        while True:
-            if self.c.leader:
-                try:
-                    await self.ensure_consumers()
-                except Exception as exc:  # noqa: BLE001 - retried next time round
-                    log.warning("cannot create the agents' consumers yet: %s", exc)
-            await asyncio.sleep(1.0)
 
     # ------------------------------------------------------------ orders
 
@@ -131,7 +115,7 @@ class AgentLink:
         """One node's orders, in order (a job's launch always precedes its kill)."""
         from nats.errors import MaxPayloadError
 
-        subject = f"{sj.ASSIGN_PREFIX}.{node}"
+        subject = f"{sj.ORDER_PREFIX}.{node}"
         while True:
             order = await queue.get()
             body = wire_orders.encode(order)
@@ -143,7 +127,7 @@ class AgentLink:
             delay, why = 0.1, ""
             for _attempt in range(SEND_ATTEMPTS):
                 try:
-                    await self.js.publish(subject, body, stream=sj.ASSIGN_STREAM, headers=headers or None)
+                    await self.js.publish(subject, body, stream=sj.ORDER_STREAM, headers=headers or None)
                     why = ""
                     break
                 except MaxPayloadError:
@@ -245,9 +229,30 @@ class AgentLink:
             return
         self.last_seen[node] = time.monotonic()
         try:
-            self.agent_running[node] = set(Heartbeat.model_validate_json(msg.data).running)
+            beat = Heartbeat.model_validate_json(msg.data)
         except ValueError:
-            pass   # an older agent's or a broken body: it was heard, that is all
+            return   # an older agent's or a broken body: it was heard, that is all
+        self.agent_running[node] = set(beat.running)
+        self._purge_acted(node, beat.orders)
+
+    def _purge_acted(self, node: str, acted: int) -> None:
+        """Purge the orders ``node``'s agent says it has acted on (its own subject only: a node that lies
+        loses only its own orders), once they are PURGE_EVERY or PURGE_WAIT old."""
+        done, when = self._purged.get(node, (0, 0.0))
+        now = time.monotonic()
+        if acted <= done or (acted - done < PURGE_EVERY and now - when < PURGE_WAIT):
+            return
+        self._purged[node] = (acted, now)
+
+        async def purge() -> None:
+            try:
+                await self.js.purge_stream(sj.ORDER_STREAM, subject=f"{sj.ORDER_PREFIX}.{node}", seq=acted + 1)
+            except Exception as exc:  # noqa: BLE001 - tried again with a later heartbeat
+                self._purged[node] = (done, when)
+                log.warning("purging the orders %s acted on: %s", node, str(exc) or type(exc).__name__)
+        task = asyncio.create_task(purge())
+        self._purging.add(task)
+        task.add_done_callback(self._purging.discard)
 
     async def _monitor(self) -> None:
         """Silent agents: NOT_RESPONDING after half the timeout, DOWN after all of it. Also kills jobs an

@@ -99,9 +99,11 @@ class StepKill(Model):
 
 class Heartbeat(Model):
     """What a node's agent says every few seconds besides "I am here": the jobs it runs (the controller
-    kills any the log says ended)."""
+    kills any the log says ended) and the order stream's sequence of the last order it acted on (the
+    controller purges the node's orders up to it)."""
 
     running: tuple[int, ...] = ()
+    orders: int = Field(default=0, ge=0)
 
 
 Order = Annotated[Union[Launch, Kill, Update, Signal, StepLaunch, StepKill], Field(discriminator="op")]

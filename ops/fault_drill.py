@@ -266,7 +266,9 @@ class Drill:
     # ---------------------------------------------------------------- the workload
 
     def planned_seconds(self) -> float:
-        return sum(self.hold + GAP + 6 for _ in self.plan) + 10
+        """How long the faults are expected to take (the submitters spread their jobs over it): a fault, the
+        wait for NATS to be whole again (about 10 s after a server's return), the calm after."""
+        return sum(self.hold + GAP + 6 + (10 if piece in SERVERS else 2) for piece, _ in self.plan) + 10
 
     def submitter(self, k: int, count: int, rate: float) -> None:
         node = NODES[k % 3]

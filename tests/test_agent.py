@@ -505,13 +505,35 @@ async def test_an_order_without_the_controllers_credential_is_ignored(cluster):
              "spec": {"uid": 0, "gid": 0, "script": f"#!/bin/sh\ntouch {marker}\n", "workdir": "/tmp",
                       "output": "/dev/null"}}
     js = cluster.c.log.nc.jetstream()
-    await js.publish("rota.assign.n1", json.dumps(order).encode(), stream="ROTA_ASSIGN")
+    await js.publish("rota.orders.n1", json.dumps(order).encode(), stream="ROTA_ORDERS")
     await asyncio.sleep(1.5)
     assert not marker.exists()
     # the same order, signed as the controller signs it, runs (the test is not vacuous)
     jid = await cluster.submit(f"touch {marker}")
     await cluster.ended(jid)
     assert marker.exists()
+
+
+async def test_orders_an_agent_acted_on_leave_the_stream(cluster, monkeypatch):
+    """The controller purges a node's orders up to the last its agent's heartbeats say it acted on (kept in
+    the agent's state directory), so the order stream does not grow with every launch."""
+    from rota.controller import agentlink
+
+    monkeypatch.setattr(agentlink, "PURGE_WAIT", 0.3)
+    cluster.start_agent("n1")
+    await cluster.registered("n1")
+    jobs = [await cluster.submit("true") for _ in range(3)]
+    for jid in jobs:
+        assert (await cluster.ended(jid)).state == "COMPLETED"
+    js = cluster.c.log.nc.jetstream()
+    info = await js.stream_info("ROTA_ORDERS")
+    assert info.state.last_seq >= 3       # the launches went through it
+    mark = cluster.tmp / "state" / "agent" / "n1" / "orders.json"
+    deadline = time.monotonic() + 10
+    while (await js.stream_info("ROTA_ORDERS")).state.messages and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert (await js.stream_info("ROTA_ORDERS")).state.messages == 0
+    assert json.loads(mark.read_text())["seq"] == info.state.last_seq
 
 
 async def test_an_order_that_cannot_be_delivered_is_set_aside_and_others_still_go(cluster):

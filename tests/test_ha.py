@@ -1,6 +1,7 @@
 """Two controllers on one log: one leads, the other follows the log and takes over when the leader dies;
 a deposed leader that wakes up can never append."""
 import asyncio
+import json
 import time
 
 import pytest
@@ -261,7 +262,7 @@ async def test_on_three_servers_every_stream_bucket_and_store_keeps_three_copies
         await lease.open()
         await ensure_streams(lg.js)
         await open_store(lg.js)
-        for stream in (f"KV_{LEASE_BUCKET}", sj.INBOX_STREAM, sj.ASSIGN_STREAM, f"OBJ_{BUCKET}"):
+        for stream in (f"KV_{LEASE_BUCKET}", sj.INBOX_STREAM, sj.ORDER_STREAM, f"OBJ_{BUCKET}"):
             assert (await lg.js.stream_info(stream)).config.num_replicas == 3, stream
         assert await lease.acquire(1)
         servers[0].kill()          # the bucket stays available: the lease is kept, or taken again at once
@@ -280,19 +281,14 @@ async def test_on_three_servers_every_stream_bucket_and_store_keeps_three_copies
             s.stop()
 
 
-async def test_order_and_report_queues_give_back_a_lost_delivery_within_ten_seconds(jetstream):
+async def test_the_report_queue_gives_back_a_lost_delivery_within_ten_seconds(jetstream):
     """A message handed to a reader whose server then died comes back after the queue's redelivery wait:
-    ten seconds, also for consumers an older rota made with a minute."""
+    ten seconds, also for a consumer an older rota made with thirty."""
     from rota.wire import subjects as sj
-    from rota.wire.jsqueue import ACK_WAIT, ensure_agent_consumers, ensure_streams, queue_config, work_queue
+    from rota.wire.jsqueue import ACK_WAIT, ensure_streams, queue_config, work_queue
 
     lg = await jetstream()
     await ensure_streams(lg.js)
-    old = queue_config(sj.agent_consumer("n1"), f"{sj.ASSIGN_PREFIX}.n1", 60.0)
-    await lg.js.add_consumer(sj.ASSIGN_STREAM, old)
-    await ensure_agent_consumers(lg.js, ["n1", "n2"])
-    for node in ("n1", "n2"):
-        assert (await lg.js.consumer_info(sj.ASSIGN_STREAM, sj.agent_consumer(node))).config.ack_wait == ACK_WAIT
     await lg.js.add_consumer(sj.INBOX_STREAM, queue_config("controller", f"{sj.INBOX_PREFIX}.>", 30.0))
     reader = work_queue(lg.js, sj.INBOX_STREAM, f"{sj.INBOX_PREFIX}.>", "controller", batch=1, what="inbox")
     await lg.js.publish(f"{sj.INBOX_PREFIX}.n1", b"{}", stream=sj.INBOX_STREAM)
@@ -302,6 +298,65 @@ async def test_order_and_report_queues_give_back_a_lost_delivery_within_ten_seco
     assert again.metadata.sequence.stream == first.metadata.sequence.stream
     assert ACK_WAIT - 1 <= time.monotonic() - began <= ACK_WAIT + 8      # not the old 30 s or 60 s
     await again.ack()
+
+
+async def _orders_of(batches, n: int) -> list:
+    """The next ``n`` orders a reader hands out (within 15 s)."""
+    got: list = []
+    while len(got) < n:
+        got += await asyncio.wait_for(batches.__anext__(), 15)
+    return got
+
+
+async def test_a_node_reads_its_orders_from_the_last_it_acted_on_through_a_consumer_it_makes_again(
+        jetstream, tmp_path, monkeypatch):
+    """An agent's order consumer is one copy in memory: lost (its server died), it is made again from the last
+    order the agent acted on, kept on disk; a restarted agent goes on from there; a first read starts from
+    now (a previous life's orders are not this one's), and no order of another node is read."""
+    from nats.js.errors import NotFoundError
+
+    from rota.wire import orderqueue
+    from rota.wire import subjects as sj
+    from rota.wire.jsqueue import OLD_ORDER_STREAM, ensure_streams
+    from rota.wire.orderqueue import OrderMark, OrderReader, order_config
+
+    monkeypatch.setattr(orderqueue, "CHECK_IDLE", 1.0)
+    lg = await jetstream()
+    js = lg.js
+    await js.add_stream(name=OLD_ORDER_STREAM, subjects=["rota.assign.>"])       # an older rota's
+    await ensure_streams(js)
+    with pytest.raises(NotFoundError):
+        await js.stream_info(OLD_ORDER_STREAM)
+
+    async def order(text: str, node: str = "n1") -> int:
+        return (await js.publish(f"{sj.ORDER_PREFIX}.{node}", text.encode(), stream=sj.ORDER_STREAM)).seq
+
+    await order("a previous life's")
+    path = tmp_path / "orders.json"
+    reader = OrderReader(js, "n1", OrderMark(path))
+    await reader.open()
+    batches = reader.batches()
+    await order("another node's", "n2")
+    await order("a")
+    b = await order("b")
+    got = await _orders_of(batches, 2)
+    assert [m.data for m in got] == [b"a", b"b"]
+    await reader.done(got)
+    assert json.loads(path.read_text())["seq"] == b
+    # its server restarted: the consumer is back as first made, without what it delivered since
+    await js.delete_consumer(sj.ORDER_STREAM, sj.agent_consumer("n1"))
+    await js.add_consumer(sj.ORDER_STREAM, order_config("n1", 1))
+    await order("c")
+    got = await _orders_of(batches, 1)
+    assert [m.data for m in got] == [b"c"] and reader.opened == 1        # a and b again: dropped
+    await reader.done(got)
+    await js.delete_consumer(sj.ORDER_STREAM, sj.agent_consumer("n1"))         # lost with its server
+    await order("d")
+    assert [m.data for m in await _orders_of(batches, 1)] == [b"d"] and reader.opened == 2
+    again = OrderReader(js, "n1", OrderMark(path))     # restarted before it acted on d
+    assert [m.data for m in await _orders_of(again.batches(), 1)] == [b"d"]
+    info = await js.consumer_info(sj.ORDER_STREAM, sj.agent_consumer("n1"))
+    assert info.config.num_replicas in (None, 0, 1) and info.config.mem_storage
 
 
 async def test_a_signer_beside_the_leading_controller_is_answered_in_process_and_checked_as_over_nats(

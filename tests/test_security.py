@@ -205,14 +205,25 @@ def test_the_broker_lets_no_one_in_without_a_role_and_each_role_only_where_it_be
 
             await nc.subscribe("rota.api.>", queue="rota-controller", cb=keep)   # join the controller's group
             await nc.subscribe("rota.ev.>", cb=keep)                                # read the event stream
-            await nc.subscribe("rota.assign.gpu01", cb=keep)                        # another node's orders
+            await nc.subscribe("rota.orders.gpu01", cb=keep)                        # another node's orders
             await nc.publish("rota.ev.job.submitted", b'{"type":"job.submitted","job_id":99,"spec":{"uid":0}}')
             await nc.publish("rota.inbox.gpu01", b"{}")                             # another node's inbox
             await nc.publish("$JS.API.STREAM.DELETE.ROTA_EVENTS", b"")              # delete the log
+            # a consumer of another node's orders: under its own name, under that node's, with no filter
+            await nc.publish("$JS.API.CONSUMER.CREATE.ROTA_ORDERS.agent-gpu02.rota.orders.gpu01", b"{}")
+            await nc.publish("$JS.API.CONSUMER.CREATE.ROTA_ORDERS.agent-gpu01.rota.orders.gpu01", b"{}")
+            await nc.publish("$JS.API.CONSUMER.CREATE.ROTA_ORDERS.agent-gpu02", b"{}")
             await nc.flush()
             await asyncio.sleep(1.0)
-            assert sum("permissions violation" in e.lower() for e in errors) == 6, errors
+            assert sum("permissions violation" in e.lower() for e in errors) == 9, errors
             assert got == []
+            # its own consumer's subject, asking for another node's orders: JetStream refuses the mismatch
+            for config in ({"filter_subject": "rota.orders.gpu01"}, {"filter_subjects": ["rota.orders.gpu01"]}):
+                ask = {"stream_name": "ROTA_ORDERS", "config": {"name": "agent-gpu02", "ack_policy": "explicit",
+                                                                "deliver_policy": "all", **config}}
+                reply = await nc.request("$JS.API.CONSUMER.CREATE.ROTA_ORDERS.agent-gpu02.rota.orders.gpu02",
+                                         json.dumps(ask).encode(), timeout=5)
+                assert "error" in json.loads(reply.data), reply.data
             # what it may do: ask (and without a user's credential, be refused)
             reply = await nc.request("rota.api.ping", b"{}", timeout=5, headers={"Rota-Rid": "x1"})
             assert json.loads(reply.data)["error"] == ["Protocol authentication error: Invalid credential format"]

@@ -1,9 +1,9 @@
-"""The two work-queue streams between the controller and the agents, and reading them.
+"""The two streams between the controller and the agents, and reading the controller's work queue.
 
-``ROTA_INBOX`` (``rota.inbox.<node>``): agents' reports, drained by the controller. ``ROTA_ASSIGN``
-(``rota.assign.<node>``): the controller's orders, each node's read through a durable consumer the
-controller creates for it (``agent-<node>``), so an agent needs no right to create consumers and
-can never read another node's orders.
+``ROTA_INBOX`` (``rota.inbox.<node>``): agents' reports, a work queue drained by the controller.
+``ROTA_ORDERS`` (``rota.orders.<node>``): the controller's orders, kept until the controller purges what each
+node's agent says it has acted on; each agent reads its own through a consumer it makes
+(:mod:`rota.wire.orderqueue`).
 """
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ log = logging.getLogger("rota.wire")
 MORE_WAIT = 0.002    # seconds a fetch of "whatever else is there" may take (the server answers at once)
 # a message handed to a reader whose server then died comes back after this long
 ACK_WAIT = 10.0
+ORDER_MAX_AGE = 7 * 86400.0      # seconds an order no agent acted on is kept (acted-on ones are purged at once)
+OLD_ORDER_STREAM = "ROTA_ASSIGN"  # an older rota's orders: a work queue whose per-node consumers each cost a Raft group
 
 
 async def _retrying(what: str, action: Any, attempts: int = 40) -> Any:
@@ -56,14 +58,18 @@ async def match_replicas(js: Any, stream: str, replicas: int) -> None:
 
 
 async def ensure_streams(js: Any, replicas: int | None = None) -> None:
-    """The inbox and assignment streams: file storage, work-queue retention (deleted once acted on), as
-    many copies as the log (``replicas``: that, unless given)."""
+    """The inbox (work-queue retention: deleted once taken) and order (limits retention: purged once acted
+    on) streams, file storage, as many copies as the log (``replicas``: that, unless given). An older rota's
+    order stream goes: its orders are the state's, which a leader sends again."""
     from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+    from nats.js.errors import NotFoundError
 
     copies = replicas or await log_replicas(js)
-    for name, prefix in ((sj.INBOX_STREAM, sj.INBOX_PREFIX), (sj.ASSIGN_STREAM, sj.ASSIGN_PREFIX)):
-        cfg = StreamConfig(name=name, subjects=[f"{prefix}.>"], storage=StorageType.FILE,
-                           retention=RetentionPolicy.WORK_QUEUE, num_replicas=copies, duplicate_window=600.0)
+    for name, prefix, retention in ((sj.INBOX_STREAM, sj.INBOX_PREFIX, RetentionPolicy.WORK_QUEUE),
+                                    (sj.ORDER_STREAM, sj.ORDER_PREFIX, RetentionPolicy.LIMITS)):
+        cfg = StreamConfig(name=name, subjects=[f"{prefix}.>"], storage=StorageType.FILE, retention=retention,
+                           num_replicas=copies, duplicate_window=600.0,
+                           max_age=ORDER_MAX_AGE if retention == RetentionPolicy.LIMITS else None)
 
         async def make(name: str = name, cfg: StreamConfig = cfg) -> None:
             try:
@@ -74,6 +80,10 @@ async def ensure_streams(js: Any, replicas: int | None = None) -> None:
             await match_replicas(js, name, copies)
 
         await _retrying(f"stream {name}", make)
+    try:
+        await js.delete_stream(OLD_ORDER_STREAM)
+    except NotFoundError:
+        pass
 
 
 def queue_config(durable: str, subject: str, ack_wait: float) -> Any:
@@ -81,19 +91,6 @@ def queue_config(durable: str, subject: str, ack_wait: float) -> Any:
 
     return ConsumerConfig(durable_name=durable, name=durable, filter_subject=subject, ack_policy=AckPolicy.EXPLICIT,
                           deliver_policy=DeliverPolicy.ALL, ack_wait=ack_wait, max_ack_pending=1024)
-
-
-async def ensure_agent_consumers(js: Any, nodes: list[str], parallel: int = 32) -> None:
-    """One durable consumer per node on the assignment stream, filtered to that node's subject (one made
-    by an older rota with another redelivery wait gets this one); ``parallel`` requests at a time."""
-    gate = asyncio.Semaphore(parallel)
-
-    async def ensure(node: str) -> None:
-        cfg = queue_config(sj.agent_consumer(node), f"{sj.ASSIGN_PREFIX}.{node}", ACK_WAIT)
-        async with gate:
-            await _retrying(f"consumer {cfg.durable_name}", lambda: _ensure_consumer(js, sj.ASSIGN_STREAM, cfg))
-
-    await asyncio.gather(*(ensure(n) for n in nodes))
 
 
 async def _ensure_consumer(js: Any, stream: str, cfg: Any) -> None:

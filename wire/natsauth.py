@@ -47,13 +47,18 @@ def password(keyring, user: str) -> str:
 
 
 def host_permissions(host: str) -> dict:
-    """What a host's connection may publish and subscribe to."""
-    consumer = sj.agent_consumer(host)
+    """What a host's connection may publish and subscribe to. Of the order stream: its metadata, and its own
+    consumer (made only on its own subject: the server checks that the subject's filter is the consumer's),
+    read, acknowledged and removed."""
+    consumer, orders = sj.agent_consumer(host), sj.ORDER_STREAM
     return {
         "publish": {"allow": [f"{sj.API}.*", f"{sj.INBOX_PREFIX}.{host}", f"{sj.HEARTBEAT_PREFIX}.{host}",
-                              f"$JS.API.CONSUMER.MSG.NEXT.{sj.ASSIGN_STREAM}.{consumer}",
-                              f"$JS.API.CONSUMER.INFO.{sj.ASSIGN_STREAM}.{consumer}",
-                              f"$JS.ACK.{sj.ASSIGN_STREAM}.{consumer}.>"]},
+                              f"$JS.API.STREAM.INFO.{orders}",
+                              f"$JS.API.CONSUMER.CREATE.{orders}.{consumer}.{sj.ORDER_PREFIX}.{host}",
+                              f"$JS.API.CONSUMER.DELETE.{orders}.{consumer}",
+                              f"$JS.API.CONSUMER.MSG.NEXT.{orders}.{consumer}",
+                              f"$JS.API.CONSUMER.INFO.{orders}.{consumer}",
+                              f"$JS.ACK.{orders}.{consumer}.>"]},
         "subscribe": {"allow": [f"{inbox_prefix(host)}.>"]},
     }
 

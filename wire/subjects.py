@@ -4,12 +4,12 @@ from __future__ import annotations
 API = "rota.api"                                      # rota.api.<verb>: requests to the controller
 EVENT_STREAM, EVENT_PREFIX = "ROTA_EVENTS", "rota.ev"  # the event log
 INBOX_STREAM, INBOX_PREFIX = "ROTA_INBOX", "rota.inbox"       # agents' reports, per node
-ASSIGN_STREAM, ASSIGN_PREFIX = "ROTA_ASSIGN", "rota.assign"   # the controller's orders, per node
+ORDER_STREAM, ORDER_PREFIX = "ROTA_ORDERS", "rota.orders"     # the controller's orders, per node
 HEARTBEAT_PREFIX = "rota.hb"                                   # rota.hb.<node>: plain messages
 
 
 def agent_consumer(node: str) -> str:
-    """The durable consumer through which ``node``'s agent pulls its assignments."""
+    """The consumer through which ``node``'s agent pulls its orders (it makes it itself, under this name only)."""
     return f"agent-{node}"
 
 

@@ -1,0 +1,167 @@
+"""A node's orders, read by its agent through a consumer the agent makes for itself.
+
+The order stream (``ROTA_ORDERS``, ``rota.orders.<node>``) keeps every order until the controller purges what
+the node's heartbeats say its agent has acted on (:class:`OrderMark`). Each agent reads its own subject through
+one consumer, ``agent-<node>``, kept in one copy in memory: a replicated consumer per node is a Raft group per
+node, which a thousand nodes make too costly for a small cluster of servers. So the consumer can be lost (its
+server dies or restarts); the agent then makes it again from its mark, wherever the servers place it, and drops
+repeats of what it has already acted on. Its role lets it make, read, acknowledge and remove that one consumer,
+on its own subject only (:func:`rota.wire.natsauth.host_permissions`).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from . import subjects as sj
+from .jsqueue import ACK_WAIT, MORE_WAIT
+
+log = logging.getLogger("rota.wire")
+CHECK_IDLE = 10.0       # seconds a reader goes without orders before it checks that its consumer is still there
+FAILING = 2.0           # seconds of failed reads after which the consumer is made again
+INACTIVE = 60.0         # seconds a consumer no one reads lives on (an agent that died for good)
+
+
+class OrderMark:
+    """Where a node's agent stands in its orders: the stream it reads (by its creation time) and the sequence of
+    the last order it acted on; kept in ``path`` (on disk before the orders are acknowledged), when given."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self.stream: str | None = None
+        self.seq = 0
+        if path is not None:
+            try:
+                kept = json.loads(path.read_text())
+                self.stream, self.seq = str(kept["stream"]), int(kept["seq"])
+            except (OSError, ValueError, KeyError, TypeError):
+                pass     # none yet, or unreadable: orders from now on
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "w") as fh:
+            fh.write(json.dumps({"stream": self.stream, "seq": self.seq}))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+
+
+def order_config(node: str, start: int) -> Any:
+    """``node``'s consumer: its subject only, from stream sequence ``start``, one copy in memory."""
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    return ConsumerConfig(name=sj.agent_consumer(node), filter_subject=f"{sj.ORDER_PREFIX}.{node}",
+                          ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                          opt_start_seq=start, ack_wait=ACK_WAIT, max_ack_pending=1024, num_replicas=1,
+                          mem_storage=True, inactive_threshold=INACTIVE)
+
+
+class OrderReader:
+    """``node``'s orders after ``mark``, in batches (:meth:`batches`); the caller acts on each batch's orders
+    in turn, then hands the batch to :meth:`done`."""
+
+    def __init__(self, js: Any, node: str, mark: OrderMark, batch: int = 64) -> None:
+        self.js, self.node, self.mark, self.batch = js, node, mark, batch
+        self.name = sj.agent_consumer(node)
+        self.sub: Any = None
+        self.opened = 0          # how many times the consumer was made
+
+    async def open(self) -> None:
+        """Make the consumer from the mark, waiting while the stream is not there (no controller yet) or the
+        servers cannot make it."""
+        warned = False
+        while True:
+            try:
+                await self._make()
+                return
+            except Exception as exc:  # noqa: BLE001 - no stream yet, a leader being elected, a server away
+                if not warned:
+                    log.warning("cannot read the orders of %s yet: %s (waiting for the controller; servers whose "
+                                "authorization block an older rota wrote lack this node's order consumer: "
+                                "`rota keygen --nats-auth` writes it anew)", self.node, str(exc) or type(exc).__name__)
+                    warned = True
+                await asyncio.sleep(0.5)
+
+    async def _make(self) -> None:
+        from nats.js.errors import NotFoundError
+
+        info = await self.js.stream_info(sj.ORDER_STREAM)
+        stream = info.created.isoformat() if info.created is not None else ""
+        if self.mark.stream is None:        # the first read on this node: the orders from now on
+            self.mark.stream, self.mark.seq = stream, info.state.last_seq
+            self.mark.save()
+        elif self.mark.stream != stream:    # a stream made since (a new cluster): all of it is this life's
+            self.mark.stream, self.mark.seq = stream, 0
+            self.mark.save()
+        try:
+            await self.js.delete_consumer(sj.ORDER_STREAM, self.name)
+        except NotFoundError:
+            pass
+        await self.js.add_consumer(sj.ORDER_STREAM, order_config(self.node, self.mark.seq + 1))
+        self.sub = await self.js.pull_subscribe_bind(consumer=self.name, stream=sj.ORDER_STREAM)
+        self.opened += 1
+
+    async def _there(self) -> bool:
+        """Whether the consumer still answers (it was lost with its server, or removed, when not)."""
+        try:
+            await asyncio.wait_for(self.js.consumer_info(sj.ORDER_STREAM, self.name), timeout=FAILING)
+            return True
+        except Exception:  # noqa: BLE001 - not found, or no answer: its server is away
+            return False
+
+    async def _fetch(self) -> list[Any]:
+        """One order as soon as there is one, then whatever else is already there (raises TimeoutError when
+        none came within a second)."""
+        msgs = await self.sub.fetch(1, timeout=1.0)
+        if self.batch > 1:
+            try:
+                msgs += await self.sub.fetch(self.batch - 1, timeout=MORE_WAIT)
+            except asyncio.TimeoutError:
+                pass
+        return msgs
+
+    async def batches(self) -> AsyncIterator[list[Any]]:
+        """Batches of orders after the mark, forever (repeats at or before it are acknowledged and dropped)."""
+        if self.sub is None:
+            await self.open()
+        idle = failing = 0.0
+        while True:
+            try:
+                msgs = await self._fetch()
+            except asyncio.TimeoutError:
+                idle += 1.0
+                if idle >= CHECK_IDLE:
+                    idle = 0.0
+                    if not await self._there():
+                        log.warning("the order consumer of %s is gone: made again after sequence %d", self.node,
+                                    self.mark.seq)
+                        await self.open()
+                continue
+            except Exception as exc:  # noqa: BLE001 - reconnecting, or the consumer's server is away
+                failing += 0.2
+                if failing >= FAILING:
+                    log.warning("reading the orders of %s: %s: the consumer made again", self.node, exc)
+                    failing = 0.0
+                    await self.open()
+                await asyncio.sleep(0.2)
+                continue
+            idle = failing = 0.0
+            fresh = [m for m in msgs if m.metadata.sequence.stream > self.mark.seq]
+            for msg in msgs:
+                if msg.metadata.sequence.stream <= self.mark.seq:
+                    await msg.ack()      # acted on before the consumer was made again
+            if fresh:
+                yield fresh
+
+    async def done(self, msgs: list[Any]) -> None:
+        """``msgs`` were acted on: the mark moves past them (kept on disk first), then they are acknowledged."""
+        self.mark.seq = max(self.mark.seq, max(m.metadata.sequence.stream for m in msgs))
+        self.mark.save()
+        for msg in msgs:
+            await msg.ack()
