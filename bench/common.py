@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -102,3 +104,9 @@ class ApiClient:
         payload = json.dumps(body).encode()
         msg = await nc.request(f"rota.api.{verb}", payload, timeout=timeout, headers=self.headers(verb, rid, payload))
         return json.loads(msg.data)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -14,23 +14,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import tempfile
 import time
-from pathlib import Path
 
-from .common import Figure, print_table
+from .common import Figure, cpu_seconds, print_table
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 IDLE = 20.0          # seconds the idle CPU is measured over
 
 
 def _cpu(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / CLK_TCK
+    return sum(cpu_seconds(pid) for pid in pids)
 
 
 async def _measure(nodes: int, replicated: bool) -> tuple[float, float, float]:

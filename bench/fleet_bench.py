@@ -38,7 +38,7 @@ from typing import Any
 
 from rota.cli.client import NoCluster
 
-from .common import Figure, print_table
+from .common import Figure, cpu_seconds, print_table
 
 BIN = Path(sys.executable).parent
 HEARTBEAT = 5.0
@@ -181,11 +181,6 @@ async def _worker(names: list[str], url: str, key_path: str, run_for: float, sta
 
 # ---------------------------------------------------------------- the benchmark (main process)
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
 def _machine_busy() -> tuple[float, float]:
     """(busy, total) CPU seconds of the whole machine so far (/proc/stat)."""
     v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -195,9 +190,9 @@ def _machine_busy() -> tuple[float, float]:
 
 def _cpu_share(pid: int, seconds: float) -> float:
     """rota up's CPU over ``seconds``, as a share of one core."""
-    c0, t0 = _cpu_seconds(pid), time.monotonic()
+    c0, t0 = cpu_seconds(pid), time.monotonic()
     time.sleep(seconds)
-    return (_cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+    return (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
 
 
 def _ask(verb: str, body: dict | None = None) -> dict:
@@ -315,7 +310,7 @@ class Fleet:
 
     def others_cpu(self) -> float:
         """CPU seconds so far of every process but the leader (the standby, the NATS servers)."""
-        return sum(_cpu_seconds(p.pid) for n, p in self.procs.items() if n != "ctl-a" and p.poll() is None)
+        return sum(cpu_seconds(p.pid) for n, p in self.procs.items() if n != "ctl-a" and p.poll() is None)
 
 
 def run(nodes: int = 1000, procs: int = 4, jobs: int = 10_000, run_for: float = 1.0, timeout: float = 30.0,
@@ -373,8 +368,8 @@ def _array(jobs: int, pid: int, status: list[Path], how: str, fleet: list[int], 
     the fleet's processes', the machine's)."""
     before = _ask("metrics")
     ended0 = before["seq"]
-    m0, c0 = _counts(status), _cpu_seconds(pid)
-    f0, (b0, a0) = sum(_cpu_seconds(w) for w in fleet), _machine_busy()
+    m0, c0 = _counts(status), cpu_seconds(pid)
+    f0, (b0, a0) = sum(cpu_seconds(w) for w in fleet), _machine_busy()
     t0 = time.monotonic()
     r = subprocess.run([str(BIN / "sbatch"), "--parsable", f"--array=1-{jobs}", "--gres=gpu:1", "-t", "10", "-o",
                         "/dev/null", "--wrap", "true"], capture_output=True, text=True)
@@ -387,12 +382,12 @@ def _array(jobs: int, pid: int, status: list[Path], how: str, fleet: list[int], 
         return m["pending"] == 0
     _wait(all_started, 900, "every task started", 0.2)
     took = time.monotonic() - t0
-    cpu = (_cpu_seconds(pid) - c0) / took
+    cpu = (cpu_seconds(pid) - c0) / took
     m1 = _counts(status)
     orders = m1["orders"] - m0["orders"]
     _wait(lambda: _counts(status)["orders"] - m0["orders"] >= jobs, 900, "every launch order delivered", 0.2)
     delivered = time.monotonic() - t0
-    fleet_cpu = (sum(_cpu_seconds(w) for w in fleet) - f0) / delivered
+    fleet_cpu = (sum(cpu_seconds(w) for w in fleet) - f0) / delivered
     b1, a1 = _machine_busy()
     machine = (b1 - b0) / max(1e-9, a1 - a0)
     _wait(lambda: _ask("metrics")["running"] == 0, 900, "every task ended", 0.5)

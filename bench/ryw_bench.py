@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import Figure, print_table, stop
+from .common import Figure, cpu_seconds, print_table, stop
 
 BIN = Path(sys.executable).parent
 
@@ -88,12 +88,6 @@ def run(rounds: int) -> list[Figure]:
         shutil.rmtree(base, ignore_errors=True)
     return figures(r, rounds, took) + [Figure("rota up's CPU over the rounds", cpu / took * 100, "% of a core",
                                               command=f"python -m bench.ryw_bench --rounds {rounds}")]
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds of a process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def figures(r: Reads, rounds: int, took: float) -> list[Figure]:

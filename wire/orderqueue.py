@@ -82,9 +82,9 @@ class OrderReader:
                 return
             except Exception as exc:  # noqa: BLE001 - no stream yet, a leader being elected, a server away
                 if not warned:
-                    log.warning("cannot read the orders of %s yet: %s (waiting for the controller; servers whose "
-                                "authorization block an older rota wrote lack this node's order consumer: "
-                                "`rota keygen --nats-auth` writes it anew)", self.node, str(exc) or type(exc).__name__)
+                    log.warning("cannot read the orders of %s yet: %s (waiting for the servers and the controller; "
+                                "if it lasts, check that the servers' authorization block is this rota's: "
+                                "`rota keygen --nats-auth`)", self.node, str(exc) or type(exc).__name__)
                     warned = True
                 await asyncio.sleep(0.5)
 
