@@ -240,8 +240,7 @@ class Candidacy:
                 self.leading = True
                 await self.c.lead(name=self.name, host=self.host)
                 log.warning("leading from log sequence %d", self.c.state.seq)
-                await self._announce()
-                if self.on_lead is not None:
+                if self.on_lead is not None:     # before the announcement, which a busy server may refuse
                     self._starting = asyncio.create_task(self._start_leading(self.on_lead))
                     self._starting_since = time.monotonic()
         await self._announce()

@@ -157,6 +157,32 @@ async def test_a_leader_whose_start_fails_gives_the_lease_up_and_takes_it_afresh
     await task
 
 
+async def test_a_leader_whose_first_announcement_fails_still_serves(jetstream):
+    """Taking the lease and then failing to announce itself (a server busy electing leaders answers "no
+    response from stream") must not leave a leader that never serves."""
+    lg = await jetstream()
+    c = Controller(lg, config=CFG, debounce=0.01, cycle_interval=0.5, name="busy")
+    await c.load()
+    cand = Candidacy(c, lg.js, "busy", "host-busy", ttl=TTL, on_lead=lambda: c.serve(lg.nc), on_lose=c.stop)
+    announce, failed = cand._announce, []
+
+    async def refused_once() -> None:
+        if cand.leading and not failed:
+            failed.append(True)
+            raise TimeoutError("nats: no response from stream")
+        await announce()
+
+    cand._announce = refused_once
+    stop = asyncio.Event()
+    task = asyncio.create_task(cand.run(stop))
+    await until(lambda: cand.leading and failed, what="it to lead")
+    answer = await asyncio.wait_for(c.handle("submit", {"rid": "1", "spec": spec(name="served")}), 10)
+    assert answer["ok"]
+    await until(lambda: c._subs, what="it to serve requests over NATS")
+    stop.set()
+    await task
+
+
 async def test_a_leader_that_stops_cleanly_hands_the_lease_over_at_once(jetstream):
     a, cand_a, stop_a, task_a = await candidate(jetstream, "ctl-a")
     await until(lambda: cand_a.leading, what="ctl-a to lead")

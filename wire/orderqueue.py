@@ -108,12 +108,18 @@ class OrderReader:
         self.opened += 1
 
     async def _there(self) -> bool:
-        """Whether the consumer still answers (it was lost with its server, or removed, when not)."""
+        """Whether the consumer is still there: False only when the servers say it is not (removed, or lost
+        with its server). No answer is no verdict: a cluster electing leaders answers nothing for seconds,
+        and the consumer it holds may be fine; a consumer whose server is away fails the reads instead."""
+        from nats.js.errors import NotFoundError
+
         try:
             await asyncio.wait_for(self.js.consumer_info(sj.ORDER_STREAM, self.name), timeout=FAILING)
-            return True
-        except Exception:  # noqa: BLE001 - not found, or no answer: its server is away
+        except NotFoundError:
             return False
+        except Exception:  # noqa: BLE001 - no answer yet
+            pass
+        return True
 
     async def _fetch(self) -> list[Any]:
         """One order as soon as there is one, then whatever else is already there (raises TimeoutError when
