@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("rota.controller.agents")
 
 SEND_ATTEMPTS = 12        # about a minute of retries (0.1 s doubling to 5 s) before an order is set aside
+STREAM_CHECK = 2.0        # seconds each request making sure of the streams waits, at the start of leading
 PURGE_EVERY = 64          # orders a node acts on before they are purged from the stream (or PURGE_WAIT)
 PURGE_WAIT = 30.0         # seconds after which what a node acted on is purged however little it is
 
@@ -65,7 +66,9 @@ class AgentLink:
         self._warned: dict[str, float] = {}
 
     async def start(self) -> None:
-        await ensure_streams(self.js)
+        # each request given up on quickly and tried again: one lost while the servers elect leaders would
+        # otherwise hold the start (and the reports that free nodes) for the whole default timeout
+        await ensure_streams(self.nc.jetstream(timeout=STREAM_CHECK))
         self._subs.append(await self.nc.subscribe(f"{sj.HEARTBEAT_PREFIX}.*", cb=self._on_heartbeat))
         self.resend_launches()
         self._tasks = [asyncio.create_task(t) for t in (self._inbox(), self._monitor(), self._orders())]

@@ -84,6 +84,9 @@ async def ensure_streams(js: Any, replicas: int | None = None) -> None:
         await js.delete_stream(OLD_ORDER_STREAM)
     except NotFoundError:
         pass
+    except Exception as exc:  # noqa: BLE001 - tried again when a controller next leads
+        log.warning("an older rota's order stream %s is not removed yet: %s", OLD_ORDER_STREAM,
+                    str(exc) or type(exc).__name__)
 
 
 def queue_config(durable: str, subject: str, ack_wait: float) -> Any:

@@ -104,6 +104,11 @@ class OrderReader:
         except NotFoundError:
             pass
         await self.js.add_consumer(sj.ORDER_STREAM, order_config(self.node, self.mark.seq + 1))
+        if self.sub is not None:
+            try:
+                await self.sub.unsubscribe()      # the old consumer's reply subscription
+            except Exception:  # noqa: BLE001 - the connection dropped it already
+                pass
         self.sub = await self.js.pull_subscribe_bind(consumer=self.name, stream=sj.ORDER_STREAM)
         self.opened += 1
 
