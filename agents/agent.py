@@ -225,8 +225,9 @@ class Agent:
     async def _heartbeats(self) -> None:
         subject = f"{sj.HEARTBEAT_PREFIX}.{self.node}"
         while True:
-            acted = self.orders.mark.seq if self.orders is not None else 0
-            body = Heartbeat(running=tuple(sorted(self.runs)), orders=acted).model_dump_json().encode()
+            mark = self.orders.mark if self.orders is not None else None
+            body = Heartbeat(running=tuple(sorted(self.runs)), orders=mark.seq if mark else 0,
+                             order_stream=mark.stream or "" if mark else "").model_dump_json().encode()
             try:
                 await self.nc.publish(subject, body, headers={CRED_HEADER: self.sign(subject, body)})
             except Exception:  # noqa: BLE001 - reconnecting

@@ -103,7 +103,9 @@ class FakeNode:
         subject = f"{sj.HEARTBEAT_PREFIX}.{self.name}"
         await asyncio.sleep(random.random() * HEARTBEAT)
         while True:
-            body = Heartbeat(running=tuple(sorted(self.running)), orders=self.reader.mark.seq).model_dump_json().encode()
+            mark = self.reader.mark
+            body = Heartbeat(running=tuple(sorted(self.running)), orders=mark.seq,
+                             order_stream=mark.stream or "").model_dump_json().encode()
             await self.nc.publish(subject, body, headers={sj.CRED_HEADER: self.sign(subject, body)})
             self.counts["heartbeats"] += 1
             await asyncio.sleep(HEARTBEAT)

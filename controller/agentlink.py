@@ -24,7 +24,7 @@ from rota.core.state import RUNNING, Node
 from rota.wire import orders as wire_orders
 from rota.wire import subjects as sj
 from rota.wire.subjects import CRED_HEADER
-from rota.wire.jsqueue import ensure_streams, stored_at, work_queue
+from rota.wire.jsqueue import ensure_streams, order_stream_id, stored_at, work_queue
 from rota.wire.keys import Keyring
 
 from .eventlog import FencedError, LogUnavailable
@@ -62,13 +62,16 @@ class AgentLink:
         self._started = time.monotonic()
         self._purged: dict[str, tuple[int, float]] = {}   # node -> (order sequence purged up to, when)
         self._purging: set[asyncio.Task] = set()
+        self._order_stream = ""       # the order stream's id (stream_id): marks of another stream purge nothing
         self.set_aside: list[tuple[str, str, str]] = []    # (node, order, why) of orders never delivered
         self._warned: dict[str, float] = {}
 
     async def start(self) -> None:
         # each request given up on quickly and tried again: one lost while the servers elect leaders would
         # otherwise hold the start (and the reports that free nodes) for the whole default timeout
-        await ensure_streams(self.nc.jetstream(timeout=STREAM_CHECK))
+        quick = self.nc.jetstream(timeout=STREAM_CHECK)
+        await ensure_streams(quick)
+        self._order_stream = await order_stream_id(quick)
         self._subs.append(await self.nc.subscribe(f"{sj.HEARTBEAT_PREFIX}.*", cb=self._on_heartbeat))
         self.resend_launches()
         self._tasks = [asyncio.create_task(t) for t in (self._inbox(), self._monitor(), self._orders())]
@@ -236,7 +239,8 @@ class AgentLink:
         except ValueError:
             return   # an older agent's or a broken body: it was heard, that is all
         self.agent_running[node] = set(beat.running)
-        self._purge_acted(node, beat.orders)
+        if beat.order_stream and beat.order_stream == self._order_stream:
+            self._purge_acted(node, beat.orders)
 
     def _purge_acted(self, node: str, acted: int) -> None:
         """Purge the orders ``node``'s agent says it has acted on (its own subject only: a node that lies

@@ -99,11 +99,12 @@ class StepKill(Model):
 
 class Heartbeat(Model):
     """What a node's agent says every few seconds besides "I am here": the jobs it runs (the controller
-    kills any the log says ended) and the order stream's sequence of the last order it acted on (the
-    controller purges the node's orders up to it)."""
+    kills any the log says ended) and the order stream's sequence of the last order it acted on, with the
+    stream it read (when it was made): the controller purges the node's orders up to it, in that stream only."""
 
     running: tuple[int, ...] = ()
     orders: int = Field(default=0, ge=0)
+    order_stream: str = Field(default="", max_length=64)
 
 
 Order = Annotated[Union[Launch, Kill, Update, Signal, StepLaunch, StepKill], Field(discriminator="op")]

@@ -536,6 +536,34 @@ async def test_orders_an_agent_acted_on_leave_the_stream(cluster, monkeypatch):
     assert json.loads(mark.read_text())["seq"] == info.state.last_seq
 
 
+async def test_a_mark_in_another_order_stream_purges_nothing(cluster, monkeypatch):
+    """A heartbeat's mark counts in the stream its agent read: one from a stream made before this one (an agent
+    not yet moved to a stream made anew) must not purge orders it has not read."""
+    from rota.controller import agentlink
+    from rota.core import credentials
+    from rota.core.orders import Heartbeat
+
+    monkeypatch.setattr(agentlink, "PURGE_WAIT", 0.0)
+    nc = cluster.c.log.nc
+    js = nc.jetstream()
+    await js.publish("rota.orders.n2", b"{}", stream="ROTA_ORDERS")      # an order n2 has not read
+    key = cluster.keyring.key_of("n2")
+
+    async def beat(stream: str) -> None:
+        body = Heartbeat(orders=10**6, order_stream=stream).model_dump_json().encode()
+        cred = credentials.issue(key, "node", 0, 0, "n2", int(time.time()), os.urandom(16).hex(), "rota.hb.n2", body)
+        await nc.publish("rota.hb.n2", body, headers={"Rota-Cred": cred})
+
+    await beat("2001-01-01T00:00:00+00:00")
+    await asyncio.sleep(1.0)
+    assert (await js.stream_info("ROTA_ORDERS")).state.messages == 1
+    await beat(cluster.link._order_stream)          # this stream's mark: purged (the test can fail)
+    deadline = time.monotonic() + 5
+    while (await js.stream_info("ROTA_ORDERS")).state.messages and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert (await js.stream_info("ROTA_ORDERS")).state.messages == 0
+
+
 async def test_an_order_that_cannot_be_delivered_is_set_aside_and_others_still_go(cluster):
     """An order too big for NATS is set aside with its reason (a launch: its job ends FAILED), and the
     node's next orders are not stuck behind it."""

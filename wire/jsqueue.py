@@ -57,6 +57,16 @@ async def match_replicas(js: Any, stream: str, replicas: int) -> None:
         await asyncio.sleep(0.1)
 
 
+def stream_id(info: Any) -> str:
+    """Which stream ``info`` (its StreamInfo) is: when it was made (one made anew counts from 1 again)."""
+    return info.created.isoformat() if info.created is not None else ""
+
+
+async def order_stream_id(js: Any) -> str:
+    """The order stream's :func:`stream_id`, asked until answered."""
+    return stream_id(await _retrying("stream info", lambda: js.stream_info(sj.ORDER_STREAM)))
+
+
 async def ensure_streams(js: Any, replicas: int | None = None) -> None:
     """The inbox (work-queue retention: deleted once taken) and order (limits retention: purged once acted
     on) streams, file storage, as many copies as the log (``replicas``: that, unless given). An older rota's

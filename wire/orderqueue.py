@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from . import subjects as sj
-from .jsqueue import ACK_WAIT, MORE_WAIT
+from .jsqueue import ACK_WAIT, MORE_WAIT, stream_id
 
 log = logging.getLogger("rota.wire")
 CHECK_IDLE = 10.0       # seconds a reader goes without orders before it checks that its consumer is still there
@@ -92,7 +92,7 @@ class OrderReader:
         from nats.js.errors import NotFoundError
 
         info = await self.js.stream_info(sj.ORDER_STREAM)
-        stream = info.created.isoformat() if info.created is not None else ""
+        stream = stream_id(info)
         if self.mark.stream is None:        # the first read on this node: the orders from now on
             self.mark.stream, self.mark.seq = stream, info.state.last_seq
             self.mark.save()
