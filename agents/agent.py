@@ -225,9 +225,10 @@ class Agent:
     async def _heartbeats(self) -> None:
         subject = f"{sj.HEARTBEAT_PREFIX}.{self.node}"
         while True:
-            mark = self.orders.mark if self.orders is not None else None
-            body = Heartbeat(running=tuple(sorted(self.runs)), orders=mark.seq if mark else 0,
-                             order_stream=mark.stream or "" if mark else "").model_dump_json().encode()
+            assert self.orders is not None      # made before the heartbeats start
+            mark = self.orders.mark
+            body = Heartbeat(running=tuple(sorted(self.runs)), orders=mark.seq,
+                             order_stream=mark.stream or "").model_dump_json().encode()
             try:
                 await self.nc.publish(subject, body, headers={CRED_HEADER: self.sign(subject, body)})
             except Exception:  # noqa: BLE001 - reconnecting

@@ -265,8 +265,7 @@ class Fleet:
 
     def _cluster(self) -> None:
         from rota.agents.agent import hostname
-        from rota.controller import natsserver
-        from rota.controller.natscluster import wait_for_jetstream
+        from rota.controller.natscluster import start_cluster, wait_for_jetstream
         from rota.wire.keys import load_keyring
         from rota.wire.natsauth import connect_options
 
@@ -274,15 +273,9 @@ class Fleet:
         self._rota("keygen", str(key))
         self._rota("keygen", str(key), "--nats-auth", str(self.base / "auth.conf"), "--config",
                    str(self.base / "slurm.conf"), "--login-host", hostname())
-        ports = [(natsserver.free_port(), natsserver.free_port()) for _ in range(self.servers)]
-        for i, (port, route) in enumerate(ports):
-            conf = self.base / f"nats{i + 1}" / "nats-server.conf"
-            conf.parent.mkdir(mode=0o700)
-            natsserver.write_config(conf, port, conf.parent / "jetstream", server_name=f"nats{i + 1}",
-                                    cluster=("fleet", route, [r for j, (_, r) in enumerate(ports) if j != i]),
-                                    authorization=(self.base / "auth.conf").read_text())
-            self._launch(f"nats{i + 1}", [natsserver.find_binary(), "-c", str(conf)])
-        self.url, self.key = ",".join(f"nats://127.0.0.1:{p}" for p, _ in ports), str(key)
+        servers = start_cluster(self.base / "nats", self.servers, "fleet", (self.base / "auth.conf").read_text())
+        self.procs.update((f"nats{i + 1}", s.process) for i, s in enumerate(servers))
+        self.url, self.key = ",".join(s.url for s in servers), str(key)
         asyncio.run(wait_for_jetstream(self.url.split(","), options=connect_options(load_keyring(str(key)))))
         for name in ("ctl-a", "ctl-b"):
             (self.base / name).mkdir(mode=0o700)

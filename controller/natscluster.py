@@ -14,8 +14,10 @@ from pathlib import Path
 from . import natsserver
 
 
-def start_cluster(base: str | Path, n: int = 3, name: str = "rota") -> list[natsserver.NatsServer]:
-    """Start ``n`` clustered nats-servers with JetStream; returns them in order."""
+def start_cluster(base: str | Path, n: int = 3, name: str = "rota",
+                  authorization: str | None = None) -> list[natsserver.NatsServer]:
+    """Start ``n`` clustered nats-servers with JetStream (``authorization``: rota's roles, as
+    :func:`rota.wire.natsauth.authorization_block` writes them); returns them in order."""
     base = Path(base)
     client_ports = [natsserver.free_port() for _ in range(n)]
     route_ports = [natsserver.free_port() for _ in range(n)]
@@ -25,7 +27,7 @@ def start_cluster(base: str | Path, n: int = 3, name: str = "rota") -> list[nats
             routes: list[int | str] = [p for j, p in enumerate(route_ports) if j != i]
             servers.append(natsserver.start(base / f"n{i + 1}", port=client_ports[i],
                                             cluster=(name, route_ports[i], routes),
-                                            server_name=f"{name}-n{i + 1}"))
+                                            server_name=f"{name}-n{i + 1}", authorization=authorization))
     except Exception:
         for s in servers:
             s.stop()

@@ -103,7 +103,7 @@ class Heartbeat(Model):
     stream it read (when it was made): the controller purges the node's orders up to it, in that stream only."""
 
     running: tuple[int, ...] = ()
-    orders: int = Field(default=0, ge=0)
+    orders: int = Field(default=0, ge=0, le=2**63 - 1)     # a stream sequence: what NATS can take
     order_stream: str = Field(default="", max_length=64)
 
 

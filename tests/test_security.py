@@ -218,12 +218,13 @@ def test_the_broker_lets_no_one_in_without_a_role_and_each_role_only_where_it_be
             assert sum("permissions violation" in e.lower() for e in errors) == 9, errors
             assert got == []
             # its own consumer's subject, asking for another node's orders: JetStream refuses the mismatch
-            for config in ({"filter_subject": "rota.orders.gpu01"}, {"filter_subjects": ["rota.orders.gpu01"]}):
+            for config, code in (({"filter_subject": "rota.orders.gpu01"}, 10131),
+                                 ({"filter_subjects": ["rota.orders.gpu01"]}, 10137)):
                 ask = {"stream_name": "ROTA_ORDERS", "config": {"name": "agent-gpu02", "ack_policy": "explicit",
                                                                 "deliver_policy": "all", **config}}
                 reply = await nc.request("$JS.API.CONSUMER.CREATE.ROTA_ORDERS.agent-gpu02.rota.orders.gpu02",
                                          json.dumps(ask).encode(), timeout=5)
-                assert "error" in json.loads(reply.data), reply.data
+                assert json.loads(reply.data).get("error", {}).get("err_code") == code, reply.data
             # what it may do: ask (and without a user's credential, be refused)
             reply = await nc.request("rota.api.ping", b"{}", timeout=5, headers={"Rota-Rid": "x1"})
             assert json.loads(reply.data)["error"] == ["Protocol authentication error: Invalid credential format"]
