@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 from typing import Any, Iterable
 
 from rota.core import events as ev
@@ -332,7 +333,9 @@ def parse_at(text: str | None) -> tuple[int | None, int | None]:
     raise ValueError(f"--at {text!r}: use a log sequence number, epoch seconds or YYYY-MM-DDTHH:MM[:SS]")
 
 
+@functools.lru_cache(maxsize=4096)
 def _t(ts: int | None) -> str:
+    """A moment as local time (a story names the same moments many times)."""
     return _dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "unknown"
 
 

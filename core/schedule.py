@@ -155,14 +155,17 @@ def schedule(state: State, now: int, policy: str | None = None, explain: bool = 
             give_way()
         job = jobs[jid]
         parts = cy.job_parts(job)
-        if cut_key is not None and len(parts) == 1 and parts[0] in all_parts \
-                and _rank_key(cy, job, parts) > cut_key:
-            continue             # walked after the focus job, if at all: cannot change it
+        key = None
+        if cut_key is not None and len(parts) == 1 and parts[0] in all_parts:
+            key = _rank_key(cy, job, parts)
+            if key > cut_key:
+                continue         # walked after the focus job, if at all: cannot change it
         why = static_reason(cy, job, parts)
         if why is not None:
             pending_out[jid] = Pending(why, start=why.at)
             continue
-        key = _rank_key(cy, job, parts)
+        if key is None:
+            key = _rank_key(cy, job, parts)
         priorities[jid] = -key[1]
         ready.append((key, job, parts))
     ready.sort(key=lambda r: r[0])

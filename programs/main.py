@@ -12,6 +12,10 @@ import typer
 
 from rota.cli.main import app, fail, main
 
+from .imports import nats_without_websockets
+
+nats_without_websockets()
+
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def submit(

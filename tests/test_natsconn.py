@@ -44,3 +44,29 @@ async def test_a_frozen_server_is_given_up_even_with_the_connections_writes_stuc
         await asyncio.gather(*writers, return_exceptions=True)
         await nc.close()
         srv.stop()
+
+
+def test_a_rota_process_reads_the_log_without_importing_aiohttp_and_can_still_import_it(tmp_path):
+    """The `rota` program keeps nats-py from importing aiohttp (its WebSocket transport, unused), yet a
+    connection works and aiohttp stays importable for `rota web`."""
+    import subprocess
+    import sys
+
+    srv = natsserver.start(tmp_path / "nats", sync_always=False)
+    try:
+        code = ("import asyncio, sys\n"
+                "import rota.programs.main\n"
+                "from rota.wire import natsconn\n"
+                "async def go():\n"
+                "    nc = await natsconn.connect(sys.argv[1], 'test')\n"
+                "    await nc.flush()\n"
+                "    await nc.close()\n"
+                "asyncio.run(go())\n"
+                "print('aiohttp' in sys.modules)\n"
+                "from aiohttp import web\n"
+                "print(web.Application.__name__)\n")
+        out = subprocess.run([sys.executable, "-c", code, srv.url], capture_output=True, text=True, timeout=60)
+    finally:
+        srv.stop()
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "Application"]
