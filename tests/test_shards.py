@@ -98,3 +98,28 @@ def test_never_more_shards_than_a_card_has_nor_a_card_both_shared_and_whole(ops)
             assert shards == node.shard_used[g] <= 4
             assert len(whole) <= 1 and not (whole and shards)
             assert node.gpu_owner[g] == (SHARED if shards else whole[0] if whole else 0)
+
+
+def test_a_cycle_judges_each_shape_once_and_a_shard_count_no_card_has_apart(monkeypatch):
+    """The capacity verdict (can any node ever hold this?) is made once per shape in a cycle, and the shards a job
+    asks are part of its shape: a job asking more shards than any card has (recorded by some other path than
+    sbatch, which refuses it) can never run, whatever verdict a job asking fewer got."""
+    from rota.core import events as ev
+    from rota.core import static_reasons
+
+    judged = []
+    real = static_reasons.capacity_verdict
+    monkeypatch.setattr(static_reasons, "capacity_verdict", lambda *a: judged.append(a[1].shards_per_node) or real(*a))
+    h = harness(gpus=1, shards=4)
+    fits = [h.submit(user="ann", shards_per_node=2, time_limit=600, hold=True) for _ in range(20)]
+    never = h.state.next_job_id
+    h.put(ev.JobSubmitted(job_id=never, spec=ev.JobSpec(user="bob", shards_per_node=8, time_limit=600)))
+    d = h.cycle()
+    assert judged == [8] and all(d.pending[j].reason == "JobHeldUser" for j in fits)
+    for j in fits:
+        h.put(ev.JobReleased(job_id=j))
+    judged.clear()
+    d = h.cycle()
+    assert sorted(judged) == [2, 8]
+    assert d.pending[never].reason == "Resources" and "large enough" in (d.pending[never].why.note or "")
+    assert len([s for s in d.starts if s.job_id in fits]) == 2     # two shard:2 jobs fill the card's 4
