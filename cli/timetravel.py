@@ -249,26 +249,29 @@ def check_all(envelopes: list[ev.Envelope], from_seq: int = 1, to_seq: int | Non
               latency: int | None = DEFAULT_LATENCY) -> tuple[list[tuple[int, Any]], list[Any]]:
     """Every recorded cycle re-run (as :func:`verify_all`) and, unless ``latency`` is None, every
     moment between them checked for a job left waiting (``rota.core.liveness.late_starts``); the
-    evaluations shared out among forked workers, each replaying the log once."""
-    from rota.core.liveness import checked_and_startable, late_starts
+    evaluations shared out among forked workers, each replaying the log once (the first also noting what the
+    waits are then read from, so that nobody replays it again)."""
+    from rota.core.liveness import Walked, checked_and_startable, late_from
     from rota.core.timetravel import verify
 
-    def work(w: int, n: int) -> tuple[list, dict]:
+    def work(w: int, n: int) -> tuple[list, dict, Walked | None]:
         def pick(k: int) -> bool:
             return k % n == w
         if latency is None:
-            return list(verify(envelopes, from_seq, to_seq, pick=pick)), {}
-        return checked_and_startable(envelopes, from_seq, to_seq, pick)
+            return list(verify(envelopes, from_seq, to_seq, pick=pick)), {}, None
+        walked = Walked() if w == 0 else None
+        return (*checked_and_startable(envelopes, from_seq, to_seq, pick, walked=walked), walked)
 
     n = n or workers()
     parts = forked_map(work, n) if len(envelopes) >= 2000 else None
     if parts is None:
         parts = [work(0, 1)]
     cycles = sorted((r for part in parts for r in part[0]), key=lambda r: r[0])
-    if latency is None:
+    walked = parts[0][2]
+    if latency is None or walked is None:
         return cycles, []
     known = {k: v for part in parts for k, v in part[1].items()}
-    late = [x for x in late_starts(envelopes, latency, to_seq, known) if x.seq >= from_seq]
+    late = [x for x in late_from(walked, known, latency) if x.seq >= from_seq]
     return cycles, late
 
 

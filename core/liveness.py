@@ -9,7 +9,7 @@ promises, else it is reported as "could have started at T but waited until T2".
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from . import events as ev
@@ -93,29 +93,57 @@ def startable(envelopes: Iterable[ev.Envelope], to_seq: int | None = None, pick:
     return checked_and_startable(envelopes, to_seq=to_seq, pick=pick, cycles=False)[1]
 
 
+@dataclass(slots=True)
+class Walked:
+    """What :func:`late_from` reads of a walk of the log, so that it need not walk it again: in log order, each
+    moment as (log sequence, moment, None, allowance) and each recorded cycle as (sequence, its now, the jobs it
+    started, allowance); then the log's last time and allowance. The allowance is what a job waits beyond the
+    latency before it is late: the backfill interval under Slurm's cadence (a job only backfill starts waits
+    for the next backfill cycle), else 0."""
+
+    marks: list[tuple[int, int, "tuple[int, ...] | None", int]] = field(default_factory=list)
+    end: int = 0
+    end_allowance: int = 0
+
+
+def _allowance(st: State) -> int:
+    sched = st.config.scheduler if st.config is not None else None
+    return sched.bf_interval if sched is not None and sched.cadence == "slurm" else 0
+
+
 def checked_and_startable(envelopes: Iterable[ev.Envelope], from_seq: int = 1, to_seq: int | None = None,
-                          pick: Any = None, cycles: bool = True
+                          pick: Any = None, cycles: bool = True, walked: Walked | None = None,
+                          known: dict[tuple[int, int], tuple[int, ...]] | None = None
                           ) -> tuple[list[tuple[int, Any]], dict[tuple[int, int], tuple[int, ...]]]:
     """:func:`rota.core.timetravel.verify`'s results (from ``from_seq``; none unless ``cycles``) and
     :func:`startable`'s, in one walk of the log (the ``k``-th cycle and the ``k``-th moment only when
-    ``pick(k)``)."""
+    ``pick(k)``; a moment in ``known`` is not evaluated again), noting into ``walked`` what :func:`late_from`
+    reads."""
     st = State()
     checked: list[tuple[int, Any]] = []
     out: dict[tuple[int, int], tuple[int, ...]] = {}
     moments = Moments(None)
+    marks = walked.marks if walked is not None else None
     kc = km = 0
     for env, now in moments.walk(envelopes, st, to_seq):
         if now is not None:
-            if pick is None or pick(km):
+            if (pick is None or pick(km)) and (known is None or (env.seq, now) not in known):
                 out[(env.seq, now)] = would_start(st, now, moments.bases)
+            if marks is not None:
+                marks.append((env.seq, now, None, _allowance(st)))
             km += 1
             continue
         e = env.event
-        if cycles and isinstance(e, ev.JobsStarted) and env.seq >= from_seq:
-            if pick is None or pick(kc):
-                checked.append((env.seq, check_cycle(st, env.seq, e, moments.bases)))
-            kc += 1
+        if isinstance(e, ev.JobsStarted):
+            if cycles and env.seq >= from_seq:
+                if pick is None or pick(kc):
+                    checked.append((env.seq, check_cycle(st, env.seq, e, moments.bases)))
+                kc += 1
+            if marks is not None:
+                marks.append((env.seq, e.now, tuple({s.array_job_id or s.job_id for s in e.starts}), _allowance(st)))
         moments.apply(st, env)
+    if walked is not None:
+        walked.end, walked.end_allowance = st.now, _allowance(st)
     return checked, out
 
 
@@ -123,33 +151,32 @@ def late_starts(envelopes: Iterable[ev.Envelope], latency: int = DEFAULT_LATENCY
                 known: dict[tuple[int, int], tuple[int, ...]] | None = None) -> list[Late]:
     """Every job that the scheduler would have started but that waited longer than ``latency`` seconds
     for it, in the order found. ``known``: :func:`startable`'s results, e.g. from other processes."""
-    st = State()
-    moments = Moments(None)
+    walked = Walked()
+    found = checked_and_startable(envelopes, to_seq=to_seq, cycles=False, walked=walked, known=known)[1]
+    return late_from(walked, {**found, **known} if known else found, latency)
+
+
+def late_from(walked: Walked, known: dict[tuple[int, int], tuple[int, ...]], latency: int = DEFAULT_LATENCY
+              ) -> list[Late]:
+    """:func:`late_starts` from a walk's notes and every moment's evaluation (no walk of the log)."""
     since: dict[int, tuple[int, int]] = {}     # startable job -> (since when, after which sequence)
     late: list[Late] = []
 
-    def settle(jid: int, until: int, outcome: str) -> None:
+    def settle(jid: int, until: int, outcome: str, allowance: int) -> None:
         t, seq = since.pop(jid)
-        sched = st.config.scheduler if st.config is not None else None
-        # under Slurm's cadence a job that only backfill starts waits for the next backfill cycle
-        if until - t > latency + (sched.bf_interval if sched is not None and sched.cadence == "slurm" else 0):
+        if until - t > latency + allowance:
             late.append(Late(jid, t, seq, until, outcome))
 
-    for env, now in moments.walk(envelopes, st, to_seq):
-        if now is not None:
-            ids = known[(env.seq, now)] if known is not None and (env.seq, now) in known \
-                else would_start(st, now, moments.bases)
+    for seq, now, started, allowance in walked.marks:
+        if started is None:
+            ids = known[(seq, now)]
             for jid in [j for j in since if j not in ids]:
-                settle(jid, now, "gone")
+                settle(jid, now, "gone", allowance)
             for jid in ids:
-                since.setdefault(jid, (now, env.seq))
-            continue
-        e = env.event
-        if isinstance(e, ev.JobsStarted) and since:
-            started = {s.array_job_id or s.job_id for s in e.starts}
+                since.setdefault(jid, (now, seq))
+        elif since:
             for jid in list(since):
-                settle(jid, e.now, "started" if jid in started else "gone")
-        moments.apply(st, env)
+                settle(jid, now, "started" if jid in started else "gone", allowance)
     for jid in list(since):
-        settle(jid, st.now, "end")
+        settle(jid, walked.end, "end", walked.end_allowance)
     return late
