@@ -127,7 +127,7 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
                 base = self._node_base(node)
                 if kept is not None:
                     kept[name] = base
-            free_c, free_m, free_g, free_by_type, releases, items = base
+            free_c, free_m, free_g, free_by_type, releases, items, first_end = base
             last = built.get(name) if built is not None else None
             tl = last.moved_to(now) if last is not None else None
             if tl is None:
@@ -136,23 +136,25 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
                 copy = tl.moved_to(now) if built is not None else None
                 if built is not None and copy is not None:   # kept as built; this cycle's reservations go on a copy
                     built[name], tl = tl, copy
-            if explain:
-                tl.items = [(s, e if e > now else now + 1, jid, "running") for s, e, jid in items]
+            if explain:     # a run past its limit ends "soon", never now
+                tl.items = list(items) if first_end > now else \
+                    [(s, e if e > now else now + 1, jid, kind) for s, e, jid, kind in items]
             tl.log = self.booked
             self.timelines[name] = tl
 
     def _node_base(self, node: Node) -> tuple:
-        """(free CPUs, MiB, GPUs, free GPUs by type or None, releases by time, (start, end, job) items)."""
+        """(free CPUs, MiB, GPUs, free GPUs by type or None, releases by time, (start, end, job, "running") items,
+        the earliest of their ends)."""
         jobs = self.state.jobs
         types = node.gpu_types
         multi = bool(types) and types.count(types[0]) != len(types)
         name = node.name
         releases: list[tuple[int, int, int, int, dict[str, int] | None]] = []
-        items: list[tuple[int, int, int]] = []
+        items: list[tuple[int, int, int, str]] = []
         for jid in node.jobs:
             job = jobs[jid]
             limit = job.time_limit
-            items.append((job.start_time, job.start_time + limit if limit else INF, jid))
+            items.append((job.start_time, job.start_time + limit if limit else INF, jid, "running"))
             if job.state != RUNNING or not limit:
                 continue   # unlimited jobs never give their resources back
             for a in job.alloc:
@@ -173,7 +175,7 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
             for t, owner in zip(types, node.gpu_owner):
                 free_by_type[t] = free_by_type.get(t, 0) + (owner == 0)
         return (node.cpus - node.alloc_cpus, node.memory - node.alloc_mem, node.gpu_owner.count(0), free_by_type,
-                tuple(releases), tuple(items))
+                tuple(releases), tuple(items), min((i[1] for i in items), default=INF))
 
     def shared_until(self, node: Node) -> dict[int, int]:
         """Each shared GPU of ``node`` (SHARED: --gres=shard jobs on it) -> when its last shard job's limit ends (INF:

@@ -546,11 +546,15 @@ def _explain_pending(cy: Cycle, job: Job, parts: Sequence[str], pend: Pending,
     req = cy.request(job, pname)
     tls, _ = cy.eligible(job.spec, pname)
     now = cy.now
-    best_free = max((tl.free_at(now) for tl in tls), key=lambda f: (f[2], f[0], f[1]), default=(0, 0, 0))
+    best_free, most = (0, 0, 0), (-1, 0, 0)     # the node with the most GPUs free now (then CPUs, memory)
     fit = 0            # nodes that could hold one node's share now (after what higher-ranked jobs hold)
-    for tl in tls:
-        c, m, g = req.on_node(tl.cap_c, tl.cap_m, tl.cap_g)
-        fit += tl.fits_at(c, m, g, tl.gpu_array(req.gpu_type), 1, now)
+    on_node, gpu_type = req.on_node, req.gpu_type
+    for tl in tls:     # a cycle's timelines start now: their first segment is what is free now
+        fc, fm, fg = tl.fc[0], tl.fm[0], tl.fg[0]
+        if (fg, fc, fm) > most:
+            most, best_free = (fg, fc, fm), (fc, fm, fg)
+        c, m, g = on_node(tl.cap_c, tl.cap_m, tl.cap_g)
+        fit += fc >= c and fm >= m and tl.gpu_array(gpu_type)[0] >= g
     pend.why = replace(pend.why, needs=shared_value(Amounts(req.nnodes, req.cpus, req.mem, req.gpus, req.gpu_type,
                                                             req.whole_cpus)),
                        free=shared_value(Amounts(fit, *best_free)), limit=len(tls))
