@@ -16,15 +16,13 @@ from .state import RUNNING, SHARED, Job, Node, State
 from .usage_limits import LimitUse, limits_enforced
 
 
-class SearchKey(NamedTuple):
-    """What makes two jobs' placements the same problem: the partition, the node filters, the request."""
+# What makes two jobs' placements the same problem: (partition, constraint, nodelist, exclude, per-node request,
+# shards asked by --gres=shard:N); a plain tuple, made for every job a cycle walks.
+SearchKey = tuple[str, "str | None", tuple[str, ...], tuple[str, ...], NodeRequest, int]
 
-    partition: str
-    constraint: str | None
-    nodelist: tuple[str, ...]
-    exclude: tuple[str, ...]
-    request: NodeRequest
-    shards: int = 0          # --gres=shard:N: only nodes whose GPUs have N shards
+
+def search_key(part: str, spec: ev.JobSpec, req: NodeRequest) -> SearchKey:
+    return (part, spec.constraint, spec.nodelist, spec.exclude, req, spec.shards_per_node)
 
 
 class FilterKey(NamedTuple):
@@ -87,9 +85,10 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         self.eligible_sets: dict[FilterKey, frozenset[str]] = {}
         self.searches: dict[tuple[SearchKey, int, int], ShapeSearch] = {}   # (key, duration, horizon)
         self.seeds: dict[SearchKey, list[tuple]] = {}
+        self.searched: set[SearchKey] = set()    # requests searched for at some duration
         self.requests: dict[str, dict[int, NodeRequest]] = {}
         self.fit_counts: dict[SearchKey, tuple[int, int]] = {}
-        self.verdicts: dict[tuple, Reason | None] = {}          # by SearchKey, or a plain tuple equal to one
+        self.verdicts: dict[SearchKey, Reason | None] = {}
         self.gpu_owner: dict[str, list[int]] = {}
         self.shards: dict[str, tuple[list[int], dict[int, int]]] = {}    # node -> shards used per GPU, held until
         self.next_id = state.next_job_id
@@ -253,21 +252,22 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
     def search(self, job: Job, part: str, d: int, tmax: int) -> ShapeSearch:
         """The earliest-start search for this job's exact shape (created on first use).
 
-        A new duration of a known request starts from the shared lower bounds of a
-        one-second job of that request, so only the nodes near the top are evaluated.
+        The first duration of a request evaluates every node; from the second on, each starts from the
+        shared lower bounds of a one-second job of that request, so only the nodes near the top are evaluated.
         """
         req = self.request(job, part)
         spec = job.spec
-        base_key = SearchKey(part, spec.constraint, spec.nodelist, spec.exclude, req, spec.shards_per_node)
+        base_key = search_key(part, spec, req)
         key = (base_key, d, tmax)
         s = self.searches.get(key)
         if s is None:
             tls, _ = self.eligible(spec, part)
             seed = self.seeds.get(base_key)
-            if seed is None and self.focus != job.job_id:   # the focus job is the last search: nothing to share
+            if seed is None and base_key in self.searched and self.focus != job.job_id:
                 base = ShapeSearch(tls, req.cpus, req.mem, req.gpus, req.gpu_type, req.whole_cpus,
                                    req.whole_mem, req.whole_gpus, 1, req.nnodes, self.now, INF)
                 seed = self.seeds[base_key] = base.seed()
+            self.searched.add(base_key)
             s = ShapeSearch(tls, req.cpus, req.mem, req.gpus, req.gpu_type, req.whole_cpus,
                             req.whole_mem, req.whole_gpus, d, req.nnodes, self.now, tmax, seed, self.booked)
             self.searches[key] = s
@@ -275,7 +275,7 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
 
     def fit_counts_for(self, spec: ev.JobSpec, part: str, req: NodeRequest) -> tuple[int, int]:
         """How many candidate nodes could ever hold one node's share, and how many are usable."""
-        key = SearchKey(part, spec.constraint, spec.nodelist, spec.exclude, req, spec.shards_per_node)
+        key = search_key(part, spec, req)
         hit = self.fit_counts.get(key)
         if hit is None:
             _tls, cands = self.eligible(spec, part)

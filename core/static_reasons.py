@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Sequence, cast
 
 from . import events as ev
-from .cycle import Cycle
+from .cycle import Cycle, search_key
 from .deps import NEVER, OK, DependencySpecError, dependency_status, parse_dependency, singletons
 from .hostlist import compress
 from .reasons import REQ_NODE_NOT_AVAIL_ALL, Amounts, Reason, most_severe
@@ -45,7 +45,7 @@ def partition_reason(cy: Cycle, job: Job, pname: str) -> Reason | None:
         return Reason("PartitionTimeLimit", about=pname, asked=job.time_limit, limit=p.max_time)
     spec = job.spec
     req = cy.request(job, pname)
-    key = (pname, spec.constraint, spec.nodelist, spec.exclude, req, spec.shards_per_node)   # equal to its SearchKey
+    key = search_key(pname, spec, req)
     verdicts = cy.verdicts
     why = verdicts.get(key, _UNKNOWN)
     if why is _UNKNOWN:
