@@ -41,21 +41,24 @@ class NodeBases:
     items), kept between the cycles of a walk over a changing state (time travel), and dropped for the
     nodes each change touches (:meth:`touched`): only changed nodes are read again."""
 
-    __slots__ = ("of", "built")
+    __slots__ = ("of", "built", "lent")
 
     def __init__(self) -> None:
         self.of: dict[str, tuple] = {}
         self.built: dict[str, Timeline] = {}     # each node's timeline as last built, before any reservation
+        self.lent: dict[str, Timeline] = {}      # the copy of it the last cycle was given (it may have booked on it)
 
     def touched(self, names: Iterable[str]) -> None:
-        of, built = self.of, self.built
+        of, built, lent = self.of, self.built, self.lent
         for name in names:
             of.pop(name, None)
             built.pop(name, None)
+            lent.pop(name, None)
 
     def clear(self) -> None:
         self.of.clear()
         self.built.clear()
+        self.lent.clear()
 
 
 class Cycle:
@@ -117,10 +120,16 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         now, explain = self.now, self.explain
         kept = bases.of if bases is not None else None
         built = bases.built if bases is not None else None
+        lent = bases.lent if bases is not None else None
         for node in self.state.nodes.values():
             if not node.usable:
                 continue
             name = node.name
+            if bases is not None:
+                lent_tl = self._lent(bases, name)
+                if lent_tl is not None:
+                    self.timelines[name] = lent_tl
+                    continue
             base = kept.get(name) if kept is not None else None
             if base is None:
                 base = self._node_base(node)
@@ -135,11 +144,30 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
                 copy = tl.moved_to(now) if built is not None else None
                 if built is not None and copy is not None:   # kept as built; this cycle's reservations go on a copy
                     built[name], tl = tl, copy
-            if explain:     # a run past its limit ends "soon", never now
-                tl.items = list(items) if first_end > now else \
-                    [(s, e if e > now else now + 1, jid, kind) for s, e, jid, kind in items]
+            if lent is not None:
+                lent[name] = tl
+            if explain:
+                self._items(tl, base)
             tl.log = self.booked
             self.timelines[name] = tl
+
+    def _lent(self, bases: NodeBases, name: str) -> Timeline | None:
+        """The last cycle's copy of the node's timeline moved to now in place, where that cycle booked nothing on it
+        (it still shares its amounts with the timeline as built); None where it cannot be."""
+        tl, last = bases.lent.get(name), bases.built.get(name)
+        if tl is None or last is None or tl.owned or not last.moved_to_here(tl, self.now):
+            return None
+        if self.explain:
+            self._items(tl, bases.of[name])
+        tl.log = self.booked
+        return tl
+
+    def _items(self, tl: Timeline, base: tuple) -> None:
+        """The node's running jobs as the timeline's items (what explain mode says holds the node); a run past
+        its limit ends "soon", never now."""
+        items, first_end, now = base[5], base[6], self.now
+        tl.items = list(items) if first_end > now else \
+            [(s, e if e > now else now + 1, jid, kind) for s, e, jid, kind in items]
 
     def _node_base(self, node: Node) -> tuple:
         """(free CPUs, MiB, GPUs, free GPUs by type or None, releases by time, (start, end, job, "running") items,
@@ -279,8 +307,12 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         hit = self.fit_counts.get(key)
         if hit is None:
             _tls, cands = self.eligible(spec, part)
-            fit_all = [n for n in cands if node_can_ever_fit(n, req)]
-            hit = (len(fit_all), sum(1 for n in fit_all if n.usable))
+            fit = usable = 0
+            for n in cands:
+                if node_can_ever_fit(n, req):
+                    fit += 1
+                    usable += n.usable
+            hit = (fit, usable)
             self.fit_counts[key] = hit
         return hit
 
@@ -340,8 +372,6 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
 
 
 def node_can_ever_fit(n: Node, req: NodeRequest) -> bool:
-    if req.gpu_type is not None:
-        gpus = sum(1 for t in n.gpu_types if t == req.gpu_type)
-    else:
-        gpus = n.gpu_count
-    return n.cpus >= req.cpus and n.memory >= req.mem and gpus >= req.gpus
+    types = n.gpu_types
+    return n.cpus >= req.cpus and n.memory >= req.mem and \
+        (len(types) if req.gpu_type is None else types.count(req.gpu_type)) >= req.gpus

@@ -73,6 +73,15 @@ class Timeline:
         tl.fc, tl.fm, tl.fg, tl.fgt = self.fc, self.fm, self.fg, self.fgt
         return tl
 
+    def moved_to_here(self, copy: "Timeline", now: int) -> bool:
+        """Move ``copy`` (one of this timeline's :meth:`moved_to` copies, never changed since) to ``now`` in place,
+        where :meth:`moved_to` would give one; whether it did."""
+        times = self.times
+        if now < times[0] or (len(times) > 1 and times[1] <= now):
+            return False
+        copy.times[0] = now
+        return True
+
     def _own(self) -> None:
         """Copy the free amounts shared with the timeline this one was moved from, before changing them."""
         self.fc, self.fm, self.fg = self.fc.copy(), self.fm.copy(), self.fg.copy()
