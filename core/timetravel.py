@@ -10,7 +10,7 @@ from heapq import heappop, heappush
 from typing import Any, Callable, Iterable, Iterator
 
 from . import events as ev
-from .apply import apply
+from .apply import apply, fold
 from .changes import Changes
 from .cycle import NodeBases
 from .replan import PlanMemory
@@ -109,6 +109,15 @@ def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None
     story = _Story(job_id, st.seq)
     exits: dict[int, list[tuple[int, int]]] = {}      # job -> (time, sequence) of each of its ends
     first_seq = last_seq = 0
+    head, envelopes = before_submit(envelopes, st, job_id, at_seq)
+    for env in head:
+        e = env.event
+        if isinstance(e, ev.JobExited):
+            exits.setdefault(e.job_id, []).append((env.ts, env.seq))
+        elif isinstance(e, ev.ControllerStarted) and e.version not in story.versions:
+            story.versions.append(e.version)
+    if head:
+        first_seq, last_seq = head[0].seq, head[-1].seq
     moments = Moments(job_id)
     bases = moments.bases
     k = 0
@@ -145,6 +154,25 @@ _NODE_ACTIONS = (ev.NodeDrained, ev.NodeDown, ev.NodeResumed, ev.HealthFault)   
 # what happened to its run that a policy acts on: idle GPUs (with the samples) and what the policy did
 _RUN_ACTIONS = (ev.GpuIdle, ev.GpuBusy, ev.JobCancelled, ev.JobRequeued)
 _ACTIONS = _JOB_ACTIONS + _NODE_ACTIONS + _RUN_ACTIONS + (ev.ClusterConfigured, ev.ControllerStarted)
+
+
+def before_submit(envelopes: Iterable[ev.Envelope], st: State, job_id: int, at_seq: int | None
+                  ) -> tuple[list[ev.Envelope], Iterable[ev.Envelope]]:
+    """Fold into ``st`` the envelopes (a list) before the run of events with job ``job_id``'s submit's
+    timestamp: no moment of the job's is among them, so a walk need not look at them one by one. (Those
+    folded, the rest); nothing folded when the submit is not there (or past ``at_seq``)."""
+    if not isinstance(envelopes, list):
+        return [], envelopes
+    for i, env in enumerate(envelopes):
+        e = env.event
+        if isinstance(e, ev.JobSubmitted) and e.job_id == job_id:
+            if at_seq is not None and env.seq > at_seq:
+                break
+            while i > 0 and envelopes[i - 1].ts == env.ts:
+                i -= 1
+            fold(envelopes[:i], st)
+            return envelopes[:i], envelopes[i:]
+    return [], envelopes
 
 
 def why_all(envelopes: Iterable[ev.Envelope], job_ids: Iterable[int] | None = None) -> dict[int, WhyReport]:
@@ -529,6 +557,7 @@ def cycle_samples(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | N
     st = state if state is not None else State()
     k = 0
     moments = Moments(job_id)
+    _head, envelopes = before_submit(envelopes, st, job_id, at_seq)
     for env, after in moments.walk(envelopes, st, at_seq):
         if after is not None:
             if pick is None or pick(k):
