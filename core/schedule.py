@@ -143,14 +143,32 @@ def schedule(state: State, now: int, policy: str | None = None, explain: bool = 
     if cfg is None or not state.pending:
         return decision
     cy = Cycle(state, now, pol, explain, bases=bases)
-    jobs = state.jobs
-    ready: list[tuple[tuple[int, int, int, int], Job, Sequence[str]]] = []
-    pending_out, priorities = decision.pending, decision.priorities
     cut_key = _focus_key(cy, decision, focus) if focus is not None else None
     if cut_key is None and focus is not None:
         return decision          # held back before ranking: nothing else changes that
-    all_parts = cy.parts
-    for i, jid in enumerate(state.pending):
+    ready = _ranked(cy, decision, cut_key, give_way)
+    if focus is not None:
+        cy.focus = focus
+        cut = next((i for i, r in enumerate(ready) if r[1].job_id == focus), None)
+        ready = ready[: cut + 1] if cut is not None else []
+    rp = None
+    if memory is not None and pol == "conservative" and not explain and focus is None and cy.preempter is None:
+        rp = Replan(memory, cy, horizon)
+    _walk(cy, decision, ready, policy_now, rp)
+    if rp is not None:
+        rp.commit()
+    decision.shadow = policy_now.head
+    return decision
+
+
+def _ranked(cy: Cycle, decision: Decision, cut_key: tuple[int, int, int, int] | None,
+            give_way: Callable[[], None] | None) -> list[tuple[tuple[int, int, int, int], Job, Sequence[str]]]:
+    """The pending jobs not held back before ranking, in priority order, each with its rank key and usable
+    partitions (the others' reasons recorded); with ``cut_key``, only those ranked up to it (a focused pass)."""
+    jobs, all_parts = cy.state.jobs, cy.parts
+    ready: list[tuple[tuple[int, int, int, int], Job, Sequence[str]]] = []
+    pending_out, priorities = decision.pending, decision.priorities
+    for i, jid in enumerate(cy.state.pending):
         if give_way is not None and not i & 1023:
             give_way()
         job = jobs[jid]
@@ -169,18 +187,7 @@ def schedule(state: State, now: int, policy: str | None = None, explain: bool = 
         priorities[jid] = -key[1]
         ready.append((key, job, parts))
     ready.sort(key=lambda r: r[0])
-    if focus is not None:
-        cy.focus = focus
-        cut = next((i for i, r in enumerate(ready) if r[1].job_id == focus), None)
-        ready = ready[: cut + 1] if cut is not None else []
-    rp = None
-    if memory is not None and pol == "conservative" and not explain and focus is None and cy.preempter is None:
-        rp = Replan(memory, cy, horizon)
-    _walk(cy, decision, ready, policy_now, rp)
-    if rp is not None:
-        rp.commit()
-    decision.shadow = policy_now.head
-    return decision
+    return ready
 
 
 def _focus_key(cy: Cycle, decision: Decision, focus: int) -> tuple[int, int, int, int] | None:
