@@ -158,9 +158,10 @@ _ACTIONS = _JOB_ACTIONS + _NODE_ACTIONS + _RUN_ACTIONS + (ev.ClusterConfigured, 
 
 def before_submit(envelopes: Iterable[ev.Envelope], st: State, job_id: int, at_seq: int | None
                   ) -> tuple[list[ev.Envelope], Iterable[ev.Envelope]]:
-    """Fold into ``st`` the envelopes (a list) before the run of events with job ``job_id``'s submit's
-    timestamp: no moment of the job's is among them, so a walk need not look at them one by one. (Those
-    folded, the rest); nothing folded when the submit is not there (or past ``at_seq``)."""
+    """Fold into ``st`` the envelopes (a list) before job ``job_id``'s submit: no moment of the job's is among
+    them (the first is at the end of the run of events holding its submit, whatever came before in that run),
+    so a walk need not look at them one by one. (Those folded, the rest); nothing folded when the submit is
+    not there, or past ``at_seq``."""
     if not isinstance(envelopes, list):
         return [], envelopes
     for i, env in enumerate(envelopes):
@@ -168,8 +169,6 @@ def before_submit(envelopes: Iterable[ev.Envelope], st: State, job_id: int, at_s
         if isinstance(e, ev.JobSubmitted) and e.job_id == job_id:
             if at_seq is not None and env.seq > at_seq:
                 break
-            while i > 0 and envelopes[i - 1].ts == env.ts:
-                i -= 1
             fold(envelopes[:i], st)
             return envelopes[:i], envelopes[i:]
     return [], envelopes

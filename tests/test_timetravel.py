@@ -339,3 +339,21 @@ def test_time_accuracy_per_user_and_the_limit_their_history_suggests():
     assert ann.suggested == 900        # 90th percentile 600 s x 1.2, in whole 5 minutes
     assert (bob.used_share, bob.under_half, bob.suggested) == (0.983, 0.0, 900)
     assert suggest([]) == 0 and suggest([10]) == 300
+
+
+def test_why_folding_what_comes_before_the_submit_plainly_tells_the_same_story():
+    """`why` folds the events before the run holding the job's submit without looking at them one by one (a list
+    only): for every job that waited, and as of moments before and after its submit, the report is the one a
+    walk of every event gives (an iterator is walked event by event)."""
+    from rota.bench.timetravel_bench import make_log
+
+    log, big = make_log(400)
+    waited = [e.event.job_id for e in log if isinstance(e.event, ev.JobSubmitted)][::7] + [big]
+    submit = {e.event.job_id: e.seq for e in log if isinstance(e.event, ev.JobSubmitted)}
+    checked = 0
+    for job in waited:
+        for at in (None, submit[job] - 5, submit[job], submit[job] + 40):
+            fast, walked = why(log, job, at), why(iter(log), job, at)
+            assert fast == walked, (job, at)
+            checked += bool(fast.intervals)
+    assert checked > 20
