@@ -1,7 +1,7 @@
 """What a ``rota`` process imports before anything else.
 
 nats-py imports aiohttp, for a WebSocket transport rota never uses (its servers are ``nats://`` and
-``tls://``): a fifth of a second at the start of every command that reads the log. :func:`nats_without_websockets`
+``tls://``): one of the costliest imports of every command that reads the log. :func:`nats_without_websockets`
 makes nats-py's transport module see aiohttp as missing, as on an install without it; aiohttp itself
 stays importable (``rota web`` serves with it)."""
 from __future__ import annotations
