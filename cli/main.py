@@ -347,6 +347,7 @@ def _through_controller(command: str, log: Optional[str], nats: Optional[str], n
     from rota.wire.cluster import may_read_log
 
     if log is not None or nats is not None or (os.access(needs, os.R_OK) if needs else may_read_log()):
+        _QUICK_EXIT[0] = True    # the command runs here, on a heap of the log's records: see main
         return
     from .client import remote_command
 
@@ -584,11 +585,29 @@ def version() -> None:
     typer.echo(f"rota {__version__}")
 
 
+# Set by a command that ends holding a big heap and leaves nothing to clean up (the time-travel commands):
+# the process then ends as soon as its output is out, without freeing every object one by one.
+_QUICK_EXIT = [False]
+
+
 def main() -> None:
     try:
         app()
     except KeyboardInterrupt:
         sys.exit(130)
+    except SystemExit as done:
+        if not _QUICK_EXIT[0]:
+            raise
+        code = done.code
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except OSError:      # a reader that went away (a pipe to head)
+                code = code or 1
+        os._exit(code or 0)
 
 
 if __name__ == "__main__":
