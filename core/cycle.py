@@ -135,7 +135,7 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
                 base = self._node_base(node)
                 if kept is not None:
                     kept[name] = base
-            free_c, free_m, free_g, free_by_type, releases, items, first_end = base
+            free_c, free_m, free_g, free_by_type, releases = base[:5]
             last = built.get(name) if built is not None else None
             tl = last.moved_to(now) if last is not None else None
             if tl is None:

@@ -61,9 +61,9 @@ class Timeline:
     def moved_to(self, now: int) -> "Timeline | None":
         """A fresh copy of this (unreserved) timeline as it is built at ``now`` from the same releases: the
         same steps from ``now`` on, while ``now`` is before its first release; else None (build it again)."""
-        times = self.times
-        if now < times[0] or (len(times) > 1 and times[1] <= now):
+        if not self._movable(now):
             return None
+        times = self.times
         tl = Timeline.__new__(Timeline)
         tl.name, tl.idx, tl.weight = self.name, self.idx, self.weight
         tl.cap_c, tl.cap_m, tl.cap_g = self.cap_c, self.cap_m, self.cap_g
@@ -76,11 +76,16 @@ class Timeline:
     def moved_to_here(self, copy: "Timeline", now: int) -> bool:
         """Move ``copy`` (one of this timeline's :meth:`moved_to` copies, never changed since) to ``now`` in place,
         where :meth:`moved_to` would give one; whether it did."""
-        times = self.times
-        if now < times[0] or (len(times) > 1 and times[1] <= now):
+        if not self._movable(now):
             return False
         copy.times[0] = now
         return True
+
+    def _movable(self, now: int) -> bool:
+        """Whether this timeline, built earlier, has the same steps from ``now`` on: ``now`` is not before it was
+        built and not past its first release."""
+        times = self.times
+        return times[0] <= now and (len(times) == 1 or now < times[1])
 
     def _own(self) -> None:
         """Copy the free amounts shared with the timeline this one was moved from, before changing them."""

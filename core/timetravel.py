@@ -114,8 +114,8 @@ def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None
         e = env.event
         if isinstance(e, ev.JobExited):
             exits.setdefault(e.job_id, []).append((env.ts, env.seq))
-        elif isinstance(e, ev.ControllerStarted) and e.version not in story.versions:
-            story.versions.append(e.version)
+        elif isinstance(e, ev.ControllerStarted):
+            story.saw_version(e.version)
     if head:
         first_seq, last_seq = head[0].seq, head[-1].seq
     moments = Moments(job_id)
@@ -252,11 +252,16 @@ class _Story:
             for b in sample.interval.blockers:
                 self.named.setdefault(b, sample.interval.start)
 
+    def saw_version(self, version: str) -> None:
+        """A controller of this version started within the story's span of the log."""
+        if version not in self.versions:
+            self.versions.append(version)
+
     def before(self, st: State, env: ev.Envelope) -> None:
         """Before ``env`` (an action, or a controller's start) is applied."""
         e = env.event
-        if isinstance(e, ev.ControllerStarted) and e.version not in self.versions:
-            self.versions.append(e.version)
+        if isinstance(e, ev.ControllerStarted):
+            self.saw_version(e.version)
         if self.pending(st):
             _note_action(self.rep, env, e, self.job_id, self.watching)
         elif isinstance(e, _RUN_ACTIONS) and e.job_id == self.job_id and (not isinstance(e, (ev.JobCancelled, ev.JobRequeued))

@@ -342,9 +342,9 @@ def test_time_accuracy_per_user_and_the_limit_their_history_suggests():
 
 
 def test_why_folding_what_comes_before_the_submit_plainly_tells_the_same_story():
-    """`why` folds the events before the run holding the job's submit without looking at them one by one (a list
-    only): for every job that waited, and as of moments before and after its submit, the report is the one a
-    walk of every event gives (an iterator is walked event by event)."""
+    """`why` folds the events before the job's submit without looking at them one by one (a list only): for every
+    seventh job and the big one, as of moments before and after its submit, the report is the one a walk of every
+    event gives (an iterator is walked event by event)."""
     from rota.bench.timetravel_bench import make_log
 
     log, big = make_log(400)
