@@ -31,7 +31,8 @@ from .common import ApiClient, Figure, print_table, write_json
 from .core_bench import event_stream
 
 CONF = "GresTypes=gpu\nNodeName=gpu[001-100] CPUs=64 RealMemory=257000 Gres=gpu:a100:8\n" \
-       "PartitionName=gpu Nodes=gpu[001-100] Default=YES MaxTime=1-0\n"
+       "PartitionName=gpu Nodes=gpu[001-100] Default=YES MaxTime=1-0\n" \
+       "MaxJobCount=1000000\nSchedulerParameters=rota_max_submit_per_user=1000000\n"   # every run's held jobs stay queued
 
 
 async def submit_rate(url: str, n: int, concurrency: int, state: Path) -> float:

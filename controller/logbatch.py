@@ -10,7 +10,7 @@ log = logging.getLogger("rota.eventlog")
 
 ATOMIC_BATCH = 1000   # records in one atomic batch (nats-server's limit on a batch's size)
 # The server stages an atomic batch in a store of its own (files made, synced and removed): a cost per
-# batch that only pays for itself against fenced publishes in flight together from about this many records.
+# batch that only pays for itself against fenced publishes one after another from about this many records.
 ATOMIC_FROM = 16
 
 

@@ -13,3 +13,10 @@ class FencedError(Exception):
 
 class LogUnavailable(Exception):
     """The log did not confirm an append in time: it may or may not have stored it; retry."""
+
+
+class NotSent(Exception):
+    """A record of a group was not sent: the one before it did not land where it was fenced."""
+
+    def __init__(self) -> None:
+        super().__init__("not sent: the request before it in the same group did not land")

@@ -25,7 +25,8 @@ from rota.core.state import State
 
 from rota.wire import collector
 
-from .eventlog import AtomicRefused, EventLog, FencedError, LogUnavailable
+from .eventlog import Appended, AtomicRefused, EventLog, FencedError, LogUnavailable
+from .logerrors import NotSent
 from .logbatch import ATOMIC_FROM
 from .outbox import Outbox
 from .recent import Recent
@@ -278,8 +279,9 @@ class Writer:
 
     async def _append(self, base: int, staged: list) -> list:
         """Each staged event's acknowledgement or exception: as atomic batches where the log takes them and
-        the group is large enough to pay for one (one sync for the lot), else one by one, all in flight
-        together, each fenced at its own sequence."""
+        the group is large enough to pay for one (one sync for the lot), else one by one, each sent once the
+        one before it landed where it was fenced (sent together, a record fenced at its own sequence could
+        land after another writer's record that took its predecessor's place)."""
         ready_chain = getattr(self.log, "ready_chain", None)
         if ready_chain is not None:
             await ready_chain(base)
@@ -293,9 +295,18 @@ class Writer:
             except (FencedError, LogUnavailable) as exc:
                 return [exc] * len(staged)
         last = staged[-1][0].seq
-        return list(await asyncio.gather(*(self.log.append(env.event, actor=env.actor, idem=env.idem, ts=env.ts,
-                                                           expected_last=env.seq - 1, seal=env.seq == last)
-                                           for env, _, _ in staged), return_exceptions=True))
+        acks: list = []
+        for env, _, _ in staged:
+            ack: Appended | Exception
+            try:
+                ack = await self.log.append(env.event, actor=env.actor, idem=env.idem, ts=env.ts,
+                                            expected_last=env.seq - 1, seal=env.seq == last)
+            except Exception as exc:  # noqa: BLE001 - answered by the reconcile
+                ack = exc
+            acks.append(ack)
+            if isinstance(ack, BaseException) or ack.duplicate or ack.seq != env.seq:
+                break
+        return acks + [NotSent() for _ in staged[len(acks):]]
 
     async def _stage(self, batch: list, changes: Changes) -> list[tuple[ev.Envelope, asyncio.Future, tuple]]:
         """Prepare and apply each request's event in turn; answer retries and refusals at once."""
@@ -326,13 +337,15 @@ class Writer:
 
     async def _reconcile(self, base: int, staged: list, acks: list) -> None:
         """After a failed group commit: rebuild from the log and answer each request truthfully. A request
-        fenced only by a record that was set aside (not another controller's) is tried once more."""
+        fenced only by a record that was set aside (not another controller's) is tried once more; one never
+        sent, again."""
         ours = {env.idem for env, _, _ in staged}
         landed = await self._reload(since=base)
         if landed is None:
             self.stale = True
             for (env, fut, _), ack in zip(staged, acks):
-                self._unsure[env.idem] = True
+                if not isinstance(ack, NotSent):
+                    self._unsure[env.idem] = True
                 _reject(fut, ack if isinstance(ack, Exception) else LogUnavailable("outcome unknown"))
             return
         if any(idem not in ours and idem not in self._unsure for idem in landed):
@@ -340,7 +353,10 @@ class Writer:
             log.error("another controller appended to the log: stepping back to follower")
         again = []
         for (env, fut, item), ack in zip(staged, acks):
-            if self.leader and isinstance(ack, FencedError) and env.idem not in landed and id(fut) not in self._retried:
+            if self.leader and isinstance(ack, NotSent) and env.idem not in landed:
+                again.append(item)
+            elif self.leader and isinstance(ack, FencedError) and env.idem not in landed and \
+                    id(fut) not in self._retried:
                 self._retried.add(id(fut))
                 fut.add_done_callback(lambda f: self._retried.discard(id(f)))
                 again.append(item)

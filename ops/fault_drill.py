@@ -51,7 +51,7 @@ SHORT = (("leader", "kill"), ("leader", "stop"), ("nats2", "kill"), ("agent", "s
 GAP = 5.0                       # seconds of calm after each fault (once NATS is whole again) before the next
 WHOLE_WAIT = 120.0              # seconds a fault's recovery is waited for before the next fault comes anyway
 STALL_SHOWN = 10                # a scheduling stall longer than this (seconds) is shown record by record
-LOST = "NEVER SUBMITTED"         # how an acknowledged job missing from the log is counted (with the lost submits)
+LOST = "NEVER SUBMITTED"        # an acknowledged job the log never made (counted with the lost submits)
 
 
 class Network:
@@ -487,9 +487,8 @@ class Drill:
         from rota.core.state import State
 
         last, envs = self.fold()
-        submitted = {e.event.job_id for e in envs if e.event is not None and e.event.type == "job.submitted"}
         acked = {j for _, j in self.acked}
-        lost = sorted(acked - submitted)
+        lost = sorted(acked - last.keys())     # its record missing, or on the log but refused by the reducer
         starts: dict[tuple[int, int], int] = {}      # (job, run) -> how many times the log started it
         stalls: list[tuple[int, int]] = []           # (when a start came, how long jobs had waited for one)
         waiting_since: int | None = None             # since when jobs waited with no start

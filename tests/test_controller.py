@@ -171,7 +171,7 @@ async def test_concurrent_submits_are_group_committed_in_order(js):
 
 async def test_a_small_group_goes_as_fenced_publishes_and_a_large_one_as_atomic_batches(js):
     """The server stages an atomic batch in a store of its own: a group smaller than ``ATOMIC_FROM`` is
-    appended as fenced publishes in flight together, a larger one as atomic batches; both land in order."""
+    appended as fenced publishes one after another, a larger one as atomic batches; both land in order."""
     import asyncio
 
     from rota.controller.logbatch import ATOMIC_FROM
@@ -285,6 +285,39 @@ async def test_an_unconfirmed_append_in_a_batch_is_answered_from_what_the_log_ho
     assert all(r["ok"] for r in replies), replies   # u3 landed although its ack was lost
     assert sorted(r["job_id"] for r in replies) == list(range(1, 9))
     assert fold(lg.entries) == c.state and not c.writer.stale
+
+
+class RacedLog(MemoryLog):
+    """The in-memory log, where another controller's submit (from its older view: a job id past ours) takes
+    the place of the first record of the next group of more than one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.race = True
+
+    async def append(self, event, *, actor, idem, ts, expected_last=None, seal=False):
+        if self.race and expected_last is not None and not seal:
+            self.race = False
+            theirs = ev.JobSubmitted(job_id=event.job_id + 2, spec=ev.JobSpec(user="bob", name="theirs"))
+            await super().append(theirs, actor="ctl-b", idem="theirs", ts=ts, expected_last=expected_last)
+        return await super().append(event, actor=actor, idem=idem, ts=ts, expected_last=expected_last)
+
+
+async def test_a_group_never_lands_after_another_controllers_record_that_took_its_place():
+    """A group's records each fenced at their own sequence: once the first is fenced by another writer's
+    record, no later one may land on top of it (it would change nothing, its job never exist, and its
+    submitter be told it was accepted)."""
+    import asyncio
+
+    lg = RacedLog()
+    c = Controller(lg, config=CFG, clock=Clock())
+    await c.start()
+    replies = await asyncio.gather(*(c.handle("submit", {"rid": f"r{i}", "spec": spec(hold=True)})
+                                     for i in range(4)))
+    state = fold(lg.entries)
+    assert [e.idem for e in lg.entries if e.event.type == "job.submitted"] == ["theirs"]
+    assert not any(r["ok"] for r in replies), replies       # another controller wrote: all refused, none lost
+    assert not c.leader and c.state == state
 
 
 class LateLog(MemoryLog):
