@@ -44,14 +44,16 @@ _BY_SEQ: dict[int, tuple[int, int, dict[int, int]]] = {}
 
 
 def submitted_job(c: ControllerPort, seq: int) -> int | None:
-    """The job the submit logged at ``seq`` created: from the records this process appended lately, else from
-    one pass over the jobs, kept while the state stays where it is (a retried batch of a thousand submits
-    makes one pass, not a thousand)."""
+    """The job the submit logged at ``seq`` created (None: none the state holds): from the records this process
+    appended lately, else from one pass over the jobs, kept while the state stays where it is (a retried batch
+    of a thousand submits makes one pass, not a thousand)."""
+    state = c.state
     own = getattr(getattr(c, "log", None), "own", None)
     record = own.records.get(seq) if own is not None else None
     if record is not None and isinstance(record.event, ev.JobSubmitted):
-        return record.event.job_id
-    state = c.state
+        job = state.jobs.get(record.event.job_id)
+        if job is not None and job.submit_seq == seq:   # a record the reducer refused made no job
+            return record.event.job_id
     kept = _BY_SEQ.get(id(c))
     if kept is None or kept[0] != id(state) or kept[1] != state.seq:
         by_seq: dict[int, int] = {}
@@ -66,10 +68,17 @@ async def submit_one(c: ControllerPort, caller: Caller, spec: ev.JobSpec, idem: 
     spec = _spec(spec, caller)
     env, duplicate = await c.write(lambda state: commands.submit(state, spec, state.next_job_id, caller),
                                    caller.actor(), idem)
-    job_id = submitted_job(c, env.seq) if duplicate \
-        else landed(env, ev.JobSubmitted).job_id            # a retried submit: the job its first try created
-    if job_id is None:
-        raise commands.Rejected("this request was accepted earlier, but its job is no longer known", code="duplicate")
+    if duplicate:                                           # a retried submit: the job its first try created
+        job_id = submitted_job(c, env.seq)
+        if job_id is None:
+            raise commands.Rejected("this request was accepted earlier, but its job is no longer known",
+                                    code="duplicate")
+        return job_id
+    job_id = landed(env, ev.JobSubmitted).job_id
+    job = c.state.jobs.get(job_id)
+    if job is None or job.submit_seq != env.seq:            # on the log, refused by the reducer: no job, no ack
+        raise commands.Rejected(f"the log holds this submit at sequence {env.seq}, but it made no job (another "
+                                "controller's records came first): submit it again", code="refused")
     return job_id
 
 

@@ -704,3 +704,50 @@ async def test_the_submit_rate_limit_counts_each_job_and_refills(js):
     assert r["ok"] and None not in r["job_ids"]
     for i in range(8):                                        # root is not limited
         assert (await c.handle("submit", {"rid": f"r{i}", "spec": spec(hold=True)}))["ok"]
+
+
+async def test_a_retried_submit_whose_record_made_no_job_is_not_answered_with_another_jobs_id(js):
+    """The record a retry finds on the log was refused by the reducer (a job id already taken, as when it
+    landed after another controller's records): the retry is told its job is not known, never handed the
+    id of the job that took its place."""
+    lg = await js()
+    c = Controller(lg, config=CFG, clock=Clock())
+    await c.start()
+    first = await c.handle("submit", {"rid": "a", "spec": spec(hold=True)})
+    assert first == {"ok": True, "job_id": 1}
+    void = ev.JobSubmitted(job_id=1, spec=ev.JobSpec(user="root", name="late", time_limit=600, hold=True))
+    ack = await lg.append(void, actor="root", idem="0:late", ts=c.state.now, expected_last=c.state.seq)
+    assert ack.seq in lg.own.records               # this process appended it: the writer knows its job id
+    await c.writer.catch_up()
+    assert c.state.seq == ack.seq and c.state.jobs[1].submit_seq != ack.seq
+    again = await c.handle("submit", {"rid": "late", "spec": spec(hold=True, name="late")})
+    assert not again["ok"] and "no longer known" in again["error"][-1], again
+
+
+class UnfencedLog(MemoryLog):
+    """An in-memory log whose fence failed once: another controller's submit of the same job id lands just
+    before the next record, which is stored after it anyway."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.race = False
+
+    async def append(self, event, *, actor, idem, ts, expected_last=None, seal=False):
+        if self.race and isinstance(event, ev.JobSubmitted):
+            self.race = False
+            theirs = ev.JobSubmitted(job_id=event.job_id, spec=ev.JobSpec(user="bob", name="theirs"))
+            await super().append(theirs, actor="ctl-b", idem="theirs", ts=ts)
+            return await super().append(event, actor=actor, idem=idem, ts=ts)
+        return await super().append(event, actor=actor, idem=idem, ts=ts, expected_last=expected_last)
+
+
+async def test_a_submit_on_the_log_that_made_no_job_is_not_acknowledged():
+    lg = UnfencedLog()
+    c = Controller(lg, config=CFG, clock=Clock())
+    await c.start()
+    assert (await c.handle("submit", {"rid": "a", "spec": spec(hold=True)}))["ok"]
+    lg.race = True
+    r = await c.handle("submit", {"rid": "b", "spec": spec(hold=True)})
+    assert [e.idem for e in lg.entries[-2:]] == ["theirs", "0:b"]     # on the log, after the other's job 2
+    assert not r["ok"] and "made no job" in r["error"][-1], r
+    assert fold(lg.entries).jobs[2].spec.name == "theirs"
