@@ -43,6 +43,13 @@ def landed(env: ev.Envelope, kind: type[E]) -> E:
 _BY_SEQ: dict[int, tuple[int, int, dict[int, int]]] = {}
 
 
+def _made(state: State, job_id: int, seq: int) -> bool:
+    """Whether the state holds job ``job_id`` as the submit logged at ``seq`` made it (a submit the reducer
+    refused, its id already taken, made none)."""
+    job = state.jobs.get(job_id)
+    return job is not None and job.submit_seq == seq
+
+
 def submitted_job(c: ControllerPort, seq: int) -> int | None:
     """The job the submit logged at ``seq`` created (None: none the state holds): from the records this process
     appended lately, else from one pass over the jobs, kept while the state stays where it is (a retried batch
@@ -51,8 +58,7 @@ def submitted_job(c: ControllerPort, seq: int) -> int | None:
     own = getattr(getattr(c, "log", None), "own", None)
     record = own.records.get(seq) if own is not None else None
     if record is not None and isinstance(record.event, ev.JobSubmitted):
-        job = state.jobs.get(record.event.job_id)
-        if job is not None and job.submit_seq == seq:   # a record the reducer refused made no job
+        if _made(state, record.event.job_id, seq):
             return record.event.job_id
     kept = _BY_SEQ.get(id(c))
     if kept is None or kept[0] != id(state) or kept[1] != state.seq:
@@ -75,8 +81,7 @@ async def submit_one(c: ControllerPort, caller: Caller, spec: ev.JobSpec, idem: 
                                     code="duplicate")
         return job_id
     job_id = landed(env, ev.JobSubmitted).job_id
-    job = c.state.jobs.get(job_id)
-    if job is None or job.submit_seq != env.seq:            # on the log, refused by the reducer: no job, no ack
+    if not _made(c.state, job_id, env.seq):                 # on the log, refused by the reducer: no job, no ack
         raise commands.Rejected(f"the log holds this submit at sequence {env.seq}, but it made no job (another "
                                 "controller's records came first): submit it again", code="refused")
     return job_id
