@@ -282,7 +282,7 @@ def _job_submitted(state: State, env: ev.Envelope, e: ev.JobSubmitted, ch: Chang
         return
     spec = shared_spec(e.spec)
     cfg = state.config
-    partition = spec.partitions[0] if spec.partitions else ""
+    partition = spec.partitions[0] if spec.partitions else state.default_part
     if not partition and cfg is not None:
         dp = cfg.default_partition()
         partition = dp.name if dp is not None else ""

@@ -139,8 +139,10 @@ def share_spec(spec: Any, fields: tuple[tuple[str, Any], ...]) -> None:
     its ``__dict__`` the fields that hold their defaults (``fields``: (name, default or KEEP) in order; the
     class holds the defaults): a queue's jobs set a dozen of fifty fields, and the dict is most of a spec's size."""
     full = spec.__dict__
+    named = frozenset(spec.__pydantic_fields_set__)
+    plan, strings = _plan(fields, named) if len(full) == len(fields) else (fields, _STRINGS)
     d = {}
-    for key, default in fields:
+    for key, default in plan:
         value = full.get(key, default)
         if value is KEEP:
             continue
@@ -148,11 +150,10 @@ def share_spec(spec: Any, fields: tuple[tuple[str, Any], ...]) -> None:
             d[key] = value
     object.__setattr__(spec, "__dict__", d)     # a dict made for what it holds: a dict never shrinks
     d["env"] = shared_env(d["env"])     # an empty one too: jobs submitted without one are otherwise alike
-    for key in _STRINGS:
+    for key in strings:
         value = d.get(key)
         if value and type(value) is str:
             d[key] = shared_str(value)
-    named = frozenset(spec.__pydantic_fields_set__)
     pooled = _FIELD_SETS.get(named)
     if pooled is None:
         if len(_FIELD_SETS) >= _MAX_FIELD_SETS:
@@ -160,3 +161,20 @@ def share_spec(spec: Any, fields: tuple[tuple[str, Any], ...]) -> None:
         # a plain set, as pydantic expects: a copy of the model copies it before adding to it
         pooled = _FIELD_SETS[named] = set(named)
     object.__setattr__(spec, "__pydantic_fields_set__", pooled)
+
+
+_PLANS: dict[tuple[int, frozenset[str]], tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]] = {}
+
+
+def _plan(fields: tuple[tuple[str, Any], ...], named: frozenset[str]) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
+    """For a spec as validation makes it (every field in its ``__dict__``, each one not named in the input at its
+    default): the fields that may hold something else (those named, and those always kept), in order, and which
+    of them are pooled strings."""
+    key = (id(fields), named)
+    got = _PLANS.get(key)
+    if got is None:
+        if len(_PLANS) >= _MAX_FIELD_SETS:
+            _PLANS.clear()
+        plan = tuple((k, default) for k, default in fields if k in named or default is KEEP)
+        got = _PLANS[key] = (plan, tuple(k for k in _STRINGS if k in named))
+    return got

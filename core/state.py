@@ -208,6 +208,7 @@ class State:
     part_shapes: dict[str, PartitionShape] = field(default_factory=dict)
     part_nodes: dict[str, list[Node]] = field(default_factory=dict, compare=False, repr=False)
     part_configs: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)   # name -> PartitionConfig
+    default_part: str = field(default="", compare=False, repr=False)    # the config's default partition's name
     finished: deque[tuple[int, int]] = field(default_factory=deque, compare=False)   # (end time, job id), purge order
     min_job_age: int = 300                  # from the config; 0 keeps finished jobs forever
     # records the reducer could not apply, as (sequence, why): reported by the shell, never stored
@@ -215,9 +216,11 @@ class State:
 
     def refresh_partition_shapes(self) -> None:
         """Recompute each partition's node shape (after a configuration change)."""
-        self.part_shapes, self.part_nodes, self.part_configs = {}, {}, {}
+        self.part_shapes, self.part_nodes, self.part_configs, self.default_part = {}, {}, {}, ""
         if self.config is not None:
             self.min_job_age = self.config.scheduler.min_job_age
+            default = self.config.default_partition()
+            self.default_part = default.name if default is not None else ""
             for p in self.config.partitions:
                 self.part_configs[p.name] = p
                 nodes = self.part_nodes[p.name] = [self.nodes[n] for n in p.nodes if n in self.nodes]

@@ -5,6 +5,7 @@ import sys
 
 import orjson
 import pytest
+from hypothesis import given, strategies as st
 
 from harness import Harness, make_cluster
 from rota.controller.eventlog import MemoryLog
@@ -165,3 +166,24 @@ def test_the_notifier_checkpoints_at_its_cadence_and_a_restart_sends_nothing_twi
         assert [n["key"] for n in kept.notices] == [f"{jid}.0.BEGIN", f"{jid}.0.END"]
 
     asyncio.run(scenario())
+
+
+_GIVEN = st.fixed_dictionaries({}, optional={
+    "name": st.sampled_from(["sbatch", "train", ""]), "nodes": st.integers(1, 3), "hold": st.booleans(),
+    "gpus_per_node": st.integers(0, 2), "time_limit": st.none() | st.integers(0, 7200),
+    "script": st.sampled_from(["", "#!/bin/sh\ntrue\n"]), "workdir": st.sampled_from(["/", "/home/ann"]),
+    "partitions": st.sampled_from([(), ("gpu",)]), "env": st.sampled_from([{}, ENV]),
+    "comment": st.none() | st.just("c"), "open_mode": st.sampled_from(["append", "truncate"])})
+
+
+@given(_GIVEN)
+def test_a_validated_spec_keeps_what_its_input_set_away_from_defaults_as_a_copy_does(given_fields):
+    """Validation keeps a spec's named fields only (the quick way); a copy looks at every field. Both hold, in
+    field order, the fields away from their defaults and the environment."""
+    validated = ev.JobSpec.model_validate_json(orjson.dumps(given_fields))
+    copied = ev.JobSpec().model_copy(update={k: validated.__dict__.get(k, v) for k, v in given_fields.items()})
+    expected = [k for k in ev.JobSpec.model_fields
+                if k == "env" or (k in given_fields and given_fields[k] != ev.JobSpec.model_fields[k].default)]
+    assert list(validated.__dict__) == list(copied.__dict__) == expected
+    assert validated.__dict__ == copied.__dict__ and validated == copied
+    assert validated.model_dump_json(exclude_defaults=True) == copied.model_dump_json(exclude_defaults=True)
