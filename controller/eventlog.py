@@ -232,6 +232,7 @@ class JetStreamLog:
         headers = record_headers(key, (expected_last or 0) + 1, ts, actor, idem, body, head, sealed)
         if expected_last is not None:
             headers["Nats-Expected-Last-Sequence"] = str(expected_last)
+        answered = self.own.coming(expected_last + 1) if expected_last is not None else (lambda: None)
         try:
             ack = await self.js.publish(subject_for(event), body, stream=self.stream, headers=headers)
             if expected_last is not None and not ack.duplicate and ack.seq == expected_last + 1:
@@ -244,56 +245,64 @@ class JetStreamLog:
         except Exception as exc:  # noqa: BLE001 - timeouts, no responders, reconnects: the outcome is unknown
             self.chain = None
             raise LogUnavailable(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            answered()
         if ack.duplicate:
             self.chain = None
         return Appended(ack.seq, bool(ack.duplicate))
 
     async def append_batch(self, records: list[tuple[Any, str, str, int]], expected_last: int) -> list[Appended]:
-        """Append ``records`` (event, actor, idem, ts) at ``expected_last + 1`` on, as atomic batches of at
-        most ``ATOMIC_BATCH``: each lands whole or not at all, fenced by its first record's expected last
-        sequence, and costs the server one write and sync instead of one per record. Raises FencedError
-        (another writer appended), LogUnavailable (the outcome is unknown), or AtomicRefused (nothing
-        landed: append the records one by one)."""
+        """Append ``records`` (event, actor, idem, ts) at ``expected_last + 1`` on, as atomic batches of at most
+        ``ATOMIC_BATCH``: each lands whole or not at all, fenced by its first record's expected last sequence, and
+        costs the server one write and sync instead of one per record. Raises FencedError (another writer
+        appended), LogUnavailable (the outcome is unknown), or AtomicRefused (nothing landed: append one by one)."""
         out: list[Appended] = []
         for start in range(0, len(records), ATOMIC_BATCH):
             chunk = records[start:start + ATOMIC_BATCH]
-            base = expected_last + start
-            batch_id = os.urandom(12).hex()
-            last = len(chunk)
+            answered = self.own.coming(expected_last + start + 1, len(chunk))   # however it ends
             try:
-                for i, (event, actor, idem, ts) in enumerate(chunk, 1):
-                    body = encode_body(event)
-                    head, sealed = self._link(base + i, ts, actor, idem or "", body, i == last)
-                    headers = record_headers(self.mac_key, base + i, ts, actor, idem, body, head, sealed)
-                    headers.update({"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(i)})
-                    if i == 1:
-                        headers["Nats-Expected-Last-Sequence"] = str(base)
-                    if i < last:
-                        await self.nc.publish(subject_for(event), body, headers=headers)
-                        continue
-                    headers["Nats-Batch-Commit"] = "1"
-                    msg = await self.nc.request(subject_for(event), body, timeout=APPEND_TIMEOUT, headers=headers)
-            except Exception as exc:  # noqa: BLE001 - timeouts, reconnects: the outcome is unknown
-                self.chain = None
-                raise LogUnavailable(f"{type(exc).__name__}: {exc}") from None
-            try:
-                ack = json.loads(msg.data)
-            except ValueError:
-                raise LogUnavailable("the log's answer to a batch is not JSON") from None
-            error = ack.get("error") if isinstance(ack, dict) else None
-            if error is not None or ack.get("count") != last:
-                self.chain = None
-            if error is not None:
-                if error.get("err_code") == 10071:   # wrong last sequence
-                    raise FencedError(base)
-                raise AtomicRefused(str(error.get("description", error)))
-            if ack.get("count") != last or not isinstance(ack.get("seq"), int):
-                raise LogUnavailable(f"the log's answer to a batch of {last} is {msg.data[:200]!r}")
-            first = ack["seq"] - last + 1
-            out += [Appended(first + i, False) for i in range(last)]
-            if first == base + 1:
-                self._landed(first, chunk)
+                out += await self._append_atomic(chunk, expected_last + start)
+            finally:
+                answered()
         return out
+
+    async def _append_atomic(self, chunk: list[tuple[Any, str, str, int]], base: int) -> list[Appended]:
+        """One atomic batch of :meth:`append_batch`, fenced at ``base``."""
+        batch_id = os.urandom(12).hex()
+        last = len(chunk)
+        try:
+            for i, (event, actor, idem, ts) in enumerate(chunk, 1):
+                body = encode_body(event)
+                head, sealed = self._link(base + i, ts, actor, idem or "", body, i == last)
+                headers = record_headers(self.mac_key, base + i, ts, actor, idem, body, head, sealed)
+                headers.update({"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(i)})
+                if i == 1:
+                    headers["Nats-Expected-Last-Sequence"] = str(base)
+                if i < last:
+                    await self.nc.publish(subject_for(event), body, headers=headers)
+                    continue
+                headers["Nats-Batch-Commit"] = "1"
+                msg = await self.nc.request(subject_for(event), body, timeout=APPEND_TIMEOUT, headers=headers)
+        except Exception as exc:  # noqa: BLE001 - timeouts, reconnects: the outcome is unknown
+            self.chain = None
+            raise LogUnavailable(f"{type(exc).__name__}: {exc}") from None
+        try:
+            ack = json.loads(msg.data)
+        except ValueError:
+            raise LogUnavailable("the log's answer to a batch is not JSON") from None
+        error = ack.get("error") if isinstance(ack, dict) else None
+        if error is not None or ack.get("count") != last:
+            self.chain = None
+        if error is not None:
+            if error.get("err_code") == 10071:   # wrong last sequence
+                raise FencedError(base)
+            raise AtomicRefused(str(error.get("description", error)))
+        if ack.get("count") != last or not isinstance(ack.get("seq"), int):
+            raise LogUnavailable(f"the log's answer to a batch of {last} is {msg.data[:200]!r}")
+        first = ack["seq"] - last + 1
+        if first == base + 1:
+            self._landed(first, chunk)
+        return [Appended(first + i, False) for i in range(last)]
 
     def _landed(self, first: int, records: list[tuple[Any, str, str, int]]) -> None:
         """``records`` (event, actor, idem, ts) were acknowledged from ``first`` on, where their fence
@@ -307,7 +316,7 @@ class JetStreamLog:
         """For a reader that follows the log in this process (the projection): the records this process
         appended itself when they continue from ``from_seq`` (no trip to the server), else the log's
         records to its end. A record someone else appended after those comes with the next call."""
-        mine = self.own.run_from(from_seq)
+        mine = await self.own.run_once_answered(from_seq)
         if mine:
             yield mine
             return

@@ -4,9 +4,10 @@ the records this process appended itself (the tail a follower in the same proces
 the server)."""
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from rota.core import chain, credentials
 from rota.core import events as ev
@@ -85,6 +86,31 @@ class OwnTail:
     def __init__(self, keep: int = 10_000) -> None:
         self.keep = keep
         self.records: dict[int, ev.Envelope] = {}
+        self._coming: dict[int, asyncio.Future[None]] = {}   # sequence -> answered when the append sent there is
+
+    def coming(self, first: int, count: int = 1) -> Callable[[], None]:
+        """Note a fenced append on its way to sequences ``first`` on; call what this returns once it is answered
+        (landed, refused or of unknown outcome)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        seqs = range(first, first + count)
+        for seq in seqs:
+            self._coming[seq] = fut
+
+        def answered() -> None:
+            for seq in seqs:
+                if self._coming.get(seq) is fut:
+                    del self._coming[seq]
+            if not fut.done():
+                fut.set_result(None)
+        return answered
+
+    async def run_once_answered(self, seq: int) -> list[ev.Envelope]:
+        """:meth:`run_from`, after waiting for the answer to an append of this process on its way to ``seq``:
+        a follower woken by the record itself reads it here, not from the server."""
+        fut = self._coming.get(seq)
+        if fut is not None and seq not in self.records:
+            await asyncio.wait((fut,))
+        return self.run_from(seq)
 
     def remember(self, seq: int, ts: int, actor: str, idem: str, event: Any) -> None:
         self.records[seq] = ev.Envelope.trusted(seq, ts, actor, idem, event)

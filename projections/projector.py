@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -33,6 +34,7 @@ JOB_COLUMNS = ("job_id", "array_job_id", "array_task_id", "array_spec", "name", 
                "alloc_gpus", "req_nodes", "req_cpus", "req_mem", "req_gpus", "gpu_type", "restarts", "workdir",
                "dependency", "hold", "priority", "submit_seq", "reason", "seq")
 BURST = 100            # events in one catch-up beyond which the next waits out the whole interval
+QUIET = 0.5            # of that interval since the catch-up before: the log was quiet, the next may follow at once
 
 _UPSERT_JOB = (f"INSERT OR REPLACE INTO jobs ({', '.join(JOB_COLUMNS)}) "
                f"VALUES ({', '.join('?' * len(JOB_COLUMNS))})")
@@ -149,13 +151,14 @@ class Projector:
 
     async def follow(self, stop: asyncio.Event, wakeup: asyncio.Event | None = None, poll: float = 1.0,
                      min_interval: float = 0.05) -> None:
-        """Keep projecting new events until ``stop`` is set (woken early by ``wakeup``), at most one
-        catch-up per ``min_interval``: a quiet log is projected at once, a busy one in batches (each
-        catch-up costs a consumer and a connection, whatever it reads)."""
+        """Keep projecting new events until ``stop`` is set (woken early by ``wakeup``): a quiet log is projected
+        at once, a busy one in batches, at most one catch-up per ``min_interval`` (each costs a transaction,
+        whatever it holds)."""
         loop = asyncio.get_running_loop()
         lane: asyncio.Task | None = None
         said = ""              # the last warning given (said once, not every second)
         pace = min_interval
+        before = -math.inf     # when the catch-up before this one started
         try:
             while not stop.is_set():
                 started = loop.time()
@@ -163,8 +166,10 @@ class Projector:
                     if not projection_may_grow(str(self.path.parent)):
                         raise OSError("the disk is nearly full (it goes on when there is room again)")
                     n = await self.catch_up()
-                    # a trickle (a command's write, which the next read waits for) goes at once, a burst in batches
-                    pace = min_interval if n >= BURST else min_interval / 10
+                    # a trickle (a command's write, which the next read waits for) goes at once; a burst, or a
+                    # stream of writes close together, in batches
+                    trickle = n < BURST and started - before >= min_interval * QUIET
+                    pace, before = (min_interval / 10 if trickle else min_interval), started
                     if lane is None and self.reasons is not None and n < 1000:
                         # the rows first: the history follows once they have caught up with the log
                         lane = asyncio.create_task(self.reasons.follow(stop, poll))

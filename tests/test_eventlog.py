@@ -1,4 +1,6 @@
 """One contract, two log backends: in memory and NATS JetStream (a real nats-server)."""
+import asyncio
+
 import pytest
 
 from rota.controller import natsserver
@@ -195,6 +197,37 @@ async def test_atomic_batches_land_whole_in_order_signed_or_not_at_all(tmp_path)
         with pytest.raises(AtomicRefused):                   # r1 is on the log already
             await lg.append_batch([(EVENTS[0], "a", "fresh", 1), (EVENTS[1], "a", "r1", 1)], n)
         assert await lg.last_seq() == n
+    finally:
+        await lg.close()
+        srv.stop()
+
+
+async def test_a_follower_woken_by_its_writers_append_in_flight_waits_for_its_answer_not_the_server(tmp_path):
+    """A follower in the writer's process is woken by the record itself (its subject), before the append's
+    acknowledgement: it waits for that answer and reads the record from this process. An append that fails
+    leaves it to read the log."""
+    srv = natsserver.start(tmp_path / "nats")
+    lg = await JetStreamLog.connect(srv.url)
+    server_reads: list[int] = []
+    read_batches = lg.read_batches
+
+    def counted(from_seq, *args, **kwargs):
+        server_reads.append(from_seq)
+        return read_batches(from_seq, *args, **kwargs)
+
+    try:
+        await lg.append(EVENTS[0], actor="ctl", idem="own-1", ts=101, expected_last=0)
+        lg.read_batches = counted
+        sending = asyncio.create_task(lg.append(EVENTS[1], actor="ctl", idem="own-2", ts=102, expected_last=1))
+        await asyncio.sleep(0)                                  # sent, not yet acknowledged
+        assert 2 not in lg.own.records
+        assert [[e.seq for e in c] async for c in lg.read_tail(2)] == [[2]] and server_reads == []
+        assert (await sending).seq == 2
+        fenced = asyncio.create_task(lg.append(EVENTS[2], actor="ctl", idem="late", ts=103, expected_last=1))
+        await asyncio.sleep(0)
+        assert [[e.seq for e in c] async for c in lg.read_tail(3)] == [] and server_reads == [3]
+        with pytest.raises(FencedError):
+            await fenced
     finally:
         await lg.close()
         srv.stop()

@@ -1,6 +1,7 @@
 """Read-your-writes: a change made through a command is seen by the next command that reads, on that host,
 whoever runs it and whichever view it reads (the controller's or the projection's)."""
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -87,6 +88,7 @@ def test_a_change_by_root_is_seen_by_another_user_at_once(up):
 def test_the_newest_sequence_is_kept_by_root_beside_the_socket(up):
     run(up, "sbatch", "--hold", "--wrap", "true")
     mark = Path(up["ROTA_STATE_DIR"]) / "run" / "seq"
-    st = mark.stat()
-    assert st.st_uid == 0 and st.st_mode & 0o777 == 0o644
-    assert int(mark.read_text()) > 0
+    st = mark.lstat()
+    assert stat.S_ISLNK(st.st_mode) and st.st_uid == 0      # a link's target, readable by every local user
+    assert mark.parent.stat().st_uid == 0 and mark.parent.stat().st_mode & 0o022 == 0    # that only root replaces
+    assert int(os.readlink(mark)) > 0

@@ -1,10 +1,10 @@
 """Read-your-writes on one host: the newest log sequence any answer given here has shown.
 
 The local signer relays every command's answer, and each answer carries the log sequence the
-controller had reached (a write's own event included). The signer keeps the highest in a file beside
-its socket; a command that reads the projection (sacct, sinfo, ``scontrol show node``) first waits until
-the projection has folded that far, so a change made from this host, by anyone, is never read as not yet
-made. Light: every command imports it.
+controller had reached (a write's own event included). The signer keeps the highest beside its socket
+(the target of a symbolic link); a command that reads the projection (sacct, sinfo, ``scontrol show
+node``) first waits until the projection has folded that far, so a change made from this host, by
+anyone, is never read as not yet made. Light: every command imports it.
 """
 from __future__ import annotations
 
@@ -25,15 +25,16 @@ def newest(socket: str | None = None) -> int:
 
         socket = socket_path()
     try:
-        with open(path_beside(socket), "rb") as fh:
-            text = fh.read(24)
+        text = os.readlink(path_beside(socket))
     except OSError:
         return 0
-    return int(text) if text.strip().isdigit() else 0
+    return int(text) if text.isdigit() and len(text) < 20 else 0
 
 
 class Mark:
-    """The signer's side: the highest sequence seen, written (whole, by rename) each time it grows."""
+    """The signer's side: the highest sequence seen, as the target of a symbolic link replaced (by rename) each
+    time it grows. A link, not a file: nothing to write or sync, where a file renamed over another has its data
+    flushed first (ext4), which every write's answer would wait for."""
 
     __slots__ = ("path", "value")
 
@@ -47,12 +48,11 @@ class Mark:
         self.value = seq
         part = self.path + ".new"
         try:
-            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
             try:
-                os.fchmod(fd, 0o644)     # every local user's reads wait for it (rota up runs under umask 077)
-                os.write(fd, b"%d\n" % seq)
-            finally:
-                os.close(fd)
+                os.unlink(part)       # left by a rota that died between the two steps below
+            except FileNotFoundError:
+                pass
+            os.symlink(str(seq), part)
             os.replace(part, self.path)
         except OSError:
             pass     # a full disk: reads go on without waiting
