@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -34,7 +33,6 @@ JOB_COLUMNS = ("job_id", "array_job_id", "array_task_id", "array_spec", "name", 
                "alloc_gpus", "req_nodes", "req_cpus", "req_mem", "req_gpus", "gpu_type", "restarts", "workdir",
                "dependency", "hold", "priority", "submit_seq", "reason", "seq")
 BURST = 100            # events in one catch-up beyond which the next waits out the whole interval
-QUIET = 0.5            # of that interval since the catch-up before: the log was quiet, the next may follow at once
 
 _UPSERT_JOB = (f"INSERT OR REPLACE INTO jobs ({', '.join(JOB_COLUMNS)}) "
                f"VALUES ({', '.join('?' * len(JOB_COLUMNS))})")
@@ -151,14 +149,13 @@ class Projector:
 
     async def follow(self, stop: asyncio.Event, wakeup: asyncio.Event | None = None, poll: float = 1.0,
                      min_interval: float = 0.05) -> None:
-        """Keep projecting new events until ``stop`` is set (woken early by ``wakeup``): a quiet log is projected
-        at once, a busy one in batches, at most one catch-up per ``min_interval`` (each costs a transaction,
-        whatever it holds)."""
+        """Keep projecting new events until ``stop`` is set (woken early by ``wakeup``), at most one
+        catch-up per ``min_interval``: a quiet log is projected at once, a busy one in batches (each
+        catch-up costs a transaction, whatever it holds)."""
         loop = asyncio.get_running_loop()
         lane: asyncio.Task | None = None
         said = ""              # the last warning given (said once, not every second)
         pace = min_interval
-        before = -math.inf     # when the catch-up before this one started
         try:
             while not stop.is_set():
                 started = loop.time()
@@ -166,10 +163,8 @@ class Projector:
                     if not projection_may_grow(str(self.path.parent)):
                         raise OSError("the disk is nearly full (it goes on when there is room again)")
                     n = await self.catch_up()
-                    # a trickle (a command's write, which the next read waits for) goes at once; a burst, or a
-                    # stream of writes close together, in batches
-                    trickle = n < BURST and started - before >= min_interval * QUIET
-                    pace, before = (min_interval / 10 if trickle else min_interval), started
+                    # a trickle (a command's write, which the next read waits for) goes at once, a burst in batches
+                    pace = min_interval if n >= BURST else min_interval / 10
                     if lane is None and self.reasons is not None and n < 1000:
                         # the rows first: the history follows once they have caught up with the log
                         lane = asyncio.create_task(self.reasons.follow(stop, poll))
@@ -252,33 +247,12 @@ class Projector:
     async def _write(self, rows: list[tuple], steps: list[tuple], runs: list[tuple], usage: dict,
                      nodes: list[tuple] | None, partitions: list[tuple] | None, seq: int, now: int,
                      node_states: list[tuple], snapshot: bytes | None = None) -> None:
-        """One batch's rows and its checkpoint, in one transaction."""
-        db = self.db
-        await db.executemany(_UPSERT_JOB, rows)
-        if runs:
-            await db.executemany("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", runs)
-        if steps:
-            await db.executemany(f"INSERT OR REPLACE INTO steps VALUES ({', '.join('?' * 13)})", steps)
-        for (user, account, part), (cpu, gpu, jobs) in usage.items():
-            await db.execute("INSERT INTO usage VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(user, account, partition) DO "
-                             "UPDATE SET cpu_seconds = cpu_seconds + excluded.cpu_seconds, gpu_seconds = "
-                             "gpu_seconds + excluded.gpu_seconds, jobs = jobs + excluded.jobs",
-                             (user, account, part, cpu, gpu, jobs))
-        if partitions is not None:
-            await db.execute("DELETE FROM partitions")
-            await db.executemany("INSERT INTO partitions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", partitions)
-            cfg = self.state.config
-            await db.execute("INSERT OR REPLACE INTO meta VALUES ('cluster', ?)", (cfg.cluster_name if cfg else "rota",))
-        if node_states:
-            await db.executemany("INSERT INTO node_states VALUES (?, ?, ?, ?, ?, ?)", node_states)
-        if nodes is not None:
-            await db.execute("DELETE FROM nodes")
-            await db.executemany(f"INSERT INTO nodes VALUES ({', '.join('?' * 22)})", nodes)
-        await db.execute("INSERT OR REPLACE INTO meta VALUES ('seq', ?)", (seq,))
-        await db.execute("INSERT OR REPLACE INTO meta VALUES ('now', ?)", (now,))
-        if snapshot is not None:
-            await db.execute("INSERT OR REPLACE INTO meta VALUES ('state', ?)", (snapshot,))
-        await db.commit()
+        """One batch's rows and its checkpoint, in one transaction and one trip to the database's thread (a
+        trip costs more than a small batch's statements: aiosqlite's hand-off of a function to its thread)."""
+        cfg = self.state.config
+        cluster = cfg.cluster_name if cfg else "rota"
+        await self.db._execute(_write_batch, self.db._conn, rows, steps, runs, usage, nodes, partitions, cluster,
+                               seq, now, node_states, snapshot)
 
     async def save_state(self) -> None:
         """Store the projector's state with the checkpoint (on shutdown: a fast restart)."""
@@ -331,3 +305,31 @@ def step_row(job_id: int, step: Step) -> tuple:
     s = step.started
     return (job_id, str(s.step_id), s.name, step.state, step.exit_code, step.signal, step.max_rss, step.elapsed,
             step.start, step.end, s.ntasks, sum(a.cpus for a in s.alloc), ",".join(a.node for a in s.alloc))
+
+
+def _write_batch(db: Any, rows: list[tuple], steps: list[tuple], runs: list[tuple], usage: dict,
+                 nodes: list[tuple] | None, partitions: list[tuple] | None, cluster: str, seq: int, now: int,
+                 node_states: list[tuple], snapshot: bytes | None) -> None:
+    """:meth:`Projector._write` in the database's thread (``db``: its sqlite3 connection)."""
+    db.executemany(_UPSERT_JOB, rows)
+    if runs:
+        db.executemany("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", runs)
+    if steps:
+        db.executemany(f"INSERT OR REPLACE INTO steps VALUES ({', '.join('?' * 13)})", steps)
+    for (user, account, part), (cpu, gpu, jobs) in usage.items():
+        db.execute("INSERT INTO usage VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(user, account, partition) DO "
+                   "UPDATE SET cpu_seconds = cpu_seconds + excluded.cpu_seconds, gpu_seconds = "
+                   "gpu_seconds + excluded.gpu_seconds, jobs = jobs + excluded.jobs", (user, account, part, cpu, gpu, jobs))
+    if partitions is not None:
+        db.execute("DELETE FROM partitions")
+        db.executemany("INSERT INTO partitions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", partitions)
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('cluster', ?)", (cluster,))
+    if node_states:
+        db.executemany("INSERT INTO node_states VALUES (?, ?, ?, ?, ?, ?)", node_states)
+    if nodes is not None:
+        db.execute("DELETE FROM nodes")
+        db.executemany(f"INSERT INTO nodes VALUES ({', '.join('?' * 22)})", nodes)
+    db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", (("seq", seq), ("now", now)))
+    if snapshot is not None:
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('state', ?)", (snapshot,))
+    db.commit()

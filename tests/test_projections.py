@@ -1,5 +1,4 @@
 """The SQLite projection and sacct on top of it, against real Slurm's outputs (slurm-golden)."""
-import asyncio
 import io
 import shlex
 import sqlite3
@@ -453,38 +452,3 @@ async def test_the_projection_stores_its_state_as_the_controller_its_snapshots_o
     assert threads and threading.main_thread() not in threads
     stored = sqlite3.connect(tmp_path / "p.sqlite").execute("SELECT value FROM meta WHERE key = 'state'").fetchone()
     assert load_snapshot(stored[0]) == fold(h.log[:kept[-1]])
-
-
-async def test_writes_close_together_are_projected_in_batches_not_one_catch_up_each(tmp_path):
-    """A stream of writes a few milliseconds apart (a submit loop) is folded a batch per interval: each catch-up
-    costs a transaction, whatever it holds. Every write is projected."""
-    h = Harness(make_cluster(nodes=1, gpus=0, cpus=4, memory=1000, max_time=3600))
-    lg = MemoryLog()
-    for env in h.log:
-        await lg.append(env.event, actor=env.actor, idem=env.idem, ts=env.ts)
-    p = Projector(tmp_path / "p.sqlite", lg)
-    await p.open()
-    catch_ups: list[int] = []
-    catch_up = p.catch_up
-
-    async def counted() -> int:
-        catch_ups.append(await catch_up())
-        return catch_ups[-1]
-
-    p.catch_up = counted
-    stop, wake = asyncio.Event(), asyncio.Event()
-    following = asyncio.create_task(p.follow(stop, wake))
-    await asyncio.sleep(0.2)
-    quiet = len(catch_ups)
-    for i in range(100):
-        await lg.append(ev.JobSubmitted(job_id=i + 1, spec=ev.JobSpec(user="ann", hold=True)), actor="ann",
-                        idem=f"s{i}", ts=100)
-        wake.set()
-        await asyncio.sleep(0.002)
-    while p.state.seq < len(lg.entries):
-        await asyncio.sleep(0.01)
-    stop.set()
-    await following
-    await p.close()
-    busy = [n for n in catch_ups[quiet:] if n]
-    assert sum(busy) == 100 and len(busy) <= 15, busy
