@@ -92,3 +92,17 @@ def test_the_newest_sequence_is_kept_by_root_beside_the_socket(up):
     assert stat.S_ISLNK(st.st_mode) and st.st_uid == 0      # a link's target, readable by every local user
     assert mark.parent.stat().st_uid == 0 and mark.parent.stat().st_mode & 0o022 == 0    # that only root replaces
     assert int(os.readlink(mark)) > 0
+
+
+@pytest.mark.parametrize("target", ["\u00b2\u00b3", "12a", "9" * 25, None])
+def test_a_mark_that_is_not_a_plain_sequence_reads_as_none(tmp_path, target):
+    """Whatever is beside the socket (a link to other digits than ASCII's, or to too many of them; an older rota's
+    file), a read takes it for no mark at all: it waits for nothing and never fails."""
+    from rota.wire import seen
+
+    socket = str(tmp_path / "rota.sock")
+    if target is None:
+        Path(seen.path_beside(socket)).write_text("7\n")
+    else:
+        os.symlink(target, seen.path_beside(socket))
+    assert seen.newest(socket) == 0

@@ -28,7 +28,7 @@ def newest(socket: str | None = None) -> int:
         text = os.readlink(path_beside(socket))
     except OSError:
         return 0
-    return int(text) if text.isdigit() and len(text) < 20 else 0
+    return int(text) if text.isascii() and text.isdigit() and len(text) < 20 else 0
 
 
 class Mark:
