@@ -10,11 +10,12 @@ from typing import Optional
 
 import typer
 
-from rota.cli.main import app, fail, main
-
-from .imports import nats_without_websockets
+from .imports import nats_without_websockets, pydantic_without_plugins
 
 nats_without_websockets()
+pydantic_without_plugins()
+
+from rota.cli.main import app, fail, main  # noqa: E402 - after the finders above, which shape what it imports
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -70,3 +70,24 @@ def test_a_rota_process_reads_the_log_without_importing_aiohttp_and_can_still_im
         srv.stop()
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "Application"]
+
+
+def test_a_rota_process_builds_its_models_without_looking_for_pydantic_plugins():
+    """The `rota` program makes pydantic find no plugins, without reading every installed package's metadata
+    (importlib.metadata): its models still validate, and an installed package's `pydantic` entry point never
+    runs in it."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "import rota.programs.main\n"
+            "from rota.core.events import Envelope\n"
+            "from pydantic.plugin._loader import get_plugins\n"
+            "print('importlib.metadata' in sys.modules, list(get_plugins()))\n"
+            "try:\n"
+            "    Envelope.model_validate({'seq': 'x'})\n"
+            "except Exception as exc:\n"
+            "    print(type(exc).__name__)\n")
+    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "[]", "ValidationError"]
