@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -22,6 +23,7 @@ from rota.wire import collector
 from rota.wire.cadence import SnapshotCadence
 from rota.wire.diskspace import projection_may_grow
 
+from .hurry import HurryLine, path_for
 from .reasons import ReasonLane
 from .schema import SCHEMA, SCHEMA_VERSION
 
@@ -32,7 +34,6 @@ JOB_COLUMNS = ("job_id", "array_job_id", "array_task_id", "array_spec", "name", 
                "exit_code", "signal", "max_rss", "elapsed", "nodes", "alloc_nodes", "alloc_cpus", "alloc_mem",
                "alloc_gpus", "req_nodes", "req_cpus", "req_mem", "req_gpus", "gpu_type", "restarts", "workdir",
                "dependency", "hold", "priority", "submit_seq", "reason", "seq")
-BURST = 100            # events in one catch-up beyond which the next waits out the whole interval
 
 _UPSERT_JOB = (f"INSERT OR REPLACE INTO jobs ({', '.join(JOB_COLUMNS)}) "
                f"VALUES ({', '.join('?' * len(JOB_COLUMNS))})")
@@ -67,6 +68,9 @@ class Projector:
         self.reasons: ReasonLane | None = None
         self.db: Any = None
         self._node_seen: dict[str, tuple[str, str]] = {}     # node -> (state, reason) last written to node_states
+        self.stored = 0               # the sequence the database holds (what readers see)
+        self.line: HurryLine | None = None   # readers asking for a sequence, while following
+        self._hurried_at = -math.inf      # when the last catch-up asked for by a reader began (loop time)
 
     async def open(self) -> None:
         import aiosqlite
@@ -84,6 +88,7 @@ class Projector:
             log.warning("projection %s had schema %s (this rota writes %s): moved to %s, rebuilding from the log",
                         self.path, rows["schema_version"], SCHEMA_VERSION, old)
             rows = await self._connect(aiosqlite)
+        self.stored = int(rows.get("seq") or 0)
         if rows.get("state"):
             self.state = load_snapshot(rows["state"])
             self.cadence.taken(self.state)
@@ -149,46 +154,77 @@ class Projector:
 
     async def follow(self, stop: asyncio.Event, wakeup: asyncio.Event | None = None, poll: float = 1.0,
                      min_interval: float = 0.05) -> None:
-        """Keep projecting new events until ``stop`` is set (woken early by ``wakeup``), at most one
-        catch-up per ``min_interval``: a quiet log is projected at once, a busy one in batches (each
-        catch-up costs a transaction, whatever it holds)."""
+        """Keep projecting new events until ``stop`` is set (woken early by ``wakeup``): a quiet log at once, a
+        busy one in batches, at most one catch-up per ``min_interval`` (each costs a transaction, whatever it
+        holds). A reader waiting for a write (read-your-writes) asks on the hurry line for its batch now: then
+        at most one per a tenth of that."""
         loop = asyncio.get_running_loop()
+        hurried = asyncio.Event()
+
+        def on_hurry() -> None:
+            line.answer(self.stored)
+            if line.waiting:
+                hurried.set()
+                if wakeup is not None:
+                    wakeup.set()
+        line = HurryLine(path_for(str(self.path)), on_hurry)
+        if line.open(loop):
+            self.line = line
         lane: asyncio.Task | None = None
         said = ""              # the last warning given (said once, not every second)
-        pace = min_interval
         try:
             while not stop.is_set():
                 started = loop.time()
+                said, lane = await self._follow_once(stop, poll, said, lane)
                 try:
-                    if not projection_may_grow(str(self.path.parent)):
-                        raise OSError("the disk is nearly full (it goes on when there is room again)")
-                    n = await self.catch_up()
-                    # a trickle (a command's write, which the next read waits for) goes at once, a burst in batches
-                    pace = min_interval if n >= BURST else min_interval / 10
-                    if lane is None and self.reasons is not None and n < 1000:
-                        # the rows first: the history follows once they have caught up with the log
-                        lane = asyncio.create_task(self.reasons.follow(stop, poll))
-                except Exception as exc:  # noqa: BLE001 - the log is briefly unavailable: retry
-                    if str(exc) != said:
-                        log.warning("projection paused: %s", exc)
-                    said = str(exc)
-                else:
-                    said = ""
-                waiter = wakeup or stop
-                try:
-                    await asyncio.wait_for(waiter.wait(), timeout=poll)
+                    await asyncio.wait_for((wakeup or stop).wait(), timeout=poll)
                 except asyncio.TimeoutError:
                     pass
                 if wakeup is not None:
                     wakeup.clear()
-                rest = pace - (loop.time() - started)
-                if rest > 0 and not stop.is_set():
-                    await asyncio.sleep(rest)
+                await self._pace(stop, hurried, started, min_interval)
         finally:
+            self.line = None
+            line.close(loop)
             if lane is not None:
                 if not stop.is_set():
                     lane.cancel()
                 await asyncio.gather(lane, return_exceptions=True)
+
+    async def _follow_once(self, stop: asyncio.Event, poll: float, said: str,
+                           lane: asyncio.Task | None) -> tuple[str, asyncio.Task | None]:
+        """One catch-up of :meth:`follow`: the warning now said, and the reason lane (started once caught up)."""
+        try:
+            if not projection_may_grow(str(self.path.parent)):
+                raise OSError("the disk is nearly full (it goes on when there is room again)")
+            n = await self.catch_up()
+            if lane is None and self.reasons is not None and n < 1000:
+                # the rows first: the history follows once they have caught up with the log
+                lane = asyncio.create_task(self.reasons.follow(stop, poll))
+        except Exception as exc:  # noqa: BLE001 - the log is briefly unavailable: retry
+            if str(exc) != said:
+                log.warning("projection paused: %s", exc)
+            return str(exc), lane
+        return "", lane
+
+    async def _pace(self, stop: asyncio.Event, hurried: asyncio.Event, started: float, min_interval: float) -> None:
+        """Wait out what is left of ``min_interval`` since ``started``; while a reader waits, only what is left of
+        a tenth of it since the last catch-up made for one (the most that readers, any number, can ask)."""
+        loop = asyncio.get_running_loop()
+        if self.line is not None and self.line.waiting:
+            hurried.set()
+        rest = min_interval - (loop.time() - started)
+        if rest > 0 and not stop.is_set() and not hurried.is_set():
+            waits = [asyncio.ensure_future(hurried.wait()), asyncio.ensure_future(stop.wait())]
+            await asyncio.wait(waits, timeout=rest, return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
+        if hurried.is_set():
+            rest = min(rest, min_interval / 10 - (loop.time() - self._hurried_at))
+            if rest > 0 and not stop.is_set():
+                await asyncio.sleep(rest)
+            self._hurried_at = loop.time()
+        hurried.clear()
 
     def _fold(self, chunk: list[ev.Envelope]) -> tuple[list[tuple], list[tuple], list[tuple], dict, list[tuple] | None,
                                                       list[tuple] | None, int, int, list[tuple]]:
@@ -253,6 +289,9 @@ class Projector:
         cluster = cfg.cluster_name if cfg else "rota"
         await self.db._execute(_write_batch, self.db._conn, rows, steps, runs, usage, nodes, partitions, cluster,
                                seq, now, node_states, snapshot)
+        self.stored = seq
+        if self.line is not None:
+            self.line.answer(seq)
 
     async def save_state(self) -> None:
         """Store the projector's state with the checkpoint (on shutdown: a fast restart)."""

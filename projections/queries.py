@@ -30,7 +30,7 @@ def connect(path: str):  # -> sqlite3.Connection
         from rota.wire.seen import newest
 
         target = newest()
-    behind = wait_until_folded(conn, target)
+    behind = wait_until_folded(conn, target, hurry_line=hurry_path(path))
     if behind:
         sys.stderr.write(f"warning: the cluster's state at {path} is {behind:,} events behind the newest change "
                          f"shown on this host after {FRESH_WAIT:.0f} s; what follows may be out of date\n")
@@ -72,19 +72,40 @@ def cluster_name(conn) -> str:
     return str(row[0]) if row is not None and row[0] else "rota"
 
 
-def wait_until_folded(conn, seq: int, timeout: float = FRESH_WAIT) -> int:
-    """Wait until the projection has folded ``seq``; how many events it is still behind (0: caught up)."""
+def hurry_path(db_path: str) -> str:
+    """Where the projector at ``db_path`` takes readers' requests to fold now (:mod:`rota.projections.hurry`)."""
+    from .hurry import path_for
+
+    return path_for(db_path)
+
+
+def wait_until_folded(conn, seq: int, timeout: float = FRESH_WAIT, hurry_line: str | None = None) -> int:
+    """Wait until the projection has folded ``seq``, asking its projector (at ``hurry_line``) to fold now; how many
+    events it is still behind (0: caught up)."""
     have = folded(conn)
     if have >= seq:
         return 0
     import time
 
+    from . import hurry
+
     deadline = time.monotonic() + timeout
+    answer = hurry.ask(hurry_line, seq) if hurry_line is not None else None
     pause = 0.001
-    while have < seq and time.monotonic() < deadline:
-        time.sleep(pause)
-        pause = min(pause * 2, 0.02)
-        have = folded(conn)
+    try:
+        while have < seq:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if answer is not None:
+                hurry.await_answer(answer, min(hurry.LOOK_AGAIN, left))
+            else:
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, 0.02)
+            have = folded(conn)
+    finally:
+        if answer is not None:
+            answer.close()
     return max(0, seq - have)
 
 
