@@ -26,6 +26,7 @@ log = logging.getLogger("rota.signer")
 
 SLOW_VERBS = {"timetravel": 900.0, "accounting": 120.0}   # answers that take more than a moment
 READ_TIMEOUT = 10.0
+WRITE_TIMEOUT = 60.0      # seconds an answer waits for its caller to read it (a command reads it whole at once)
 FAILOVER_WAIT = 30.0      # a request with no controller to answer waits this long for a standby to take over
 NOT_LEADER = b'"code":"not_leader"'   # in the answer of a controller that is no longer the leader
 MAX_INFLIGHT_PER_UID = 64  # a uid's requests beyond are refused at once, with a line that says so
@@ -130,35 +131,35 @@ class Signer:
             task.add_done_callback(self._serving.discard)
 
     async def _serve(self, conn: socket.socket, uid: int, gid: int) -> None:
-        try:
-            reader, writer = await asyncio.open_unix_connection(sock=conn, limit=localsock.MAX_HEADER * 4)
-        except OSError:
-            self._inflight[uid] -= 1
-            conn.close()
-            return
+        """Read one request from ``conn``, answer it, close it (the socket's own calls: no stream objects)."""
+        loop = asyncio.get_running_loop()
+        rid = ""
         try:
             try:
-                line = await asyncio.wait_for(reader.readuntil(b"\n"), READ_TIMEOUT)
-                verb, rid, size = localsock.parse_request_header(line)
-                payload = await asyncio.wait_for(reader.readexactly(size), READ_TIMEOUT)
+                conn.setblocking(False)
+                verb, rid, payload = await _read_request(loop, conn)
                 reply = await self.forward(verb, rid, payload, uid, gid)
             finally:
                 self._inflight[uid] -= 1
             if self.seen is not None:
                 self.seen.saw(reply_seq(rid, reply))
-            writer.write(b"OK %d\n" % len(reply) + reply)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError) as exc:
-            writer.write(_error(f"bad request to the local rota signer: {exc or type(exc).__name__}"))
+            answer = b"OK %d\n" % len(reply) + reply
+        except TimeoutError:
+            answer = _error(f"bad request to the local rota signer: no whole request within {READ_TIMEOUT:g} s")
+        except (EOFError, ValueError) as exc:
+            answer = _error(f"bad request to the local rota signer: {exc}")
         except localsock.SignerError as exc:
-            writer.write(_error(str(exc)))
+            answer = _error(str(exc))
         except Exception as exc:  # one reply per request, whatever happened
             log.exception("signer: request from uid %s failed", uid)
-            writer.write(_error(f"the local rota signer failed: {type(exc).__name__}"))
+            answer = _error(f"the local rota signer failed: {type(exc).__name__}")
         try:
-            await writer.drain()
-            writer.close()
-        except (ConnectionError, OSError):
-            pass
+            async with asyncio.timeout(WRITE_TIMEOUT):
+                await loop.sock_sendall(conn, answer)
+        except (OSError, TimeoutError):
+            pass      # the caller left, or does not read its answer
+        finally:
+            conn.close()
 
     async def forward(self, verb: str, rid: str, payload: bytes, uid: int, gid: int) -> bytes:
         """Sign and send one request; retried (a fresh credential, the same request id) on timeouts."""
@@ -211,13 +212,38 @@ class Signer:
         does not lead or does not answer in time (then NATS carries the request, with the same id)."""
         assert self.local is not None
         asking = asyncio.ensure_future(self.local(subject, self._headers(subject, rid, payload, uid, gid), payload))
-        try:
-            answer = await asyncio.wait_for(asyncio.shield(asking), timeout)
-        except asyncio.TimeoutError:
+        done, _ = await asyncio.wait((asking,), timeout=timeout)
+        if not done:
             return None      # it goes on; a retry with the same request id gets its answer once written
+        answer = asking.result()
         if answer is None or not answer.startswith(reply_prefix(rid)) or NOT_LEADER in answer:
             return None
         return answer
+
+
+async def _read_request(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> tuple[str, str, bytes]:
+    """(verb, request id, payload) of the request on ``conn``; each of its two parts within ``READ_TIMEOUT``.
+    EOFError when the caller left before sending it all, ValueError when it is not a request."""
+    async with asyncio.timeout(READ_TIMEOUT):
+        data = b""
+        while b"\n" not in data:
+            if len(data) > localsock.MAX_HEADER:
+                raise ValueError("the request's first line is too long")
+            chunk = await loop.sock_recv(conn, 65536)
+            if not chunk:
+                raise EOFError("the request ended early")
+            data += chunk
+    line, _, rest = data.partition(b"\n")
+    verb, rid, size = localsock.parse_request_header(line)
+    parts, have = [rest], len(rest)
+    async with asyncio.timeout(READ_TIMEOUT):
+        while have < size:
+            chunk = await loop.sock_recv(conn, min(size - have, 1 << 20))
+            if not chunk:
+                raise EOFError("the request ended early")
+            parts.append(chunk)
+            have += len(chunk)
+    return verb, rid, (b"".join(parts) if len(parts) > 1 else rest)[:size]
 
 
 def vouch_for_io(payload: bytes, uid: int) -> bytes:

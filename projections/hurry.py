@@ -17,7 +17,10 @@ import os
 import socket
 import stat
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from asyncio import AbstractEventLoop
 
 SUFFIX = ".hurry"
 MAX_WAITING = 1024     # readers remembered for an answer; beyond, a reader finds out by looking again
@@ -48,7 +51,7 @@ class HurryLine:
         self.sock: socket.socket | None = None
         self._inode = 0
 
-    def open(self, loop) -> bool:   # noqa: ANN001 - an asyncio loop
+    def open(self, loop: AbstractEventLoop) -> bool:
         """Listen (False where the socket cannot be made: readers then only look again from time to time)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
@@ -109,7 +112,7 @@ class HurryLine:
             elif since < old:
                 del self.waiting[addr]
 
-    def close(self, loop) -> None:   # noqa: ANN001 - an asyncio loop
+    def close(self, loop: AbstractEventLoop) -> None:
         if self.sock is None:
             return
         loop.remove_reader(self.sock.fileno())
