@@ -307,8 +307,7 @@ class JetStreamLog:
     def _landed(self, first: int, records: list[tuple[Any, str, str, int]]) -> None:
         """``records`` (event, actor, idem, ts) were acknowledged from ``first`` on, where their fence
         expected them: a follower in this process may read them from here, and the log is signed from there."""
-        for i, (event, actor, idem, ts) in enumerate(records):
-            self.own.remember(first + i, ts, actor, idem, event)
+        self.own.remember(first, records)
         if self.check is not None:
             self.check.signed_at(first)
 

@@ -87,6 +87,7 @@ class OwnTail:
         self.keep = keep
         self.records: dict[int, ev.Envelope] = {}
         self._coming: dict[int, asyncio.Future[None]] = {}   # sequence -> answered when the append sent there is
+        self.on_landed: Callable[[], None] | None = None     # told of every group landed (wakes a follower here)
 
     def coming(self, first: int, count: int = 1) -> Callable[[], None]:
         """Note a fenced append on its way to sequences ``first`` on; call what this returns once it is answered
@@ -112,10 +113,14 @@ class OwnTail:
             await asyncio.wait((fut,))
         return self.run_from(seq)
 
-    def remember(self, seq: int, ts: int, actor: str, idem: str, event: Any) -> None:
-        self.records[seq] = ev.Envelope.trusted(seq, ts, actor, idem, event)
-        if len(self.records) > self.keep:
+    def remember(self, first: int, records: list[tuple[Any, str, str, int]]) -> None:
+        """``records`` (event, actor, idem, ts) landed from ``first`` on."""
+        for seq, (event, actor, idem, ts) in enumerate(records, first):
+            self.records[seq] = ev.Envelope.trusted(seq, ts, actor, idem, event)
+        while len(self.records) > self.keep:
             del self.records[next(iter(self.records))]
+        if self.on_landed is not None:
+            self.on_landed()
 
     def run_from(self, seq: int) -> list[ev.Envelope]:
         """The records from ``seq`` on, as long as they follow one another (empty when ``seq`` is not here)."""

@@ -113,6 +113,9 @@ class _Up:
         self.controller: Controller | None = None
         self.link: AgentLink | None = None
         self.projector: Projector | None = None
+        self.wake: asyncio.Event | None = None       # the projector's: a record has landed
+        self.woken_by: Any = None                   # the subscription to every record, while this one follows
+        self._waking = asyncio.Lock()
         self.projecting: asyncio.Task | None = None
         self.agent: Agent | None = None
         self.signer: Any = None
@@ -180,11 +183,13 @@ class _Up:
         self.link = AgentLink(self.controller, self.eventlog.nc, node_timeout=self.node_timeout,
                               keyring=self.keyring)
         await self.link.start()
+        await self._woken_by_others(False)
         if self.announced:
             self.echo(f"rota up: this controller leads now (from log sequence {self.controller.state.seq})")
 
     async def _follow(self) -> None:
         assert self.controller is not None
+        await self._woken_by_others(True)
         await self.controller.stop()
         if self.link is not None:
             await self.link.stop()
@@ -206,9 +211,23 @@ class _Up:
             self.echo(f"rota up: projections disabled: cannot open {projector.path}: {exc}")
             return
         self.projector = projector
-        wake = asyncio.Event()
-        await self.eventlog.nc.subscribe(f"{SUBJECT_PREFIX}.>", cb=_waker(wake))
+        self.wake = wake = asyncio.Event()
+        self.eventlog.own.on_landed = wake.set      # this process's appends wake it without the records' trip back
+        await self._woken_by_others(self.candidacy is None or not self.candidacy.leading)
         self.projecting = asyncio.create_task(projector.follow(stop, wake))
+
+    async def _woken_by_others(self, others: bool) -> None:
+        """Wake the projector on every record of the log (``others``: they are another controller's, this one
+        follows) or only on this process's own appends (it leads: no one else appends); either way, once now."""
+        if self.wake is None:
+            return
+        async with self._waking:
+            if others and self.woken_by is None:
+                self.woken_by = await self.eventlog.nc.subscribe(f"{SUBJECT_PREFIX}.>", cb=_waker(self.wake))
+            elif not others and self.woken_by is not None:
+                sub, self.woken_by = self.woken_by, None
+                await sub.unsubscribe()
+        self.wake.set()
 
     async def start_notifier(self, stop: asyncio.Event) -> None:
         """The notifier (--mail-type), where rota's configuration names a webhook, an SMTP relay or a command."""

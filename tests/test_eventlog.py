@@ -254,3 +254,24 @@ async def test_a_follower_in_the_writers_process_reads_its_records_without_the_s
     finally:
         await lg.nc.close()
         srv.stop()
+
+
+async def test_a_follower_in_the_writers_process_is_told_of_each_group_it_landed_and_of_nothing_else(tmp_path):
+    """``own.on_landed`` (what wakes the leader's projection) is called once for each append that landed where
+    its fence expected it, never for one refused or another writer's."""
+    srv = natsserver.start(tmp_path / "nats")
+    lg = await JetStreamLog.connect(srv.url)
+    other = await JetStreamLog.connect(srv.url)
+    told: list[list[int]] = []
+    lg.own.on_landed = lambda: told.append(sorted(lg.own.records))
+    try:
+        await lg.append(EVENTS[0], actor="ctl", idem="own-1", ts=101, expected_last=0)
+        await other.append(EVENTS[1], actor="ctl-b", idem="theirs", ts=102, expected_last=1)
+        with pytest.raises(FencedError):
+            await lg.append(EVENTS[2], actor="ctl", idem="late", ts=103, expected_last=1)
+        await lg.append(EVENTS[3], actor="ctl", idem="own-3", ts=104, expected_last=2)
+        assert told == [[1], [1, 3]]
+    finally:
+        await other.close()
+        await lg.close()
+        srv.stop()

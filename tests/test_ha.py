@@ -242,8 +242,28 @@ def test_a_standby_rota_up_takes_over_from_a_killed_one(tmp_path):
             return subprocess.run([str(bin_dir / cmd[0]), *cmd[1:]], env=env, capture_output=True, text=True,
                                   timeout=60)
 
+        def projected(state_dir: Path, job: str) -> bool:
+            """Whether the projection at ``state_dir`` holds ``job`` within a few seconds (read as it is: no read
+            asks that projector to hurry)."""
+            import sqlite3
+
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    conn = sqlite3.connect(f"file:{state_dir / 'projections.sqlite'}?mode=ro", uri=True)
+                    try:
+                        if conn.execute("SELECT 1 FROM jobs WHERE job_id = ?", (int(job),)).fetchone():
+                            return True
+                    finally:
+                        conn.close()
+                except sqlite3.Error:
+                    pass
+                time.sleep(0.05)
+            return False
+
         first = run(a_env, "sbatch", "--parsable", "--wrap", "true")
         assert first.returncode == 0, first.stderr
+        assert projected(dirs[0], first.stdout) and projected(dirs[1], first.stdout)    # the leader's, the follower's
         ping = run(b_env, "scontrol", "ping").stdout.splitlines()
         assert ping == [f"Slurmctld(primary) at {hostname()} is UP", "Slurmctld(backup) at ctl-elsewhere is DOWN"], ping
         procs[0].send_signal(signal.SIGKILL)
@@ -254,6 +274,7 @@ def test_a_standby_rota_up_takes_over_from_a_killed_one(tmp_path):
         print(f"kill -9 of the leading rota up -> the standby's sbatch answered in {time.monotonic() - killed:.2f} s")
         assert time.monotonic() - killed <= 15
         assert "this controller leads now" in (tmp_path / "b.log").read_text()
+        assert projected(dirs[1], second.stdout)          # the new leader's projection, woken by its own appends
         assert run(b_env, "squeue", "-h", "-o", "%i").stdout.split() == [first.stdout.strip(), second.stdout.strip()]
     finally:
         for p in procs:
