@@ -154,10 +154,10 @@ class Projector:
 
     async def follow(self, stop: asyncio.Event, wakeup: asyncio.Event | None = None, poll: float = 1.0,
                      min_interval: float = 0.05) -> None:
-        """Keep projecting new events until ``stop`` is set (woken early by ``wakeup``): a quiet log at once, a
-        busy one in batches, at most one catch-up per ``min_interval`` (each costs a transaction, whatever it
-        holds). A reader waiting for a write (read-your-writes) asks on the hurry line for its batch now: then
-        at most one per a tenth of that."""
+        """Keep projecting new events until ``stop`` is set (woken early by ``wakeup``): writes that come at most
+        one per tenth of ``min_interval`` as they come, a faster stream in batches, one per ``min_interval`` (each
+        catch-up costs a transaction, whatever it holds). A reader waiting for a write of the stream
+        (read-your-writes) asks on the hurry line for its batch now: then at most one per tenth of that."""
         loop = asyncio.get_running_loop()
         hurried = asyncio.Event()
 
@@ -208,12 +208,15 @@ class Projector:
         return "", lane
 
     async def _pace(self, stop: asyncio.Event, hurried: asyncio.Event, started: float, min_interval: float) -> None:
-        """Wait out what is left of ``min_interval`` since ``started``; while a reader waits, only what is left of
-        a tenth of it since the last catch-up made for one (the most that readers, any number, can ask)."""
+        """Before the catch-up of what woke the projector: nothing when it came a tenth of ``min_interval`` or more
+        after the last catch-up ``started`` (writes as slow as that are projected as they come); else, for a
+        faster stream, the rest of ``min_interval`` (its batch); while a reader waits, only what is left of a
+        tenth of it since the last catch-up made for one (the most that readers, any number, can ask)."""
         loop = asyncio.get_running_loop()
         if self.line is not None and self.line.waiting:
             hurried.set()
-        rest = min_interval - (loop.time() - started)
+        elapsed = loop.time() - started
+        rest = min_interval - elapsed if elapsed < min_interval / 10 else 0.0
         if rest > 0 and not stop.is_set() and not hurried.is_set():
             waits = [asyncio.ensure_future(hurried.wait()), asyncio.ensure_future(stop.wait())]
             await asyncio.wait(waits, timeout=rest, return_when=asyncio.FIRST_COMPLETED)
