@@ -133,7 +133,6 @@ class Signer:
     async def _serve(self, conn: socket.socket, uid: int, gid: int) -> None:
         """Read one request from ``conn``, answer it, close it (the socket's own calls: no stream objects)."""
         loop = asyncio.get_running_loop()
-        rid = ""
         try:
             try:
                 conn.setblocking(False)

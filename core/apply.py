@@ -283,9 +283,6 @@ def _job_submitted(state: State, env: ev.Envelope, e: ev.JobSubmitted, ch: Chang
     spec = shared_spec(e.spec)
     cfg = state.config
     partition = spec.partitions[0] if spec.partitions else state.default_part
-    if not partition and cfg is not None:
-        dp = cfg.default_partition()
-        partition = dp.name if dp is not None else ""
     job = Job(job_id=e.job_id, spec=spec, submit_seq=env.seq, submit_time=env.ts,
               hold="user" if spec.hold else None, nice=spec.nice, time_limit=spec.time_limit,
               partition=partition, eligible_time=max(env.ts, spec.begin or 0))

@@ -13,6 +13,7 @@ running as root sends nothing to a path a user names. Light: the commands import
 """
 from __future__ import annotations
 
+import heapq
 import os
 import socket
 import stat
@@ -42,12 +43,15 @@ def _autobound(addr: object) -> bool:
 
 class HurryLine:
     """The projector's side: ``on_hurry`` is called when a reader asks; :meth:`answer` tells those waiting for a
-    sequence folded by now."""
+    sequence folded by now. With ``folded`` (the sequence the database holds), a reader asking for no more than
+    that is told at once. Each datagram costs a heap step at most, however many readers wait."""
 
-    def __init__(self, path: str, on_hurry: Callable[[], None]) -> None:
+    def __init__(self, path: str, on_hurry: Callable[[], None], folded: Callable[[], int] | None = None) -> None:
         self.path = path
         self.on_hurry = on_hurry
+        self.folded = folded
         self.waiting: dict[bytes, tuple[int, float]] = {}     # reader -> (sequence it waits for, since)
+        self._highest: list[tuple[int, bytes]] = []            # (-sequence, reader), stale ones dropped when seen
         self.sock: socket.socket | None = None
         self._inode = 0
 
@@ -89,12 +93,38 @@ class HurryLine:
     def _remember(self, addr: bytes, seq: int) -> None:
         """Keep ``addr`` waiting for ``seq``. When full, the reader waiting for the highest sequence makes way for
         one waiting for less: a real reader waits for one the log holds, which the next batch folds."""
-        if addr not in self.waiting and len(self.waiting) >= MAX_WAITING:
-            last = max(self.waiting, key=lambda a: self.waiting[a][0])
-            if self.waiting[last][0] <= seq:
+        old = self.waiting.get(addr)
+        if old is not None:
+            seq = max(seq, old[0])
+        if self.folded is not None and seq <= self.folded():
+            self.waiting.pop(addr, None)
+            self._tell(addr)
+            return
+        if old is None and len(self.waiting) >= MAX_WAITING:
+            top = self._top()
+            if top is None or top[0] <= seq:
                 return
-            del self.waiting[last]
-        self.waiting[addr] = (max(seq, self.waiting.get(addr, (0, 0.0))[0]), time.monotonic())
+            heapq.heappop(self._highest)
+            del self.waiting[top[1]]
+        self.waiting[addr] = (seq, time.monotonic())
+        heapq.heappush(self._highest, (-seq, addr))
+        if len(self._highest) > 2 * MAX_WAITING:        # mostly stale: rebuilt from those waiting
+            self._highest = [(-s, a) for a, (s, _since) in self.waiting.items()]
+            heapq.heapify(self._highest)
+
+    def _top(self) -> tuple[int, bytes] | None:
+        """(sequence, reader) of the reader waiting for the highest sequence, the heap's stale entries dropped."""
+        heap = self._highest
+        while heap and self.waiting.get(heap[0][1], (None, 0.0))[0] != -heap[0][0]:
+            heapq.heappop(heap)
+        return (-heap[0][0], heap[0][1]) if heap else None
+
+    def _tell(self, addr: bytes) -> None:
+        assert self.sock is not None
+        try:
+            self.sock.sendto(b"", socket.MSG_DONTWAIT, addr)
+        except OSError:
+            pass       # gone, or its queue full: it looks again by itself
 
     def answer(self, folded: int) -> None:
         """Tell every reader waiting for ``folded`` or less that the projection holds it; forget those that have
@@ -105,10 +135,7 @@ class HurryLine:
         for addr, (seq, since) in list(self.waiting.items()):
             if seq <= folded:
                 del self.waiting[addr]
-                try:
-                    self.sock.sendto(b"", socket.MSG_DONTWAIT, addr)
-                except OSError:
-                    pass       # gone, or its queue full: it looks again by itself
+                self._tell(addr)
             elif since < old:
                 del self.waiting[addr]
 

@@ -162,12 +162,11 @@ class Projector:
         hurried = asyncio.Event()
 
         def on_hurry() -> None:
-            line.answer(self.stored)
             if line.waiting:
                 hurried.set()
                 if wakeup is not None:
                     wakeup.set()
-        line = HurryLine(path_for(str(self.path)), on_hurry)
+        line = HurryLine(path_for(str(self.path)), on_hurry, folded=lambda: self.stored)
         if line.open(loop):
             self.line = line
         lane: asyncio.Task | None = None

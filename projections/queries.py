@@ -30,7 +30,9 @@ def connect(path: str):  # -> sqlite3.Connection
         from rota.wire.seen import newest
 
         target = newest()
-    behind = wait_until_folded(conn, target, hurry_line=hurry_path(path))
+    from .hurry import path_for
+
+    behind = wait_until_folded(conn, target, hurry_line=path_for(path))
     if behind:
         sys.stderr.write(f"warning: the cluster's state at {path} is {behind:,} events behind the newest change "
                          f"shown on this host after {FRESH_WAIT:.0f} s; what follows may be out of date\n")
@@ -70,13 +72,6 @@ def cluster_name(conn) -> str:
     except sqlite3.Error:
         row = None
     return str(row[0]) if row is not None and row[0] else "rota"
-
-
-def hurry_path(db_path: str) -> str:
-    """Where the projector at ``db_path`` takes readers' requests to fold now (:mod:`rota.projections.hurry`)."""
-    from .hurry import path_for
-
-    return path_for(db_path)
 
 
 def wait_until_folded(conn, seq: int, timeout: float = FRESH_WAIT, hurry_line: str | None = None) -> int:

@@ -9,6 +9,8 @@ import tempfile
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rota.controller.eventlog import MemoryLog
 from rota.core import events as ev
@@ -172,7 +174,7 @@ async def test_slow_writes_are_projected_as_they_come_a_fast_stream_waits_for_it
         def read() -> int:
             conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
             try:
-                return queries.wait_until_folded(conn, entries[-1].seq, 20.0, queries.hurry_path(str(path)))
+                return queries.wait_until_folded(conn, entries[-1].seq, 20.0, hurry.path_for(str(path)))
             finally:
                 conn.close()
         t = time.monotonic()
@@ -183,3 +185,48 @@ async def test_slow_writes_are_projected_as_they_come_a_fast_stream_waits_for_it
         stop.set()
         await follow
         await p.close()
+
+
+async def test_a_reader_asking_for_what_the_projection_already_holds_is_told_at_once(shared_dir):
+    line = HurryLine(os.path.join(shared_dir, "p.sqlite.hurry"), lambda: None, folded=lambda: 5)
+    assert line.open(asyncio.get_running_loop())
+    try:
+        early, late = hurry.ask(line.path, 5), hurry.ask(line.path, 6)
+        assert early is not None and late is not None
+        await _turn()
+        assert _answered(early) and not _answered(late)
+        assert [seq for seq, _ in line.waiting.values()] == [6]
+        early.close()
+        late.close()
+    finally:
+        line.close(asyncio.get_running_loop())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 7), st.integers(0, 30)), max_size=60))
+def test_a_full_line_makes_way_as_the_plain_rule_says_whatever_the_order_of_asking(pokes):
+    """The heap behind the full line keeps exactly whom the plain rule keeps: a reader already waiting raises
+    its sequence; a new one, when full, takes the place of the one waiting for the highest if it waits for
+    less (of equals, any one of them)."""
+    line = HurryLine("/nonexistent", lambda: None)
+    model: dict[bytes, int] = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(hurry, "MAX_WAITING", 3)
+        _poke_all(line, model, pokes)
+
+
+def _poke_all(line: HurryLine, model: dict[bytes, int], pokes: list[tuple[int, int]]) -> None:
+    for who, seq in pokes:
+        addr = b"\0%05x" % who
+        line._remember(addr, seq)
+        if addr in model:
+            model[addr] = max(seq, model[addr])
+        elif len(model) < hurry.MAX_WAITING:
+            model[addr] = seq
+        else:
+            top = max(model.values())
+            if top > seq:
+                del model[next(a for a, s in model.items() if s == top and a not in line.waiting)]
+                model[addr] = seq
+        assert sorted(s for s, _ in line.waiting.values()) == sorted(model.values())
+        assert set(line.waiting) == set(model)

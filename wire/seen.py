@@ -49,10 +49,10 @@ class Mark:
         part = self.path + ".new"
         try:
             try:
-                os.unlink(part)       # left by a rota that died between the two steps below
-            except FileNotFoundError:
-                pass
-            os.symlink(str(seq), part)
+                os.symlink(str(seq), part)
+            except FileExistsError:   # left by a rota that died between the two steps
+                os.unlink(part)
+                os.symlink(str(seq), part)
             os.replace(part, self.path)
         except OSError:
             pass     # a full disk: reads go on without waiting
