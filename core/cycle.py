@@ -117,48 +117,50 @@ searches and verdicts (keys named by :class:`SearchKey`)."""
         return named if len(named) == 1 else list(named)
 
     def _build_timelines(self, bases: NodeBases | None) -> None:
-        now, explain = self.now, self.explain
-        kept = bases.of if bases is not None else None
-        built = bases.built if bases is not None else None
+        now, explain, timelines, booked = self.now, self.explain, self.timelines, self.booked
         lent = bases.lent if bases is not None else None
         for node in self.state.nodes.values():
             if not node.usable:
                 continue
             name = node.name
-            if bases is not None:
-                lent_tl = self._lent(bases, name)
-                if lent_tl is not None:
-                    self.timelines[name] = lent_tl
-                    continue
-            base = kept.get(name) if kept is not None else None
-            if base is None:
-                base = self._node_base(node)
-                if kept is not None:
-                    kept[name] = base
-            free_c, free_m, free_g, free_by_type, releases = base[:5]
-            last = built.get(name) if built is not None else None
-            tl = last.moved_to(now) if last is not None else None
-            if tl is None:
-                tl = Timeline(name, node.index, node.weight, node.cpus, node.memory, len(node.gpu_types),
-                              now, free_c, free_m, free_g, free_by_type, list(releases))
-                copy = tl.moved_to(now) if built is not None else None
-                if built is not None and copy is not None:   # kept as built; this cycle's reservations go on a copy
-                    built[name], tl = tl, copy
             if lent is not None:
-                lent[name] = tl
-            if explain:
-                self._items(tl, base)
-            tl.log = self.booked
-            self.timelines[name] = tl
+                # the last cycle's copy moved to now in place, where that cycle booked nothing on it (it still
+                # shares its amounts with the timeline as built, whose steps from now on are the same)
+                tl = lent.get(name)
+                if tl is not None and not tl.owned:
+                    last = bases.built.get(name)   # type: ignore[union-attr]
+                    if last is not None and last.movable(now):
+                        tl.times[0] = now
+                        if explain:
+                            self._items(tl, bases.of[name])   # type: ignore[union-attr]
+                        tl.log = booked
+                        timelines[name] = tl
+                        continue
+            timelines[name] = self._timeline(node, bases)
 
-    def _lent(self, bases: NodeBases, name: str) -> Timeline | None:
-        """The last cycle's copy of the node's timeline moved to now in place, where that cycle booked nothing on it
-        (it still shares its amounts with the timeline as built); None where it cannot be."""
-        tl, last = bases.lent.get(name), bases.built.get(name)
-        if tl is None or last is None or tl.owned or not last.moved_to_here(tl, self.now):
-            return None
+    def _timeline(self, node: Node, bases: NodeBases | None) -> Timeline:
+        """The node's timeline built (or moved from the one last built) at now, ready for this cycle."""
+        now, name = self.now, node.name
+        kept = bases.of if bases is not None else None
+        built = bases.built if bases is not None else None
+        base = kept.get(name) if kept is not None else None
+        if base is None:
+            base = self._node_base(node)
+            if kept is not None:
+                kept[name] = base
+        free_c, free_m, free_g, free_by_type, releases = base[:5]
+        last = built.get(name) if built is not None else None
+        tl = last.moved_to(now) if last is not None else None
+        if tl is None:
+            tl = Timeline(name, node.index, node.weight, node.cpus, node.memory, len(node.gpu_types),
+                          now, free_c, free_m, free_g, free_by_type, list(releases))
+            copy = tl.moved_to(now) if built is not None else None
+            if built is not None and copy is not None:   # kept as built; this cycle's reservations go on a copy
+                built[name], tl = tl, copy
+        if bases is not None:
+            bases.lent[name] = tl
         if self.explain:
-            self._items(tl, bases.of[name])
+            self._items(tl, base)
         tl.log = self.booked
         return tl
 

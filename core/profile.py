@@ -61,7 +61,7 @@ class Timeline:
     def moved_to(self, now: int) -> "Timeline | None":
         """A fresh copy of this (unreserved) timeline as it is built at ``now`` from the same releases: the
         same steps from ``now`` on, while ``now`` is before its first release; else None (build it again)."""
-        if not self._movable(now):
+        if not self.movable(now):
             return None
         times = self.times
         tl = Timeline.__new__(Timeline)
@@ -73,15 +73,7 @@ class Timeline:
         tl.fc, tl.fm, tl.fg, tl.fgt = self.fc, self.fm, self.fg, self.fgt
         return tl
 
-    def moved_to_here(self, copy: "Timeline", now: int) -> bool:
-        """Move ``copy`` (one of this timeline's :meth:`moved_to` copies, never changed since) to ``now`` in place,
-        where :meth:`moved_to` would give one; whether it did."""
-        if not self._movable(now):
-            return False
-        copy.times[0] = now
-        return True
-
-    def _movable(self, now: int) -> bool:
+    def movable(self, now: int) -> bool:
         """Whether this timeline, built earlier, has the same steps from ``now`` on: ``now`` is not before it was
         built and not past its first release."""
         times = self.times
@@ -234,15 +226,17 @@ class ShapeSearch:
                 self.live[e[5]] = e
             return
         heap = []
+        live, fixed = self.live, self.fixed
         for pos, tl in enumerate(timelines):
-            c_, m_, g_ = self._req(tl)
+            c_, m_, g_ = fixed or self._req(tl)
             if c_ > tl.cap_c or m_ > tl.cap_m or g_ > tl.cap_g:
                 continue
-            t = tl.earliest(c_, m_, g_, tl.gpu_array(gtype), d, lower, tmax)
+            t = tl.earliest(c_, m_, g_, tl.fg if gtype is None or tl.fgt is None else tl.fgt[gtype], d, lower, tmax)
             if t >= 0:
-                e = self._entry(tl, pos, t, c_, g_)
+                i = bisect_right(tl.times, t) - 1      # as _entry makes it
+                e = (t, tl.weight, tl.fg[i] - g_, tl.fc[i] - c_, tl.idx, pos, tl.version)
                 heap.append(e)
-                self.live[pos] = e
+                live[pos] = e
         heapify(heap)
         self.heap = heap
 

@@ -556,12 +556,14 @@ def _explain_pending(cy: Cycle, job: Job, parts: Sequence[str], pend: Pending,
     best_free, most = (0, 0, 0), (-1, 0, 0)     # the node with the most GPUs free now (then CPUs, memory)
     fit = 0            # nodes that could hold one node's share now (after what higher-ranked jobs hold)
     on_node, gpu_type = req.on_node, req.gpu_type
+    fixed = None if req.whole_cpus or req.whole_mem or req.whole_gpus else (req.cpus, req.mem, req.gpus)
     for tl in tls:     # a cycle's timelines start now: their first segment is what is free now
         fc, fm, fg = tl.fc[0], tl.fm[0], tl.fg[0]
-        if (fg, fc, fm) > most:
+        if fg >= most[0] and (fg, fc, fm) > most:
             most, best_free = (fg, fc, fm), (fc, fm, fg)
-        c, m, g = on_node(tl.cap_c, tl.cap_m, tl.cap_g)
-        fit += fc >= c and fm >= m and tl.gpu_array(gpu_type)[0] >= g
+        c, m, g = fixed or on_node(tl.cap_c, tl.cap_m, tl.cap_g)
+        if fc >= c and fm >= m and (fg if gpu_type is None or tl.fgt is None else tl.fgt[gpu_type][0]) >= g:
+            fit += 1
     pend.why = replace(pend.why, needs=shared_value(Amounts(req.nnodes, req.cpus, req.mem, req.gpus, req.gpu_type,
                                                             req.whole_cpus)),
                        free=shared_value(Amounts(fit, *best_free)), limit=len(tls))
