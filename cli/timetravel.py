@@ -138,10 +138,12 @@ def workers() -> int:
 
 
 def explain(envelopes: list[ev.Envelope], job_id: int, at_seq: int | None, state: Any, n: int = 0):
-    """``rota.core.timetravel.why`` with its moments shared out: forked workers (made before this process
-    walks, so each starts from the same state) evaluate every n-th moment and stream each here as they
-    make it; this process walks once, evaluating its own share and taking theirs. A worker that fails
-    or falls out of step leaves its moments to this process. The report is the same as one process's."""
+    """``rota.core.timetravel.why`` with its moments shared out: the job's story is cut into ``n`` runs of
+    about as many recorded cycles; forked workers (made before this process walks, so each starts from the
+    same state) evaluate the moments of runs 2..n and stream each here as they make it, while this process
+    walks once, evaluating the first run's and taking theirs. Each evaluates moments that follow one another,
+    as one process does, so what one moment built serves the next. A worker that fails or falls out of step
+    leaves its moments to this process. The report is the same as one process's."""
     from rota.core.timetravel import why
 
     n = n or workers()
@@ -149,19 +151,36 @@ def explain(envelopes: list[ev.Envelope], job_id: int, at_seq: int | None, state
     if streams is None or not streams.children:
         return why(envelopes, job_id, at_seq, state)
     try:
-        return why(envelopes, job_id, at_seq, state, pick=lambda k: k % n == 0, others=streams.take)
+        return why(envelopes, job_id, at_seq, state, pick=streams.mine, others=streams.take)
     finally:
         streams.close()
 
 
+def story_runs(envelopes: list[ev.Envelope], job_id: int, n: int) -> list[int]:
+    """The log sequences that cut the story of ``job_id``, from its submit to its start, into ``n`` runs of as many
+    records each (a moment costs more as the queue grows: records weigh its moments better than cycles do): run
+    ``i`` holds the moments from the ``i``-th sequence on (the first run, those before the first)."""
+    first, last = 0, len(envelopes)
+    for i, env in enumerate(envelopes):
+        e = env.event
+        if not first and isinstance(e, ev.JobSubmitted) and e.job_id == job_id:
+            first = i
+        elif first and isinstance(e, ev.JobsStarted) and any(s.job_id == job_id or s.array_job_id == job_id
+                                                            for s in e.starts):
+            last = i + 1
+            break
+    size = last - first
+    return [envelopes[first + size * i // n].seq for i in range(1, n)] if size else []
+
+
 class MomentStreams:
-    """Workers 1..n-1 of :func:`explain`, each writing (key, sample) for its moments down a pipe."""
+    """Workers 1..n-1 of :func:`explain`, each writing (key, sample) for the moments of its run down a pipe."""
 
     def __init__(self, envelopes: list[ev.Envelope], job_id: int, at_seq: int | None, state: Any, n: int) -> None:
         import os
 
-        self.n = n
-        self.children: list[tuple[int, Any]] = []     # (pid, the pipe's reading end or None once out of step)
+        self.bounds = story_runs(envelopes, job_id, n) if n >= 2 else []
+        self.children: list[tuple[int, Any]] = []     # (pid, the pipe's reading end)
         if n < 2 or not hasattr(os, "fork"):
             return
         for w in range(1, n):
@@ -174,6 +193,39 @@ class MomentStreams:
                 self._work(read_end, write_end, envelopes, job_id, at_seq, state, w)
             os.close(write_end)
             self.children.append((pid, os.fdopen(read_end, "rb")))
+        # each worker's evaluations are read as they come (a run's can outgrow a pipe long before this process
+        # asks for the first), by threads started once no more forks are to come
+        self.taken = [self._drain(inp) for _pid, inp in self.children]
+
+    @staticmethod
+    def _drain(inp: Any) -> Any:
+        """A queue of what the worker behind ``inp`` sends, filled by a thread of its own; None ends it."""
+        import pickle
+        import queue
+        import threading
+
+        got: queue.SimpleQueue = queue.SimpleQueue()
+
+        def read() -> None:
+            try:
+                while True:
+                    got.put(pickle.load(inp))
+            except Exception:  # noqa: BLE001 - the worker's end, or what it cannot send: its moments are made here
+                got.put(None)
+            finally:
+                inp.close()
+
+        threading.Thread(target=read, name="moments", daemon=True).start()
+        return got
+
+    def run_of(self, key: Any) -> int:
+        """The run a moment belongs to (0: this process's)."""
+        from bisect import bisect_right
+
+        return bisect_right(self.bounds, key[0])
+
+    def mine(self, key: Any) -> bool:
+        return self.run_of(key) == 0
 
     def _work(self, read_end: int, write_end: int, envelopes: list[ev.Envelope], job_id: int, at_seq: int | None,
               state: Any, w: int) -> None:
@@ -189,8 +241,10 @@ class MomentStreams:
             os.close(read_end)
             for _pid, inp in self.children:
                 inp.close()
+            stop_at = self.bounds[w] if w < len(self.bounds) else None
             with os.fdopen(write_end, "wb") as out:
-                for item in cycle_samples(envelopes, job_id, at_seq, state, pick=lambda k: k % self.n == w):
+                for item in cycle_samples(envelopes, job_id, at_seq, state, pick=lambda key: self.run_of(key) == w,
+                                          stop_at=stop_at):
                     pickle.dump(item, out, protocol=pickle.HIGHEST_PROTOCOL)
                     out.flush()
             code = 0
@@ -199,34 +253,25 @@ class MomentStreams:
         finally:
             os._exit(code)
 
-    def take(self, k: int, key: Any) -> Any:
-        """Moment ``k``'s evaluation from its worker (MISSING when that worker cannot give it)."""
-        import pickle
-
+    def take(self, key: Any) -> Any:
+        """The evaluation of the moment of key ``key`` from its worker (MISSING when that worker cannot give it)."""
         from rota.core.timetravel import MISSING
 
-        w = k % self.n - 1
-        pid, inp = self.children[w] if 0 <= w < len(self.children) else (0, None)
-        if inp is None:
+        w = self.run_of(key) - 1
+        if not 0 <= w < len(self.taken) or self.taken[w] is None:
             return MISSING
-        try:
-            got, sample = pickle.load(inp)
-        except (EOFError, OSError, pickle.UnpicklingError, ValueError, TypeError):
-            got, sample = None, MISSING
-        if got != key:
-            self.children[w] = (pid, None)
-            inp.close()
+        item = self.taken[w].get()
+        if item is None or item[0] != key:
+            self.taken[w] = None       # out of step, or gone: nothing more is taken from it
             return MISSING
-        return sample
+        return item[1]
 
     def close(self) -> None:
         """Stop and reap the workers (they may still be walking when the story has ended)."""
         import os
         import signal
 
-        for pid, inp in self.children:
-            if inp is not None:
-                inp.close()
+        for pid, _inp in self.children:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:

@@ -96,14 +96,14 @@ MISSING = object()     # what ``others`` gives for a moment it has no evaluation
 
 
 def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None, state: State | None = None,
-        pick: Callable[[int], bool] | None = None, others: Callable[[int, Key], Any] | None = None) -> WhyReport:
+        pick: Callable[[Key], bool] | None = None, others: Callable[[Key], Any] | None = None) -> WhyReport:
     """Explain job ``job_id``'s wait: re-run the scheduler in explain mode, focused on the job, at every
     moment its fate could change while it was pending (see :class:`Moments`): at each recorded cycle
     (the state just before its decision) and after every other change of the state (a submit, an end,
     a drain, a hold...) or moment of time (its begin time), and collect what touched it.
     ``state``: a snapshot taken before the job's submission to start from (``envelopes`` follow it).
-    ``pick``, ``others``: the ``k``-th moment is evaluated here only when ``pick(k)``; else ``others(k, key)``
-    gives it (or MISSING: made here after all), e.g. as workers walking the same envelopes with
+    ``pick``, ``others``: the moment of key ``key`` is evaluated here only when ``pick(key)``; else
+    ``others(key)`` gives it (or MISSING: made here after all), e.g. as workers walking the same envelopes with
     :func:`cycle_samples` stream theirs."""
     st = state if state is not None else State()
     story = _Story(job_id, st.seq)
@@ -120,26 +120,23 @@ def why(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None
         first_seq, last_seq = head[0].seq, head[-1].seq
     moments = Moments(job_id)
     bases = moments.bases
-    k = 0
 
     def given(key: Key) -> Any:
         """The moment's evaluation if made elsewhere (MISSING: make it here)."""
-        if others is not None and pick is not None and not pick(k):
-            return others(k, key)
+        if others is not None and pick is not None and not pick(key):
+            return others(key)
         return MISSING
 
     for env, after in moments.walk(envelopes, st, at_seq):
         if after is not None:        # a moment between recorded cycles, the state as it then was
             sample = given((env.seq, after))
             story.sample(evaluate(st, after, job_id, bases) if sample is MISSING else sample)
-            k += 1
             continue
         first_seq, last_seq = first_seq or env.seq, env.seq
         e = env.event
         if isinstance(e, ev.JobsStarted) and story.pending(st):
             sample = given((env.seq, None))
             story.sample(cycle_sample(st, e, job_id, bases) if sample is MISSING else sample)
-            k += 1
         story.before(st, env)
         moments.apply(st, env)
         if isinstance(e, ev.JobExited):
@@ -553,27 +550,29 @@ class Moments:
 
 
 def cycle_samples(envelopes: Iterable[ev.Envelope], job_id: int, at_seq: int | None = None,
-                  state: State | None = None, pick: Any = None) -> Iterator[tuple[Key, CycleSample | None]]:
-    """The evaluations :func:`why` makes while ``job_id`` was pending (the ``k``-th of them only when
-    ``pick(k)``), keyed by (log sequence, None) for a recorded cycle and (log sequence, moment) for the
-    others, as they are made, in the order :func:`why` meets them: the expensive part of :func:`why`, to be
-    shared out."""
+                  state: State | None = None, pick: Callable[[Key], bool] | None = None,
+                  stop_at: int | None = None) -> Iterator[tuple[Key, CycleSample | None]]:
+    """The evaluations :func:`why` makes while ``job_id`` was pending (only those whose key ``pick`` takes, and
+    none from log sequence ``stop_at`` on), keyed by (log sequence, None) for a recorded cycle and (log sequence,
+    moment) for the others, as they are made, in the order :func:`why` meets them: the expensive part of
+    :func:`why`, to be shared out."""
     st = state if state is not None else State()
-    k = 0
     moments = Moments(job_id)
     _head, envelopes = before_submit(envelopes, st, job_id, at_seq)
     for env, after in moments.walk(envelopes, st, at_seq):
+        if stop_at is not None and env.seq >= stop_at:
+            return
         if after is not None:
-            if pick is None or pick(k):
-                yield (env.seq, after), evaluate(st, after, job_id, moments.bases)
-            k += 1
+            key: Key = (env.seq, after)
+            if pick is None or pick(key):
+                yield key, evaluate(st, after, job_id, moments.bases)
             continue
         e = env.event
         job = st.jobs.get(job_id)
         if job is not None and job.state == PENDING and isinstance(e, ev.JobsStarted):
-            if pick is None or pick(k):
-                yield (env.seq, None), cycle_sample(st, e, job_id, moments.bases)
-            k += 1
+            key = (env.seq, None)
+            if pick is None or pick(key):
+                yield key, cycle_sample(st, e, job_id, moments.bases)
         moments.apply(st, env)
 
 

@@ -196,7 +196,7 @@ def test_why_and_verify_shared_out_among_processes_say_exactly_what_one_process_
     dead = streams.children[0][0]
     os.kill(dead, signal.SIGKILL)                 # a worker that dies: its moments are made here instead
     try:
-        assert why(log, big, pick=lambda k: k % 3 == 0, others=streams.take) == one
+        assert why(log, big, pick=streams.mine, others=streams.take) == one
     finally:
         streams.close()
     with pytest.raises(ChildProcessError):
