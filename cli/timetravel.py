@@ -181,6 +181,8 @@ class MomentStreams:
 
         self.bounds = story_runs(envelopes, job_id, n) if n >= 2 else []
         self.children: list[tuple[int, Any]] = []     # (pid, the pipe's reading end)
+        self.readers: list[Any] = []                  # the threads reading them
+        self.taken: list[Any] = []                    # what each has sent, a queue (None once out of step)
         if n < 2 or not hasattr(os, "fork"):
             return
         for w in range(1, n):
@@ -197,8 +199,7 @@ class MomentStreams:
         # asks for the first), by threads started once no more forks are to come
         self.taken = [self._drain(inp) for _pid, inp in self.children]
 
-    @staticmethod
-    def _drain(inp: Any) -> Any:
+    def _drain(self, inp: Any) -> Any:
         """A queue of what the worker behind ``inp`` sends, filled by a thread of its own; None ends it."""
         import pickle
         import queue
@@ -215,7 +216,9 @@ class MomentStreams:
             finally:
                 inp.close()
 
-        threading.Thread(target=read, name="moments", daemon=True).start()
+        reader = threading.Thread(target=read, name="moments", daemon=True)
+        reader.start()
+        self.readers.append(reader)
         return got
 
     def run_of(self, key: Any) -> int:
@@ -280,7 +283,9 @@ class MomentStreams:
                 os.waitpid(pid, 0)
             except OSError:
                 pass
-        self.children = []
+        for reader in self.readers:     # each ends at its worker's end: none is left to outlive a later fork
+            reader.join(5.0)
+        self.children, self.readers = [], []
 
 
 def verify_all(envelopes: list[ev.Envelope], from_seq: int = 1, to_seq: int | None = None, n: int = 0

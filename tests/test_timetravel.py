@@ -201,6 +201,11 @@ def test_why_and_verify_shared_out_among_processes_say_exactly_what_one_process_
         streams.close()
     with pytest.raises(ChildProcessError):
         os.waitpid(dead, os.WNOHANG)              # reaped
+    import threading
+    assert not [t for t in threading.enumerate() if t.name == "moments"]   # no reader outlives its streams
+    bounds = streams.bounds                       # the story cut into runs, in order, within it
+    submit = next(env.seq for env in log if isinstance(env.event, ev.JobSubmitted) and env.event.job_id == big)
+    assert len(bounds) == 2 and submit < bounds[0] < bounds[1] <= one.start_seq
     cycles = [i for i, env in enumerate(log) if isinstance(env.event, ev.JobsStarted)]
     victim = cycles[len(cycles) // 2]
     e = log[victim].event
