@@ -13,6 +13,7 @@ import asyncio
 import io
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -218,11 +219,24 @@ def inbox_surface(examples: int) -> Tally:
 
 def sbatch_surface(examples: int) -> Tally:
     """sbatch's command line and script: each ends in a job spec or one error, never a traceback."""
-    from rota.cli import sbatch
-
     tally = Tally()
     tmp = tempfile.mkdtemp(prefix="rota-fuzz-")
+    before = os.environ.get("ROTA_SOCKET")
     os.environ["ROTA_SOCKET"] = os.path.join(tmp, "no.sock")   # nothing to submit to: the client's own checks
+    try:
+        _sbatch_examples(examples, tally, tmp)
+    finally:        # what runs after (the other benchmarks of `make bench`) submits to a real rota again
+        if before is None:
+            os.environ.pop("ROTA_SOCKET", None)
+        else:
+            os.environ["ROTA_SOCKET"] = before
+        shutil.rmtree(tmp, ignore_errors=True)
+    return tally
+
+
+def _sbatch_examples(examples: int, tally: Tally, tmp: str) -> None:
+    """Run sbatch on each generated command line and script, in ``tmp``, counting into ``tally``."""
+    from rota.cli import sbatch
 
     @_fuzzing(examples)
     @given(argv=ARGV, script=SCRIPTS, with_script=st.booleans())
@@ -246,7 +260,6 @@ def sbatch_surface(examples: int) -> Tally:
             tally.bad("tracebacks", f"{args!r}: exit {code} without an error line")
 
     one()
-    return tally
 
 
 def config_surface(examples: int) -> Tally:
@@ -289,7 +302,10 @@ def config_surface(examples: int) -> Tally:
         except BaseException as exc:  # noqa: BLE001 - counted
             tally.bad("tracebacks", f"{text!r}: {type(exc).__name__}: {exc}")
 
-    one()
+    try:
+        one()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return tally
 
 
