@@ -160,15 +160,16 @@ def story_runs(envelopes: list[ev.Envelope], job_id: int, n: int) -> list[int]:
     """The log sequences that cut the story of ``job_id``, from its submit to its start, into ``n`` runs of as many
     records each (a moment costs more as the queue grows: records weigh its moments better than cycles do): run
     ``i`` holds the moments from the ``i``-th sequence on (the first run, those before the first)."""
-    first, last = 0, len(envelopes)
+    first, last = -1, len(envelopes)
     for i, env in enumerate(envelopes):
         e = env.event
-        if not first and isinstance(e, ev.JobSubmitted) and e.job_id == job_id:
-            first = i
-        elif first and isinstance(e, ev.JobsStarted) and any(s.job_id == job_id or s.array_job_id == job_id
-                                                            for s in e.starts):
+        if first < 0:
+            if isinstance(e, ev.JobSubmitted) and e.job_id == job_id:
+                first = i
+        elif isinstance(e, ev.JobsStarted) and any(s.job_id == job_id or s.array_job_id == job_id for s in e.starts):
             last = i + 1
             break
+    first = max(first, 0)       # its submit not among them: the whole of them
     size = last - first
     return [envelopes[first + size * i // n].seq for i in range(1, n)] if size else []
 

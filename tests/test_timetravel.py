@@ -362,3 +362,21 @@ def test_why_folding_what_comes_before_the_submit_plainly_tells_the_same_story()
             assert fast == walked, (job, at)
             checked += bool(fast.intervals)
     assert checked > 20
+
+
+def test_the_wait_is_cut_into_runs_of_as_many_records_from_the_submit_to_the_start():
+    """`rota why` gives each process a run of the job's wait: the cut lies between its submit and its start,
+    wherever the submit is among the records, and covers all of them when the submit is not there."""
+    from rota.bench.timetravel_bench import make_log
+    from rota.cli.timetravel import story_runs
+
+    log, big = make_log(300)
+    submit = next(i for i, env in enumerate(log) if isinstance(env.event, ev.JobSubmitted) and env.event.job_id == big)
+    start = next(i for i, env in enumerate(log) if isinstance(env.event, ev.JobsStarted)
+                 and any(s.job_id == big for s in env.event.starts))
+    for envs, first in ((log, submit), (log[submit:], 0)):      # the submit first among them too
+        last = start - (submit - first) + 1
+        assert story_runs(envs, big, 2) == [envs[first + (last - first) // 2].seq]
+        assert story_runs(envs, big, 3) == [envs[first + (last - first) * i // 3].seq for i in (1, 2)]
+    after = log[submit + 1:]
+    assert story_runs(after, big, 2) == [after[len(after) // 2].seq]
