@@ -139,7 +139,7 @@ def workers() -> int:
 
 def explain(envelopes: list[ev.Envelope], job_id: int, at_seq: int | None, state: Any, n: int = 0):
     """``rota.core.timetravel.why`` with its moments shared out: the job's story is cut into ``n`` runs of
-    about as many recorded cycles; forked workers (made before this process walks, so each starts from the
+    about as many log records (:func:`story_runs`); forked workers (made before this process walks, so each starts from the
     same state) evaluate the moments of runs 2..n and stream each here as they make it, while this process
     walks once, evaluating the first run's and taking theirs. Each evaluates moments that follow one another,
     as one process does, so what one moment built serves the next. A worker that fails or falls out of step

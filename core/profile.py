@@ -231,10 +231,9 @@ class ShapeSearch:
             c_, m_, g_ = fixed or self._req(tl)
             if c_ > tl.cap_c or m_ > tl.cap_m or g_ > tl.cap_g:
                 continue
-            t = tl.earliest(c_, m_, g_, tl.fg if gtype is None or tl.fgt is None else tl.fgt[gtype], d, lower, tmax)
+            t = tl.earliest(c_, m_, g_, tl.gpu_array(gtype), d, lower, tmax)
             if t >= 0:
-                i = bisect_right(tl.times, t) - 1      # as _entry makes it
-                e = (t, tl.weight, tl.fg[i] - g_, tl.fc[i] - c_, tl.idx, pos, tl.version)
+                e = self._entry(tl, pos, t, c_, g_)
                 heap.append(e)
                 live[pos] = e
         heapify(heap)

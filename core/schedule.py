@@ -562,8 +562,7 @@ def _explain_pending(cy: Cycle, job: Job, parts: Sequence[str], pend: Pending,
         if fg >= most[0] and (fg, fc, fm) > most:
             most, best_free = (fg, fc, fm), (fc, fm, fg)
         c, m, g = fixed or on_node(tl.cap_c, tl.cap_m, tl.cap_g)
-        if fc >= c and fm >= m and (fg if gpu_type is None or tl.fgt is None else tl.fgt[gpu_type][0]) >= g:
-            fit += 1
+        fit += fc >= c and fm >= m and tl.gpu_array(gpu_type)[0] >= g
     pend.why = replace(pend.why, needs=shared_value(Amounts(req.nnodes, req.cpus, req.mem, req.gpus, req.gpu_type,
                                                             req.whole_cpus)),
                        free=shared_value(Amounts(fit, *best_free)), limit=len(tls))
