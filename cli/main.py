@@ -8,6 +8,7 @@ from typing import NoReturn, Optional
 
 import typer
 
+from . import exits
 from .audit import app as audit_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -590,9 +591,9 @@ def version() -> None:
 _QUICK_EXIT = [False]
 
 
-def main() -> None:
+def main(prog_name: str | None = None) -> None:
     try:
-        app()
+        app(prog_name=prog_name)
     except KeyboardInterrupt:
         sys.exit(130)
     except SystemExit as done:
@@ -607,7 +608,14 @@ def main() -> None:
                 stream.flush()
             except OSError:      # a reader that went away (a pipe to head)
                 code = code or 1
+        if exits.before_exit is not None:     # run by a command server's worker: its caller hears the status
+            exits.before_exit(code or 0)
         os._exit(code or 0)
+
+
+def main_exit() -> None:
+    """``rota`` as a command server's worker runs it (rota.programs.commandserver), named as its caller names it."""
+    main("rota")
 
 
 if __name__ == "__main__":

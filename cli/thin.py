@@ -17,6 +17,9 @@ import sys
 # the commands that go the thin way (also the native client's list, in cli/native/rota_command.c)
 COMMANDS = ("sbatch", "squeue", "sacct", "sinfo", "scancel", "scontrol", "srun", "salloc", "sacctmgr", "sshare",
             "sprio")
+# ``rota`` subcommands that go the thin way (as command ``rota``) where the command server serves them: the
+# log's lookups, on the controller's host (``rota up``'s server has what reading the log imports loaded)
+LOG_COMMANDS = ("why", "replay", "history")
 ANSWER_WAIT = 5.0      # seconds to wait for the server to take the command before running it here
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
              signal.SIGCONT)

@@ -42,14 +42,18 @@ def signer_is_running(path: str) -> bool:
             return False
 
 
-async def run_signer(path: str, host: str, keyring: Any, url: str, tls_ca: str | None, echo) -> Any:
-    """Connect as ``host``'s role and serve the local socket; returns the running signer."""
+async def run_signer(path: str, host: str, keyring: Any, url: str, tls_ca: str | None, echo,
+                     log_commands: bool = False) -> Any:
+    """Connect as ``host``'s role and serve the local socket; returns the running signer. ``log_commands``: its
+    command server serves the log's lookups too (the controller's host)."""
     from rota.wire import natsconn
 
     from rota.agents.signer import Signer
 
     nc = await natsconn.connect(url, f"signer {host}", keyring=keyring, host=host, tls_ca=tls_ca)
-    signer = Signer(path, host, keyring, nc, command_server=COMMAND_SERVER if os.environ.get("ROTA_THIN") != "0" else ())
+    server = (*COMMAND_SERVER, *(("--log-commands",) if log_commands else ())) if os.environ.get("ROTA_THIN") != "0" \
+        else ()
+    signer = Signer(path, host, keyring, nc, command_server=server)
     await signer.start()
     echo(f"rota: local signer for {host} on {path}")
     return signer

@@ -9,6 +9,9 @@ an interrupted one, one that left threads or changed signal handlers), or with t
 no key: a worker has nothing of the cluster's that its user could not have.
 
 One runs beside every local signer (``rota up``, ``rota agent``, ``rota authd``) on ``run/commands.sock``.
+``rota up``'s (``--log-commands``) also runs the log's lookups, ``rota why``, ``replay`` and ``history`` (command
+``rota``, whose first argument must be one of them), with what reading the log imports already loaded; their
+worker leaves after each (it read the log into its heap).
 Run as root it serves every local user; run as a user, only that user (others are told to fall back to
 running the command themselves).
 
@@ -35,15 +38,22 @@ import sys
 import time
 from collections import deque
 
-from rota.cli.thin import COMMANDS as THIN_COMMANDS
+from rota.cli.thin import COMMANDS as THIN_COMMANDS, LOG_COMMANDS
 
 COMMANDS = {name: f"rota.cli.{name}" for name in THIN_COMMANDS}
+ROTA = "rota"                  # the command that runs ``rota why|replay|history`` (LOG_COMMANDS), where served
+LOG_MODULE = "rota.cli.main"
 # commands that leave nothing behind in the process: their worker takes the user's next command
 REUSABLE = frozenset(THIN_COMMANDS) - {"srun", "salloc"}
 # what the commands import when they run (imported here once, so a worker finds them loaded)
 WARM = ("rota.cli.client", "rota.cli.options", "rota.cli.timespec", "rota.cli.lightjson", "rota.cli.exits",
         "rota.wire.localsock", "rota.wire.paths", "rota.core.hostlist", "sqlite3", "json", "datetime", "shlex",
         "hmac", "select")
+# what the log's lookups import besides (loaded by a server that serves them: ``rota up``'s)
+LOG_WARM = (LOG_MODULE, "rota.cli.timetravel", "rota.core.timetravel", "rota.core.liveness", "rota.controller.eventlog",
+            "rota.controller.snapshots", "rota.wire.cluster", "rota.wire.jsqueue", "rota.wire.keys", "rota.wire.seen",
+            "rota.projections.queries", "rota.projections.hurry", "nats.js.api", "orjson", "pickle", "queue",
+            "rota.core.reason_history", "typer._adapters", "typer._click.decorators")
 MAX_REQUEST = 4 << 20          # the environment and arguments of one command
 MAX_WORKERS = 512              # commands in flight at once (an srun holds a worker for its job), idle ones included
 MAX_USER_WORKERS = 64          # of them, one user's: another user's flood never takes them all
@@ -57,14 +67,25 @@ RECEIVE_WAIT = 2.0             # seconds a worker waits for its caller's request
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def warm() -> None:
-    """Import what the commands use, and load the name service's libraries (each worker looks its user up)."""
+def served(log: bool) -> dict[str, str]:
+    """The commands a server runs (name: module): the Slurm-named ones, and with ``log`` the log's lookups."""
+    return {**COMMANDS, ROTA: LOG_MODULE} if log else dict(COMMANDS)
+
+
+def warm(log: bool = False) -> None:
+    """Import what the commands use (with ``log``, what the log's lookups use too, as ``rota`` imports it), and
+    load the name service's libraries (each worker looks its user up)."""
     import gc
 
     from rota.wire.lifetime import libc
 
+    from .imports import nats_without_websockets, pydantic_without_plugins
+
     libc()
-    for name in (*COMMANDS.values(), *WARM):
+    if log:
+        nats_without_websockets()
+        pydantic_without_plugins()
+    for name in (*COMMANDS.values(), *WARM, *(LOG_WARM if log else ())):
         try:
             importlib.import_module(name)
         except ImportError:
@@ -92,8 +113,9 @@ class CommandServer:
     wait in their user's line, the lines served in turn, until a worker is free, and give up after a few
     seconds to run the command themselves (so does a caller whose user already has a full line)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, commands: dict[str, str] | None = None) -> None:
         self.path = path
+        self.commands = dict(COMMANDS) if commands is None else commands   # name: module (see served)
         self.workers: dict[int, Worker] = {}          # by control socket's descriptor
         self.per_user: dict[int, int] = {}        # workers by uid: a user's groups (newgrp) do not widen its share
         # callers waiting for a worker, a line per uid (the next line to serve first): (connection, uid and gid, since)
@@ -208,7 +230,7 @@ class CommandServer:
                 for line in self.waiting.values():
                     for c, *_ in line:
                         c.close()
-                code = _worker(theirs, conn, *user)
+                code = _worker(theirs, conn, *user, self.commands)
             finally:
                 os._exit(code)
         theirs.close()
@@ -280,7 +302,7 @@ def _become(uid: int, gid: int) -> None:
     os.setresuid(uid, uid, uid)
 
 
-def _worker(ctl: socket.socket, conn: socket.socket, uid: int, gid: int) -> int:
+def _worker(ctl: socket.socket, conn: socket.socket, uid: int, gid: int, commands: dict[str, str]) -> int:
     """A worker's life: become the user, then run the callers' commands that come, one at a time, until the
     server closes ``ctl`` or a command leaves something behind."""
     _become(uid, gid)                    # before reading a byte of what any caller sent
@@ -299,7 +321,7 @@ def _worker(ctl: socket.socket, conn: socket.socket, uid: int, gid: int) -> int:
             return 1
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
-        clean = _serve(conn)
+        clean = _serve(conn, commands)
         conn.close()
         for fd in (0, 1, 2):
             os.dup2(null, fd)            # the caller's terminal or pipes are the caller's again
@@ -357,17 +379,25 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
     return req, list(fds)
 
 
-def _serve(conn: socket.socket) -> bool:
+def _serve(conn: socket.socket, commands: dict[str, str]) -> bool:
     """Run one caller's command; whether this process can take another (nothing of this one is left)."""
     try:
         req, fds = _receive(conn)
+    except (OSError, ValueError):
+        _send(conn, b"F")
+        return True
+    try:
         name = str(req["cmd"])
-        module = COMMANDS[name]
+        module = commands[name]
         argv = [str(a) for a in req["argv"]]
+        if name == ROTA and (not argv or argv[0] not in LOG_COMMANDS):
+            raise KeyError(name)           # of rota's own commands, only the log's lookups run here
         env = {str(k): str(v) for k, v in dict(req["env"]).items()}
         cwd, umask = str(req["cwd"]), int(req["umask"]) & 0o777
-    except (OSError, ValueError, KeyError, TypeError):
-        _send(conn, b"F")
+    except (ValueError, KeyError, TypeError):
+        for fd in fds:
+            os.close(fd)
+        _send(conn, b"F")                  # run it yourself
         return True
     _send(conn, b"A" + struct.pack("!I", os.getpid()))
     try:
@@ -474,13 +504,16 @@ def main() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:     # each caller waiting and each worker holds a descriptor here
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: python -m rota.programs.commandserver SOCKET")
+    log = "--log-commands" in sys.argv[1:]     # serve the log's lookups too (rota up's server)
+    args = [a for a in sys.argv[1:] if a != "--log-commands"]
+    if len(args) != 1:
+        raise SystemExit("usage: python -m rota.programs.commandserver [--log-commands] SOCKET")
     for fd, attr in ((1, "stdout"), (2, "stderr")):    # what every command will write through (see _take_on)
         setattr(sys, attr, io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
                                             errors="backslashreplace"))
-    warm()
-    CommandServer(sys.argv[1]).serve_forever()
+    server = CommandServer(args[0], served(log))    # callers who come while the commands load wait in its queue
+    warm(log)
+    server.serve_forever()
 
 
 if __name__ == "__main__":

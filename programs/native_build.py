@@ -42,7 +42,7 @@ def compile_native(source: Path, out: Path, *defines: str) -> Path:
 
 
 # the Python entry points install-commands rewrites as isolated launchers: (module, function)
-ENTRY_POINTS = {"rota": ("rota.programs.main", "main"), **{name: ("rota.cli.thin", name) for name in THIN_COMMANDS}}
+ENTRY_POINTS = {"rota": ("rota.programs.entry", "main"), **{name: ("rota.cli.thin", name) for name in THIN_COMMANDS}}
 
 
 def isolate_scripts(bin_dir: Path, names: tuple[str, ...], python: str = sys.executable) -> list[str]:

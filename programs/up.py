@@ -263,7 +263,7 @@ class _Up:
             await self.agent.start()
         sock = socket_in(str(self.state_dir))
         self.signer = await run_signer(sock, self.signer_host, self.keyring, self.nats_url, self.tls_ca,
-                                       lambda _l: None)
+                                       lambda _l: None, log_commands=True)
         if self.controller is not None:    # requests of this host skip the trip through NATS while it leads
             self.signer.local = self.controller.local_request
         write_public(str(self.info), json.dumps({"nats": self.nats_url, "pid": os.getpid(), "tls_ca": self.tls_ca,

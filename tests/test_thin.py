@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from helpers import wait_for
 
+BIN = Path(sys.executable).parent
 COMMANDS = ("sbatch", "squeue", "sacct", "sinfo", "scancel", "scontrol", "srun")
 
 
@@ -235,3 +236,65 @@ def test_a_worker_takes_its_users_next_commands_and_nothing_of_one_reaches_the_n
         outs.append((out, f"{extra.get('ROTA_MARK', 'unset')} {work}"))
     for out, expected in outs:
         assert wait_for(lambda o=out: o.exists() and o.read_text().strip(), 30, f"{out}") == expected
+
+
+def _first_answer(path: str, cmd: str, *argv: str) -> bytes:
+    """What a command server first answers a request for ``cmd argv`` (``A``: it runs it; ``F``: run it yourself)."""
+    import array
+    import json
+    import socket
+    import struct
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(path)
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            req = json.dumps({"cmd": cmd, "argv": list(argv), "cwd": "/", "env": {}, "umask": 0o22}).encode()
+            sock.sendmsg([struct.pack("!I", len(req)) + req],
+                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [null] * 3))])
+            return sock.recv(1)
+        finally:
+            os.close(null)
+
+
+def test_the_logs_lookups_run_warm_in_rota_ups_command_server_and_say_what_they_say_here(up):
+    """``rota why``, ``replay`` and ``history`` go to ``rota up``'s command server (rota's imports already loaded
+    there): their output and status are what the command run in its own process gives. A ``rota`` whose own process
+    cannot run them (rota.programs.main unimportable) still answers: the server ran them."""
+    first = subprocess.run([str(BIN / "sbatch"), "--parsable", "-o", "/dev/null", "--gres=gpu:8", "--wrap", "sleep 1"],
+                           env=up, capture_output=True, text=True, timeout=60).stdout.strip()
+    second = subprocess.run([str(BIN / "sbatch"), "--parsable", "-o", "/dev/null", "--gres=gpu:8", "--wrap", "true"],
+                            env=up, capture_output=True, text=True, timeout=60).stdout.strip()
+    wait_for(lambda: "COMPLETED" in subprocess.run([str(BIN / "sacct"), "-X", "-n", "-j", second], env=up,
+                                                   capture_output=True, text=True, timeout=60).stdout, 30, "the jobs")
+    not_here = [sys.executable, "-I", "-c", "import sys; sys.modules['rota.programs.main'] = None\n"
+                "from rota.programs.entry import main; main()"]
+    said = {}
+    for args in (("why", second), ("replay", "--at", "4"), ("history", first), ("why", "999"), ("why", "--bogus")):
+        served, thin, here = (subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd="/tmp")
+                              for argv, env in (([*not_here, *args], up), ([str(BIN / "rota"), *args], up),
+                                                ([str(BIN / "rota"), *args], {**up, "ROTA_THIN": "0"})))
+        assert (served.returncode, served.stdout, served.stderr) == (thin.returncode, thin.stdout, thin.stderr) \
+            == (here.returncode, here.stdout, here.stderr), (args, served, here)
+        said[args] = served
+    assert said[("why", second)].returncode == 0 and f"job {first}" in said[("why", second)].stdout
+    assert "log sequence 4" in said[("replay", "--at", "4")].stdout
+    assert said[("why", "999")].returncode == 1 and "job 999 is not in the log" in said[("why", "999")].stderr
+    # rota's other commands are not the server's to run, nor are the lookups a server without them runs
+    path = os.path.join(up["ROTA_STATE_DIR"], "run", "commands.sock")
+    assert [_first_answer(path, "rota", *a) for a in (("version",), ("up",), ())] == [b"F"] * 3
+    assert _first_answer(path, "rota", "why", "1") == b"A"
+
+
+def test_a_command_server_without_the_logs_lookups_leaves_them_to_the_caller(tmp_path):
+    """An agent's command server (no ``--log-commands``) answers ``F`` to ``rota why``: its caller runs it."""
+    path = str(tmp_path / "commands.sock")
+    server = subprocess.Popen([sys.executable, "-I", "-m", "rota.programs.commandserver", path], cwd="/")
+    try:
+        wait_for(lambda: os.path.exists(path), 30, "the command server's socket")
+        assert _first_answer(path, "rota", "why", "1") == b"F"
+        assert _first_answer(path, "sinfo", "--version") == b"A"
+    finally:
+        server.kill()
+        server.wait()

@@ -1,0 +1,19 @@
+"""``rota``'s entry point. The log's lookups (``rota why``, ``replay``, ``history``) go to this host's warm command
+server when it serves them (``rota up``'s does), skipping Python's imports of rota; every other command, and
+those where no server takes them, runs in this process (:mod:`rota.programs.main`). Only the standard library
+is imported before that choice."""
+from __future__ import annotations
+
+import sys
+
+
+def main() -> None:
+    from rota.cli.thin import LOG_COMMANDS, call
+
+    if len(sys.argv) > 1 and sys.argv[1] in LOG_COMMANDS:
+        code = call("rota", sys.argv[1:])
+        if code is not None:
+            raise SystemExit(code)
+    from rota.programs.main import main as run_here
+
+    run_here()
