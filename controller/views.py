@@ -360,8 +360,7 @@ class Views:
                 try:
                     out, err = await asyncio.wait_for(proc.communicate(), timeout=600)
                 except asyncio.TimeoutError:
-                    proc.kill()
-                    await proc.wait()
+                    await stop_child(proc)
                     raise commands.Rejected(f"rota {command} took longer than 600 s and was stopped",
                                             code="timeout") from None
         finally:
@@ -397,3 +396,14 @@ def timetravel_environment(state_dir: str) -> dict[str, str]:
     """The environment of a time-travel child: this cluster's state directory, nothing of the caller's."""
     keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ", "HOME")}
     return {**keep, "ROTA_STATE_DIR": state_dir, "ROTA_DIRECT_LOG": "1"}
+
+
+async def stop_child(proc: asyncio.subprocess.Process) -> None:
+    """Stop a time-travel child that ran out of time: SIGTERM first, which the thin client passes on to the command
+    server's worker running the command (a SIGKILL would stop only the client), then SIGKILL."""
+    proc.terminate()
+    try:
+        await asyncio.wait_for(proc.wait(), 5)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()

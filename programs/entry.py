@@ -16,4 +16,8 @@ def main() -> None:
             raise SystemExit(code)
     from rota.programs.main import main as run_here
 
-    run_here()
+    run_here("rota")       # the name its usage lines give, however it was started (python -m as a child)
+
+
+if __name__ == "__main__":
+    main()

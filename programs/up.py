@@ -163,7 +163,7 @@ class _Up:
         self.controller = Controller(self.eventlog, config=self.config, keyring=self.keyring, outbox=Outbox(),
                                      reports=runner(str(self.state_dir / "projections.sqlite")),
                                      timetravel_env=timetravel_environment(str(self.state_dir)),
-                                     timetravel_argv=[sys.executable, "-I", "-m", "rota.cli.main"])
+                                     timetravel_argv=[sys.executable, "-I", "-m", "rota.programs.entry"])
         self.controller.reload_config = lambda: load_config(self.config_path, self.fake_gpus)
         if self.server is not None:      # our own server: its store is on this host's disk
             self.controller.store_dir = str(self.state_dir / "nats")

@@ -298,3 +298,28 @@ def test_a_command_server_without_the_logs_lookups_leaves_them_to_the_caller(tmp
     finally:
         server.kill()
         server.wait()
+
+
+def test_a_time_travel_child_out_of_time_is_asked_to_stop_then_killed():
+    """A child that runs the command through the command server stops with SIGTERM (its thin client passes it on to
+    the worker; a SIGKILL would stop only the client): it gets SIGTERM first, SIGKILL only if it does not stop."""
+    import asyncio
+
+    from rota.controller.views import stop_child
+
+    async def stop_both() -> tuple[int | None, float, int | None, float]:
+        polite = await asyncio.create_subprocess_exec(sys.executable, "-c", "import time; time.sleep(60)")
+        deaf = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ready', flush=True); time.sleep(60)", stdout=asyncio.subprocess.PIPE)
+        await deaf.stdout.readline()
+        t = time.monotonic()
+        await stop_child(polite)
+        quick = time.monotonic() - t
+        t = time.monotonic()
+        await stop_child(deaf)
+        return polite.returncode, quick, deaf.returncode, time.monotonic() - t
+
+    polite, quick, deaf, slow = asyncio.run(stop_both())
+    assert polite == -signal.SIGTERM and quick < 2, (polite, quick)
+    assert deaf == -signal.SIGKILL and 4 < slow < 10, (deaf, slow)

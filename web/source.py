@@ -9,7 +9,7 @@ import time
 from typing import Any, Callable, TypeVar
 
 from rota.cli.client import NoCluster, request
-from rota.controller.views import timetravel_environment
+from rota.controller.views import stop_child, timetravel_environment
 from rota.projections import queries
 
 T = TypeVar("T")
@@ -63,14 +63,13 @@ class Source:
     async def why(self, job_id: int) -> dict:
         """``rota why N --json`` for a job, as the CLI computes it (a child process reading the log)."""
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-m", "rota.cli.main", "why", str(int(job_id)), "--json",
+            sys.executable, "-I", "-m", "rota.programs.entry", "why", str(int(job_id)), "--json",
             env=timetravel_environment(self.state_dir), cwd="/", stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         try:
             out, err = await asyncio.wait_for(proc.communicate(), timeout=WHY_TIMEOUT)
         except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
+            await stop_child(proc)
             raise SourceError(f"rota why {job_id} took longer than {WHY_TIMEOUT:.0f} s") from None
         if proc.returncode != 0:
             raise SourceError(err.decode(errors="replace").strip().splitlines()[-1] if err.strip()
