@@ -156,14 +156,14 @@ def cluster_figures(log: list[ev.Envelope], snaps: dict[int, bytes], big: int, m
             asyncio.run(_load_cluster(srv.url, log, snaps, str(state_dir / "projections.sqlite"), mac_key))
             loaded = time.perf_counter() - t0
             env = dict(os.environ, ROTA_STATE_DIR=str(state_dir))
-            commands = _command_server(state_dir)
+            commands = _command_server(state_dir)    # as rota up runs it: the web's why child goes there too
             try:
                 figures += _commands_both_ways(env, srv.url, big, mid, runs, f"log loaded into NATS in {loaded:.0f} s; "
                                                f"python -m rota.bench.timetravel_bench --jobs {jobs}")
+                figures.append(web_job_page(state_dir, srv.url, big, runs, jobs, len(log)))
             finally:
                 commands.kill()
                 commands.wait()
-            figures.append(web_job_page(state_dir, srv.url, big, runs, jobs, len(log)))
         finally:
             srv.stop()
     return figures
