@@ -16,6 +16,7 @@ from rota.core.apply import apply
 from rota.core.auth import Caller
 from rota.core.schedule import priority_of, schedule
 from rota.core.state import TERMINAL_STATES
+from rota.wire.lifetime import stop_child
 
 
 if TYPE_CHECKING:
@@ -397,13 +398,3 @@ def timetravel_environment(state_dir: str) -> dict[str, str]:
     keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ", "HOME")}
     return {**keep, "ROTA_STATE_DIR": state_dir, "ROTA_DIRECT_LOG": "1"}
 
-
-async def stop_child(proc: asyncio.subprocess.Process) -> None:
-    """Stop a time-travel child that ran out of time: SIGTERM first, which the thin client passes on to the command
-    server's worker running the command (a SIGKILL would stop only the client), then SIGKILL."""
-    proc.terminate()
-    try:
-        await asyncio.wait_for(proc.wait(), 5)
-    except asyncio.TimeoutError:
-        proc.kill()
-        await proc.wait()

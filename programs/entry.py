@@ -7,6 +7,11 @@ from __future__ import annotations
 import sys
 
 
+def child_argv() -> list[str]:
+    """How a process of rota's starts ``rota`` as its child: this Python, isolated (``-I``), this entry point."""
+    return [sys.executable, "-I", "-m", "rota.programs.entry"]
+
+
 def main() -> None:
     from rota.cli.thin import LOG_COMMANDS, call
 

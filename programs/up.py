@@ -17,7 +17,7 @@ from rota.agents.agent import Agent
 from rota.core import events as ev
 from rota.core.slurmconf import ConfigError
 from rota.projections.projector import Projector
-from rota.wire.lifetime import run_bounded
+from rota.wire.lifetime import run_bounded, stop_child
 from rota.wire.paths import default_state_dir, read_text, write_public
 
 from rota.controller import natsserver
@@ -26,6 +26,8 @@ from rota.controller.eventlog import SUBJECT_PREFIX, JetStreamLog
 from rota.controller.outbox import Outbox
 from rota.controller.service import Controller, GiveWay
 from rota.cli.localconfig import load_config
+
+from .entry import child_argv
 
 log = logging.getLogger("rota.up")
 SWITCH_INTERVAL = 0.0005   # seconds a thread holds the interpreter before another may take it
@@ -163,7 +165,7 @@ class _Up:
         self.controller = Controller(self.eventlog, config=self.config, keyring=self.keyring, outbox=Outbox(),
                                      reports=runner(str(self.state_dir / "projections.sqlite")),
                                      timetravel_env=timetravel_environment(str(self.state_dir)),
-                                     timetravel_argv=[sys.executable, "-I", "-m", "rota.programs.entry"])
+                                     timetravel_argv=child_argv())
         self.controller.reload_config = lambda: load_config(self.config_path, self.fake_gpus)
         if self.server is not None:      # our own server: its store is on this host's disk
             self.controller.store_dir = str(self.state_dir / "nats")
@@ -359,7 +361,7 @@ class _Up:
         if self.candidating is not None:      # stops leading (the API, cycles, the agent link), gives the lease up
             steps.append(("leadership", lambda: asyncio.gather(self.candidating, return_exceptions=True)))
         if self.web is not None:
-            steps.append(("web view", lambda: _stop_child(self.web)))
+            steps.append(("web view", lambda: stop_child(self.web)))
         if self.signer is not None:
             steps.append(("signer", self.signer.stop))
         if self.agent is not None:
@@ -375,12 +377,6 @@ class _Up:
         if self.eventlog is not None:
             steps.append(("event log", self.eventlog.close))
         return steps
-
-
-async def _stop_child(proc: Any) -> None:
-    if proc.returncode is None:
-        proc.terminate()
-    await proc.wait()
 
 
 async def _stop_projector(projector: Any, projecting: asyncio.Task | None) -> None:

@@ -46,6 +46,8 @@ async def serve(state_dir: str, listen: str, port: int, context: ssl.SSLContext 
     from rota.web.app import WebApp, is_loopback
     from rota.web.auth import Sessions
     from rota.web.source import Source
+
+    from .entry import child_argv
     from rota.wire.keys import load_keyring
     from rota.wire.paths import cluster_key_path, web_info_path, write_public
     from rota.wire.webtoken import PURPOSE
@@ -53,8 +55,8 @@ async def serve(state_dir: str, listen: str, port: int, context: ssl.SSLContext 
     key = load_keyring(cluster_key_path(state_dir)).purpose_key(PURPOSE)
     if key is None:
         raise WebSetupError(f"rota web: {cluster_key_path(state_dir)} is a host key: run it where the cluster key is")
-    app = WebApp(Source(state_dir), Sessions(key), loopback=is_loopback(listen), secure=context is not None,
-                 metrics_token=token).build()
+    app = WebApp(Source(state_dir, why_argv=child_argv()), Sessions(key), loopback=is_loopback(listen),
+                 secure=context is not None, metrics_token=token).build()
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, listen, port, ssl_context=context)

@@ -305,7 +305,7 @@ def test_a_time_travel_child_out_of_time_is_asked_to_stop_then_killed():
     the worker; a SIGKILL would stop only the client): it gets SIGTERM first, SIGKILL only if it does not stop."""
     import asyncio
 
-    from rota.controller.views import stop_child
+    from rota.wire.lifetime import stop_child
 
     async def stop_both() -> tuple[int | None, float, int | None, float]:
         polite = await asyncio.create_subprocess_exec(sys.executable, "-c", "import time; time.sleep(60)")

@@ -6,11 +6,12 @@ import asyncio
 import json
 import sys
 import time
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 from rota.cli.client import NoCluster, request
-from rota.controller.views import stop_child, timetravel_environment
+from rota.controller.views import timetravel_environment
 from rota.projections import queries
+from rota.wire.lifetime import stop_child
 
 T = TypeVar("T")
 CONFIG_TTL = 5.0          # seconds the cluster's configuration is reused between pages
@@ -22,9 +23,11 @@ class SourceError(Exception):
 
 
 class Source:
-    def __init__(self, state_dir: str, socket: str | None = None) -> None:
+    def __init__(self, state_dir: str, socket: str | None = None, why_argv: Sequence[str] | None = None) -> None:
         self.state_dir = state_dir
         self.socket = socket
+        # how ``rota why`` starts as a child (the composition root names the program)
+        self.why_argv = list(why_argv or (sys.executable, "-I", "-m", "rota.cli.main"))
         self.db_path = f"{state_dir}/projections.sqlite"
         self._config: tuple[float, dict] | None = None
 
@@ -63,7 +66,7 @@ class Source:
     async def why(self, job_id: int) -> dict:
         """``rota why N --json`` for a job, as the CLI computes it (a child process reading the log)."""
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-m", "rota.programs.entry", "why", str(int(job_id)), "--json",
+            *self.why_argv, "why", str(int(job_id)), "--json",
             env=timetravel_environment(self.state_dir), cwd="/", stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         try:

@@ -1,5 +1,6 @@
-"""A child process's lifetime tied to its parent's (Linux: PR_SET_PDEATHSIG), a daemon's end that always
-comes (its event loop run with a bounded stop), and its C heap kept close to what it holds."""
+"""A child process's lifetime tied to its parent's (Linux: PR_SET_PDEATHSIG), a child out of time stopped, a
+daemon's end that always comes (its event loop run with a bounded stop), and its C heap kept close to what it
+holds."""
 from __future__ import annotations
 
 import asyncio
@@ -58,3 +59,18 @@ def run_bounded(main: Any) -> None:
         if left:
             loop.run_until_complete(asyncio.wait(left, timeout=5))
         loop.close()          # shuts its thread pool down without waiting for it
+
+
+async def stop_child(proc: asyncio.subprocess.Process, grace: float = 5.0) -> None:
+    """Stop a child that ran out of time: SIGTERM first (a thin client passes it on to the command server's worker
+    that runs its command; a SIGKILL would stop only the client), SIGKILL after ``grace`` seconds."""
+    if proc.returncode is None:
+        try:
+            proc.terminate()
+        except ProcessLookupError:     # already gone
+            pass
+    try:
+        await asyncio.wait_for(proc.wait(), grace)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
