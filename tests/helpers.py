@@ -109,3 +109,24 @@ def run_as(user: str, main: Callable[[list[str]], int], argv: list[str], cwd: st
         out, err = fo.read(), fe.read()
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status), out, err
+
+
+def tls_files(folder) -> tuple[str, str, str] | None:
+    """A private CA and a server certificate for 127.0.0.1 and localhost, made with openssl in ``folder``:
+    (CA, certificate, key) paths; None where openssl is missing."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    if shutil.which("openssl") is None:
+        return None
+    ca_key, ca, key, csr, cert = (Path(folder) / n for n in ("ca.key", "ca.pem", "srv.key", "srv.csr", "srv.pem"))
+    ext = Path(folder) / "ext.cnf"
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for cmd in (["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca, "-days", "2",
+                 "-subj", "/CN=rota test CA"],
+                ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", "/CN=localhost"],
+                ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", cert,
+                 "-days", "2", "-extfile", ext]):
+        subprocess.run(["openssl", *map(str, cmd)], check=True, capture_output=True)
+    return str(ca), str(cert), str(key)

@@ -91,3 +91,38 @@ def test_a_rota_process_builds_its_models_without_looking_for_pydantic_plugins()
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "[]", "ValidationError"]
+
+
+async def test_a_frozen_tls_server_is_given_up_though_closing_its_connection_gently_never_ends(tmp_path):
+    """Over TLS, nats-py reconnects only once it has closed the old connection gently, and a TLS close waits for
+    the server's own close (asyncio gives it 30 s): a frozen server keeps the connection from moving on. It must
+    still give the server up within a few pings' allowance."""
+    import pytest
+
+    from helpers import tls_files
+
+    made = tls_files(tmp_path)
+    if made is None:
+        pytest.skip("openssl is not installed")
+    ca, cert, key = made
+    srv = natsserver.start(tmp_path / "nats", sync_always=False, tls={"cert_file": cert, "key_file": key})
+    gave_up = asyncio.Event()
+
+    async def disconnected() -> None:
+        gave_up.set()
+
+    # nats-py's own pings find the server stale first (its reconnect then closes the connection gently)
+    nc = await natsconn.connect(srv.url, "test", disconnected_cb=disconnected, tls_ca=ca, ping_interval=1,
+                                max_outstanding_pings=1)
+    try:
+        await nc.flush()
+        srv.process.send_signal(signal.SIGSTOP)
+        frozen = time.monotonic()
+        allowance = natsconn.PING_INTERVAL * (2 * natsconn.MAX_OUTSTANDING_PINGS + 2) + 2
+        await asyncio.wait_for(gave_up.wait(), timeout=40)
+        took = time.monotonic() - frozen
+        assert took <= allowance, took
+    finally:
+        srv.process.send_signal(signal.SIGCONT)
+        await nc.close()
+        srv.stop()

@@ -22,7 +22,7 @@ from rota.cli import sbatch, scancel, scontrol
 from rota.controller.eventlog import JetStreamLog
 from rota.wire import keys, natsauth
 
-from helpers import run_as, wait_for
+from helpers import run_as, tls_files, wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a second local user needs root to become (CI runs as root)")
 
@@ -305,17 +305,10 @@ def test_replies_match_requests_after_the_controller_was_stopped(up):
 
 def test_tls_between_hosts(tmp_path):
     """The embedded server speaks TLS with a certificate from a private CA; rota's own clients check it."""
-    if shutil.which("openssl") is None:
+    made = tls_files(tmp_path)
+    if made is None:
         pytest.skip("openssl is not installed")
-    ca_key, ca, key, csr, cert = (tmp_path / n for n in ("ca.key", "ca.pem", "srv.key", "srv.csr", "srv.pem"))
-    ext = tmp_path / "ext.cnf"
-    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for cmd in (["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca, "-days", "2",
-                 "-subj", "/CN=rota test CA"],
-                ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", "/CN=localhost"],
-                ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", cert,
-                 "-days", "2", "-extfile", ext]):
-        subprocess.run(["openssl", *map(str, cmd)], check=True, capture_output=True)
+    ca, cert, key = made
     conf = tmp_path / "slurm.conf"
     conf.write_text(CONF + f"RotaTLSCertFile={cert}\nRotaTLSKeyFile={key}\nRotaTLSCAFile={ca}\n")
     env = dict(os.environ, ROTA_STATE_DIR=str(tmp_path / "state"))

@@ -71,10 +71,13 @@ async def _watch(nc: Any, who: str) -> None:
     there for good and never finds the connection stale (a controller stayed on a SIGSTOPped server for the
     whole freeze). This round trip is bounded from outside: no PONG within the pings' allowance, another server."""
     limit = PING_INTERVAL * MAX_OUTSTANDING_PINGS
+    closing: tuple[Any, float] | None = None
     while not nc.is_closed:
         await asyncio.sleep(PING_INTERVAL)
         if not nc.is_connected:
-            continue            # reconnecting (or closed): nats-py is already on it
+            closing = _unstick(nc, who, closing, limit)   # reconnecting (or closed): nats-py is on it, unless stuck
+            continue
+        closing = None
         # a round trip waited for, not cancelled: nats-py swallows a cancel of a write stuck in its queue
         probe = asyncio.ensure_future(nc.flush(timeout=limit))
         probe.add_done_callback(_quietly)
@@ -85,6 +88,23 @@ async def _watch(nc: Any, who: str) -> None:
                 log.warning("%s: the NATS server at %s stopped answering: trying another", who, server)
                 if not _cut(nc):
                     await nc.force_reconnect()
+
+
+def _unstick(nc: Any, who: str, closing: tuple[Any, float] | None, limit: float) -> tuple[Any, float] | None:
+    """nats-py reconnects only once it has closed the old connection gently, and a TLS close waits for the
+    server's own (asyncio gives it 30 s): a server that stopped answering holds the reconnect that long. The
+    same socket still being closed after ``limit`` seconds is cut. ``closing``: (that socket's writer, since when)
+    as the last look saw it; returns what this look saw."""
+    writer = getattr(getattr(nc, "_transport", None), "_io_writer", None)
+    if writer is None or not nc.is_reconnecting:
+        return None
+    if closing is None or closing[0] is not writer:
+        return (writer, time.monotonic())
+    if time.monotonic() - closing[1] < limit:
+        return closing
+    log.warning("%s: the connection to a NATS server that stopped answering does not close: cutting it", who)
+    _cut(nc)
+    return None
 
 
 def _quietly(task: asyncio.Future) -> None:
