@@ -13,6 +13,7 @@ log = logging.getLogger("rota.nats")
 # another after this many seconds times this many unanswered pings, rather than nats-py's 2 x 2 minutes.
 PING_INTERVAL = 3
 MAX_OUTSTANDING_PINGS = 2
+CLOSE_WAIT = 1.0     # seconds a reconnect may spend closing the old connection before that socket is cut
 
 
 class _QuietTlsEof(logging.Filter):
@@ -73,9 +74,9 @@ async def _watch(nc: Any, who: str) -> None:
     limit = PING_INTERVAL * MAX_OUTSTANDING_PINGS
     closing: tuple[Any, float] | None = None
     while not nc.is_closed:
-        await asyncio.sleep(PING_INTERVAL)
+        await asyncio.sleep(CLOSE_WAIT if closing else PING_INTERVAL)
         if not nc.is_connected:
-            closing = _unstick(nc, who, closing, limit)   # reconnecting (or closed): nats-py is on it, unless stuck
+            closing = _unstick(nc, who, closing)   # reconnecting (or closed): nats-py is on it, unless stuck
             continue
         closing = None
         # a round trip waited for, not cancelled: nats-py swallows a cancel of a write stuck in its queue
@@ -90,17 +91,17 @@ async def _watch(nc: Any, who: str) -> None:
                     await nc.force_reconnect()
 
 
-def _unstick(nc: Any, who: str, closing: tuple[Any, float] | None, limit: float) -> tuple[Any, float] | None:
+def _unstick(nc: Any, who: str, closing: tuple[Any, float] | None) -> tuple[Any, float] | None:
     """nats-py reconnects only once it has closed the old connection gently, and a TLS close waits for the
     server's own (asyncio gives it 30 s): a server that stopped answering holds the reconnect that long. The
-    same socket still being closed after ``limit`` seconds is cut. ``closing``: (that socket's writer, since when)
-    as the last look saw it; returns what this look saw."""
+    same socket still being closed after ``CLOSE_WAIT`` seconds (a close that goes well takes milliseconds) is
+    cut. ``closing``: (that socket's writer, since when) as the last look saw it; returns what this look saw."""
     writer = getattr(getattr(nc, "_transport", None), "_io_writer", None)
     if writer is None or not nc.is_reconnecting:
         return None
     if closing is None or closing[0] is not writer:
         return (writer, time.monotonic())
-    if time.monotonic() - closing[1] < limit:
+    if time.monotonic() - closing[1] < CLOSE_WAIT:
         return closing
     log.warning("%s: the connection to a NATS server that stopped answering does not close: cutting it", who)
     _cut(nc)
