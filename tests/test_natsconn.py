@@ -1,7 +1,11 @@
 """Connections to NATS give up a server that stops answering, even when their writes are stuck behind it."""
 import asyncio
+import logging
 import signal
 import time
+
+import pytest
+from helpers import tls_files
 
 from rota.controller import natsserver
 from rota.wire import natsconn
@@ -97,10 +101,6 @@ async def test_a_frozen_tls_server_is_given_up_though_closing_its_connection_gen
     """Over TLS, nats-py reconnects only once it has closed the old connection gently, and a TLS close waits for
     the server's own close (asyncio gives it 30 s): a frozen server keeps the connection from moving on. It must
     still give the server up within a few pings' allowance."""
-    import pytest
-
-    from helpers import tls_files
-
     made = tls_files(tmp_path)
     if made is None:
         pytest.skip("openssl is not installed")
@@ -124,5 +124,27 @@ async def test_a_frozen_tls_server_is_given_up_though_closing_its_connection_gen
         assert took <= allowance, took
     finally:
         srv.process.send_signal(signal.SIGCONT)
+        await nc.close()
+        srv.stop()
+
+
+async def test_a_reconnect_after_the_server_died_is_left_to_nats_py(tmp_path, caplog):
+    """A killed server's connection is closed at once: while nats-py tries the servers again, the socket it closed
+    is not cut again and again, nor said not to close."""
+    srv = natsserver.start(tmp_path / "nats", sync_always=False)
+    nc = await natsconn.connect(srv.url, "test")
+    try:
+        await nc.flush()
+        with caplog.at_level(logging.WARNING, logger="rota.nats"):
+            srv.process.kill()
+            srv.process.wait()
+            for _ in range(80):
+                if nc.is_reconnecting:
+                    break
+                await asyncio.sleep(0.1)
+            assert nc.is_reconnecting
+            await asyncio.sleep(natsconn.PING_INTERVAL + 3 * natsconn.CLOSE_WAIT)
+        assert not [r for r in caplog.records if "does not close" in r.getMessage()], caplog.text
+    finally:
         await nc.close()
         srv.stop()

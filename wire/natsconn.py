@@ -97,8 +97,9 @@ def _unstick(nc: Any, who: str, closing: tuple[Any, float] | None) -> tuple[Any,
     same socket still being closed after ``CLOSE_WAIT`` seconds (a close that goes well takes milliseconds) is
     cut. ``closing``: (that socket's writer, since when) as the last look saw it; returns what this look saw."""
     writer = getattr(getattr(nc, "_transport", None), "_io_writer", None)
-    if writer is None or not nc.is_reconnecting:
-        return None
+    sock = writer.get_extra_info("socket") if writer is not None else None
+    if sock is None or sock.fileno() < 0 or not nc.is_reconnecting:
+        return None        # no socket being closed (a dead server's was closed at once; nats-py tries the others)
     if closing is None or closing[0] is not writer:
         return (writer, time.monotonic())
     if time.monotonic() - closing[1] < CLOSE_WAIT:
