@@ -173,12 +173,12 @@ def _command_server(state_dir) -> Any:
     """The command server ``rota up`` runs beside its signer (it serves the log's lookups), on ``state_dir``'s socket."""
     import subprocess
 
-    from rota.programs.agent import COMMAND_SERVER
+    from rota.programs.agent import command_server
     from rota.wire.paths import socket_in
 
     path = os.path.join(os.path.dirname(socket_in(str(state_dir))), "commands.sock")
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    proc = subprocess.Popen([*COMMAND_SERVER, "--log-commands", path], cwd="/", stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen([*command_server(log_commands=True), path], cwd="/", stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while not os.path.exists(path):
         if time.monotonic() > deadline or proc.poll() is not None:

@@ -397,4 +397,3 @@ def timetravel_environment(state_dir: str) -> dict[str, str]:
     """The environment of a time-travel child: this cluster's state directory, nothing of the caller's."""
     keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ", "HOME")}
     return {**keep, "ROTA_STATE_DIR": state_dir, "ROTA_DIRECT_LOG": "1"}
-

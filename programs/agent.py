@@ -16,6 +16,12 @@ from rota.wire.lifetime import run_bounded
 COMMAND_SERVER = (sys.executable, "-I", "-m", "rota.programs.commandserver")
 
 
+def command_server(log_commands: bool = False) -> tuple[str, ...]:
+    """The command server's program beside a signer (its socket's path goes last); with ``log_commands`` it serves
+    the log's lookups too (the controller's host)."""
+    return (*COMMAND_SERVER, "--log-commands") if log_commands else COMMAND_SERVER
+
+
 def _keyring(key: str | None, state: Path, host: str, echo) -> Any:
     from rota.wire.keys import KeyFileError, load_keyring
     from rota.wire.paths import cluster_key_path
@@ -51,9 +57,8 @@ async def run_signer(path: str, host: str, keyring: Any, url: str, tls_ca: str |
     from rota.agents.signer import Signer
 
     nc = await natsconn.connect(url, f"signer {host}", keyring=keyring, host=host, tls_ca=tls_ca)
-    server = (*COMMAND_SERVER, *(("--log-commands",) if log_commands else ())) if os.environ.get("ROTA_THIN") != "0" \
-        else ()
-    signer = Signer(path, host, keyring, nc, command_server=server)
+    signer = Signer(path, host, keyring, nc,
+                    command_server=command_server(log_commands) if os.environ.get("ROTA_THIN") != "0" else ())
     await signer.start()
     echo(f"rota: local signer for {host} on {path}")
     return signer

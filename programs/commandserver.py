@@ -115,7 +115,7 @@ class CommandServer:
 
     def __init__(self, path: str, commands: dict[str, str] | None = None) -> None:
         self.path = path
-        self.commands = dict(COMMANDS) if commands is None else commands   # name: module (see served)
+        self.commands = served(False) if commands is None else commands   # name: module (see served)
         self.workers: dict[int, Worker] = {}          # by control socket's descriptor
         self.per_user: dict[int, int] = {}        # workers by uid: a user's groups (newgrp) do not widen its share
         # callers waiting for a worker, a line per uid (the next line to serve first): (connection, uid and gid, since)

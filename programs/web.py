@@ -46,11 +46,11 @@ async def serve(state_dir: str, listen: str, port: int, context: ssl.SSLContext 
     from rota.web.app import WebApp, is_loopback
     from rota.web.auth import Sessions
     from rota.web.source import Source
-
-    from .entry import child_argv
     from rota.wire.keys import load_keyring
     from rota.wire.paths import cluster_key_path, web_info_path, write_public
     from rota.wire.webtoken import PURPOSE
+
+    from .entry import child_argv
 
     key = load_keyring(cluster_key_path(state_dir)).purpose_key(PURPOSE)
     if key is None:

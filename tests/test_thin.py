@@ -171,8 +171,6 @@ def test_an_answer_larger_than_nats_carries_plain_comes_whole(up, native):
 def _worker_of(env, *command: str, become=None) -> tuple[int, int]:
     """(the pid of the process that ran ``command``, its exit status), through the command server by its
     protocol; ``become``: called first, in a child of this process that then speaks for its new self."""
-    import array
-    import json
     import socket
     import struct
 
@@ -185,11 +183,7 @@ def _worker_of(env, *command: str, become=None) -> tuple[int, int]:
                 become()
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.connect(path)
-            null = os.open(os.devnull, os.O_RDWR)
-            req = json.dumps({"cmd": command[0], "argv": list(command[1:]), "cwd": "/", "env": env,
-                              "umask": 0o22}).encode()
-            sock.sendmsg([struct.pack("!I", len(req)) + req],
-                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [null] * 3))])
+            _request(sock, command[0], command[1:], env)
             answer = sock.recv(5)
             sock.sendall(b"G")
             end = sock.recv(5)
@@ -238,24 +232,31 @@ def test_a_worker_takes_its_users_next_commands_and_nothing_of_one_reaches_the_n
         assert wait_for(lambda o=out: o.exists() and o.read_text().strip(), 30, f"{out}") == expected
 
 
-def _first_answer(path: str, cmd: str, *argv: str) -> bytes:
-    """What a command server first answers a request for ``cmd argv`` (``A``: it runs it; ``F``: run it yourself)."""
+def _request(sock, cmd: str, argv, env: dict) -> None:
+    """Send a command server the request for ``cmd argv`` (in /, with ``env``), /dev/null as its three descriptors."""
     import array
     import json
     import socket
     import struct
 
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        req = json.dumps({"cmd": cmd, "argv": list(argv), "cwd": "/", "env": env, "umask": 0o22}).encode()
+        sock.sendmsg([struct.pack("!I", len(req)) + req],
+                      [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [null] * 3))])
+    finally:
+        os.close(null)
+
+
+def _first_answer(path: str, cmd: str, *argv: str) -> bytes:
+    """What a command server first answers a request for ``cmd argv`` (``A``: it runs it; ``F``: run it yourself)."""
+    import socket
+
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(10)
         sock.connect(path)
-        null = os.open(os.devnull, os.O_RDWR)
-        try:
-            req = json.dumps({"cmd": cmd, "argv": list(argv), "cwd": "/", "env": {}, "umask": 0o22}).encode()
-            sock.sendmsg([struct.pack("!I", len(req)) + req],
-                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [null] * 3))])
-            return sock.recv(1)
-        finally:
-            os.close(null)
+        _request(sock, cmd, argv, {})
+        return sock.recv(1)
 
 
 def test_the_logs_lookups_run_warm_in_rota_ups_command_server_and_say_what_they_say_here(up):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from typing import Any, Callable, Sequence, TypeVar
 
@@ -23,11 +22,10 @@ class SourceError(Exception):
 
 
 class Source:
-    def __init__(self, state_dir: str, socket: str | None = None, why_argv: Sequence[str] | None = None) -> None:
+    def __init__(self, state_dir: str, why_argv: Sequence[str], socket: str | None = None) -> None:
         self.state_dir = state_dir
         self.socket = socket
-        # how ``rota why`` starts as a child (the composition root names the program)
-        self.why_argv = list(why_argv or (sys.executable, "-I", "-m", "rota.cli.main"))
+        self.why_argv = list(why_argv)    # how ``rota`` starts as a child (the composition root names the program)
         self.db_path = f"{state_dir}/projections.sqlite"
         self._config: tuple[float, dict] | None = None
 
