@@ -406,6 +406,63 @@ async def test_a_node_reads_its_orders_from_the_last_it_acted_on_through_a_consu
     assert info.config.num_replicas in (None, 0, 1) and info.config.mem_storage
 
 
+async def test_a_nodes_orders_reach_it_within_seconds_when_the_server_holding_its_consumer_freezes(tmp_path):
+    """The consumer is one copy on one server. Frozen, that server answers nothing, and the cluster gives it up
+    only after its route pings (about 9 s), then never answers the consumer's removal: the agent hears no
+    heartbeat from its reads and makes the consumer again on a server that answers, within seconds."""
+    import signal
+
+    from rota.controller.natscluster import start_cluster, wait_for_jetstream
+    from rota.wire import natsconn
+    from rota.wire import subjects as sj
+    from rota.wire.jsqueue import ensure_streams
+    from rota.wire.orderqueue import OrderMark, OrderReader
+
+    servers = start_cluster(tmp_path / "cluster", 3)
+    urls = [s.url for s in servers]
+    conns = []
+    frozen = None
+    try:
+        await wait_for_jetstream(urls)
+        agent = await natsconn.connect(urls, "agent", dont_randomize=True)     # on the first server
+        conns.append(agent)
+        js = agent.jetstream(timeout=10)
+        await ensure_streams(js, replicas=3)
+        reader = OrderReader(js, "n1", OrderMark())
+        for _ in range(20):                  # the consumer on a server other than the agent's
+            await reader.open()
+            host = (await js.consumer_info(sj.ORDER_STREAM, sj.agent_consumer("n1"))).cluster.leader
+            if host != "rota-n1":
+                break
+        frozen = servers[int(host.rsplit("n", 1)[1]) - 1]
+        pub = await natsconn.connect([s.url for s in servers if s is not frozen], "controller", dont_randomize=True)
+        conns.append(pub)
+        pjs = pub.jetstream(timeout=2)
+        batches = reader.batches()
+        await pjs.publish(f"{sj.ORDER_PREFIX}.n1", b"before", stream=sj.ORDER_STREAM)
+        first = await _orders_of(batches, 1)
+        assert [m.data for m in first] == [b"before"]
+        await reader.done(first)
+        frozen.process.send_signal(signal.SIGSTOP)
+        while True:                          # the stream's leader may have been the frozen one
+            try:
+                await pjs.publish(f"{sj.ORDER_PREFIX}.n1", b"after", stream=sj.ORDER_STREAM)
+                break
+            except Exception:  # noqa: BLE001 - electing another
+                await asyncio.sleep(0.2)
+        sent = time.monotonic()
+        got = await asyncio.wait_for(batches.__anext__(), 30)
+        assert [m.data for m in got] == [b"after"]
+        assert time.monotonic() - sent < 8.0          # 15 s and more before the reads asked for heartbeats
+    finally:
+        if frozen is not None:
+            frozen.process.send_signal(signal.SIGCONT)
+        for nc in conns:
+            await nc.close()
+        for s in servers:
+            s.stop()
+
+
 async def test_a_signer_beside_the_leading_controller_is_answered_in_process_and_checked_as_over_nats(
         jetstream, tmp_path):
     """``rota up``'s signer hands its requests to the controller of its own process while that leads: the

@@ -4,8 +4,10 @@ The order stream (``ROTA_ORDERS``, ``rota.orders.<node>``) keeps every order unt
 the node's heartbeats say its agent has acted on (:class:`OrderMark`). Each agent reads its own subject through
 one consumer, ``agent-<node>``, kept in one copy in memory: a replicated consumer per node is a Raft group per
 node, which a thousand nodes make too costly for a small cluster of servers. So the consumer can be lost (its
-server dies or restarts); the agent then makes it again from its mark, wherever the servers place it, and drops
-repeats of what it has already acted on. Its role lets it make, read, acknowledge and remove that one consumer,
+server dies or restarts, or freezes or is cut off); the agent then makes it again from its mark, wherever the
+servers place it, and drops repeats of what it has already acted on. Its reads ask for the servers' heartbeats,
+so a consumer whose server stopped answering is told from one with no orders within seconds, not after the
+servers' own route pings have given that server up. Its role lets it make, read, acknowledge and remove that one consumer,
 on its own subject only (:func:`rota.wire.natsauth.host_permissions`).
 """
 from __future__ import annotations
@@ -23,6 +25,10 @@ from .jsqueue import ACK_WAIT, MORE_WAIT, stream_id
 log = logging.getLogger("rota.wire")
 CHECK_IDLE = 10.0       # seconds a reader goes without orders before it checks that its consumer is still there
 FAILING = 2.0           # seconds of failed reads after which the consumer is made again
+HEARTBEAT = 0.45        # seconds between the servers' heartbeats while a read waits for an order
+SILENT = 3              # reads in a row with no word from the consumer's server before it is made again
+MAKE_WAIT = 1.0         # seconds each step of making the consumer may take at first (doubled on each failure)
+MAKE_WAIT_MAX = 10.0
 INACTIVE = 60.0         # seconds a consumer no one reads lives on (an agent that died for good)
 
 
@@ -71,16 +77,20 @@ class OrderReader:
         self.name = sj.agent_consumer(node)
         self.sub: Any = None
         self.opened = 0          # how many times the consumer was made
+        self.idle = 0            # reads in a row that found no order though the consumer's server answered
+        self.silent = 0          # reads in a row with no word from it
 
     async def open(self) -> None:
         """Make the consumer from the mark, waiting while the stream is not there (no controller yet) or the
         servers cannot make it."""
         warned = False
+        wait = MAKE_WAIT
         while True:
             try:
-                await self._make()
+                await self._make(wait)
                 return
             except Exception as exc:  # noqa: BLE001 - no stream yet, a leader being elected, a server away
+                wait = min(2 * wait, MAKE_WAIT_MAX)
                 if not warned:
                     log.warning("cannot read the orders of %s yet: %s (waiting for the servers and the controller; "
                                 "if it lasts, check that the servers' authorization block is this rota's: "
@@ -88,10 +98,14 @@ class OrderReader:
                     warned = True
                 await asyncio.sleep(0.5)
 
-    async def _make(self) -> None:
+    async def _make(self, wait: float) -> None:
+        """Make the consumer afresh, each step bounded by ``wait`` seconds, the removal of the old one by
+        MAKE_WAIT: the servers answer a removal only once the consumer's own server has, which a frozen or
+        cut-off one never does, yet the removal takes effect; one not yet in effect fails the making, and the
+        caller tries again."""
         from nats.js.errors import NotFoundError
 
-        info = await self.js.stream_info(sj.ORDER_STREAM)
+        info = await asyncio.wait_for(self.js.stream_info(sj.ORDER_STREAM), wait)
         stream = stream_id(info)
         if self.mark.stream is None:        # the first read on this node: the orders from now on
             self.mark.stream, self.mark.seq = stream, info.state.last_seq
@@ -100,10 +114,11 @@ class OrderReader:
             self.mark.stream, self.mark.seq = stream, 0
             self.mark.save()
         try:
-            await self.js.delete_consumer(sj.ORDER_STREAM, self.name)
-        except NotFoundError:
+            await asyncio.wait_for(self.js.delete_consumer(sj.ORDER_STREAM, self.name), MAKE_WAIT)
+        except (NotFoundError, asyncio.TimeoutError):
             pass
-        await self.js.add_consumer(sj.ORDER_STREAM, order_config(self.node, self.mark.seq + 1))
+        await asyncio.wait_for(self.js.add_consumer(sj.ORDER_STREAM, order_config(self.node, self.mark.seq + 1)),
+                               wait)
         if self.sub is not None:
             try:
                 await self.sub.unsubscribe()      # the old consumer's reply subscription
@@ -127,9 +142,10 @@ class OrderReader:
         return True
 
     async def _fetch(self) -> list[Any]:
-        """One order as soon as there is one, then whatever else is already there (raises TimeoutError when
-        none came within a second)."""
-        msgs = await self.sub.fetch(1, timeout=1.0)
+        """One order as soon as there is one, then whatever else is already there. Raises FetchTimeoutError
+        when none came within a second though the consumer's server answered, and another TimeoutError when
+        nothing at all came from it."""
+        msgs = await self.sub.fetch(1, timeout=1.0, heartbeat=HEARTBEAT)
         if self.batch > 1:
             try:
                 msgs += await self.sub.fetch(self.batch - 1, timeout=MORE_WAIT)
@@ -137,22 +153,39 @@ class OrderReader:
                 pass
         return msgs
 
+    async def _waited(self, heard: bool) -> None:
+        """A read that brought no order: ``heard`` when the consumer's server answered meanwhile."""
+        if heard:
+            self.idle, self.silent = self.idle + 1, 0
+            if self.idle >= CHECK_IDLE:
+                self.idle = 0
+                if not await self._there():
+                    log.warning("the order consumer of %s is gone: made again after sequence %d", self.node,
+                                self.mark.seq)
+                    await self.open()
+            return
+        self.silent += 1          # not a word from it: its server frozen, cut off, or this connection's away
+        if self.silent >= SILENT:
+            log.warning("the order consumer of %s does not answer (its server frozen or cut off): made again "
+                        "after sequence %d", self.node, self.mark.seq)
+            self.silent = 0
+            await self.open()
+
     async def batches(self) -> AsyncIterator[list[Any]]:
         """Batches of orders after the mark, forever (repeats at or before it are acknowledged and dropped)."""
+        from nats.js.errors import FetchTimeoutError
+
         if self.sub is None:
             await self.open()
-        idle = failing = 0.0
+        failing = 0.0
         while True:
             try:
                 msgs = await self._fetch()
+            except FetchTimeoutError:
+                await self._waited(heard=True)
+                continue
             except asyncio.TimeoutError:
-                idle += 1.0
-                if idle >= CHECK_IDLE:
-                    idle = 0.0
-                    if not await self._there():
-                        log.warning("the order consumer of %s is gone: made again after sequence %d", self.node,
-                                    self.mark.seq)
-                        await self.open()
+                await self._waited(heard=False)
                 continue
             except Exception as exc:  # noqa: BLE001 - reconnecting, or the consumer's server is away
                 failing += 0.2
@@ -162,7 +195,8 @@ class OrderReader:
                     await self.open()
                 await asyncio.sleep(0.2)
                 continue
-            idle = failing = 0.0
+            failing = 0.0
+            self.idle = self.silent = 0
             fresh = [m for m in msgs if m.metadata.sequence.stream > self.mark.seq]
             for msg in msgs:
                 if msg.metadata.sequence.stream <= self.mark.seq:
