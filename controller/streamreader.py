@@ -5,9 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from typing import Any, AsyncIterator
 
 from .logerrors import LogUnavailable
+
+HEARTBEAT = 1.0      # seconds between the server's heartbeats while a request waits
+SILENCE = 3.5        # seconds with not a word from the consumer's server before a read gives it up
+REMOVE_WAIT = 1.0    # seconds a consumer's removal is waited for (it goes by itself when idle anyway)
+KEEP = ("100", "404", "408", "409")   # statuses that are no failure: a heartbeat, a request dry or expired
 
 
 class PullReader:
@@ -21,6 +27,7 @@ class PullReader:
         self.ready = asyncio.Event()
         self.failure: list[str] = []
         self.requested = start - 1
+        self.heard = False          # whether anything came since the last look
 
     async def open(self) -> None:
         self.consumer = await self.log._ephemeral_consumer(self.start)
@@ -30,10 +37,13 @@ class PullReader:
         self.next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.log.stream}.{self.consumer}"
 
     async def _on_msg(self, msg: Any) -> None:
+        self.heard = True
         reply = msg.reply
-        if not reply:   # a status message: 404/408 when a request ran dry or expired
+        if not reply:   # a status message
             status = (msg.headers or {}).get("Status", "")
-            if status not in ("404", "408", "409"):
+            if status == "100":
+                return
+            if status not in KEEP:
                 self.failure.append(f"pull request failed: status {status!r}")
             self.ready.set()
             return
@@ -45,7 +55,8 @@ class PullReader:
     async def _ask(self) -> None:
         n = min(self.batch, self.end - self.requested)
         if n > 0:
-            await self._send(json.dumps({"batch": n, "expires": 30_000_000_000}).encode())
+            await self._send(json.dumps({"batch": n, "expires": 30_000_000_000,
+                                         "idle_heartbeat": int(HEARTBEAT * 1e9)}).encode())
             self.requested += n
 
     async def _send(self, body: bytes) -> None:
@@ -64,10 +75,7 @@ class PullReader:
         await self._ask()
         await self._ask()
         while delivered < self.end:
-            try:
-                await asyncio.wait_for(self.ready.wait(), timeout=10)
-            except asyncio.TimeoutError:
-                raise LogUnavailable(f"reading the log stalled at sequence {delivered}") from None
+            await self._wait(delivered)
             self.ready.clear()
             if self.failure:
                 raise LogUnavailable(self.failure[0])
@@ -77,6 +85,18 @@ class PullReader:
             delivered = chunk[-1][0]
             yield await self._hand_over(chunk)
 
+    async def _wait(self, delivered: int) -> None:
+        """Until a batch is in, a request ends or fails; LogUnavailable after SILENCE seconds without a word
+        from the consumer's server (frozen, or cut off: its heartbeats stop)."""
+        while True:
+            self.heard = False
+            try:
+                await asyncio.wait_for(self.ready.wait(), timeout=SILENCE)
+                return
+            except asyncio.TimeoutError:
+                if not self.heard:
+                    raise LogUnavailable(f"its server went silent at sequence {delivered}") from None
+
     async def close(self) -> None:
         if self.sub is not None:
             try:
@@ -85,8 +105,8 @@ class PullReader:
                 pass
         if self.consumer is not None:
             try:
-                await self.log.js.delete_consumer(self.log.stream, self.consumer)
-            except Exception:  # noqa: BLE001 - it expires on its own (inactive_threshold)
+                await asyncio.wait_for(self.log.js.delete_consumer(self.log.stream, self.consumer), REMOVE_WAIT)
+            except Exception:  # noqa: BLE001 - it expires on its own (inactive_threshold); a frozen server never answers
                 pass
 
 
@@ -156,9 +176,10 @@ class RawPullReader(PullReader):
                 headers = None
                 if hlen:
                     lines = buf[start:start + hlen].split(b"\r\n")
-                    if reply is None:   # a status: 404/408/409 when a request ran dry or expired
+                    if reply is None:   # a status: a heartbeat, a request dry or expired, or a failure
+                        self.heard = True
                         status = lines[0][9:12].decode()
-                        if status not in ("404", "408", "409"):
+                        if status not in KEEP:
                             self.failure.append(f"pull request failed: status {status!r}")
                         pos = start + total + 2
                         continue
@@ -183,19 +204,25 @@ class RawPullReader(PullReader):
         delivered = self.start - 1
         await self._ask()
         await self._ask()
+        last_word = time.monotonic()         # the consumer's last delivery or status (the server's PINGs aside)
         while delivered < self.end:
             try:
-                data = await asyncio.wait_for(self.reader.read(1 << 20), timeout=10)
+                data = await asyncio.wait_for(self.reader.read(1 << 20), timeout=SILENCE)
             except asyncio.TimeoutError:
-                raise LogUnavailable(f"reading the log stalled at sequence {delivered}") from None
-            if not data:
+                data = None
+            if data == b"":
                 raise LogUnavailable(f"the connection closed at sequence {delivered}")
-            self.buf += data
+            self.buf += data or b""
+            before = len(self.got)
             pings = self._parse()
             if pings:
                 self.writer.write(b"PONG\r\n" * pings)
             if self.failure:
                 raise LogUnavailable(self.failure[0])
+            if self.heard or len(self.got) > before:
+                self.heard, last_word = False, time.monotonic()
+            elif time.monotonic() - last_word > SILENCE:     # not even a heartbeat
+                raise LogUnavailable(f"its server went silent at sequence {delivered}")
             got = self.got
             if not got or (len(got) < self.batch and got[-1][0] < self.end):
                 continue

@@ -107,6 +107,62 @@ async def test_the_plain_reader_delivers_exactly_what_nats_py_delivers(tmp_path)
         srv.stop()
 
 
+@pytest.mark.parametrize("plain", [True, False], ids=["plain", "nats-py"])
+async def test_a_read_whose_consumer_sits_on_a_frozen_server_goes_on_from_another_within_seconds(tmp_path, plain,
+                                                                                                monkeypatch):
+    """A read's consumer is one copy on one server. Frozen, that server sends nothing, not even the heartbeats
+    the read asks for, and never answers the consumer's removal: the read gives it up within seconds and goes
+    on from where it was through a consumer on another server."""
+    import signal
+    import time
+
+    from rota.controller import eventlog
+    from rota.controller.natscluster import start_cluster, wait_for_jetstream
+
+    servers = start_cluster(tmp_path / "cluster", 3)
+    urls = [s.url for s in servers]
+    frozen: list = []
+    lg = None
+    try:
+        await wait_for_jetstream(urls)
+        lg = await JetStreamLog.connect(urls, replicas=3, dont_randomize=True)     # on the first server
+        for i in range(1, 3001):
+            await lg.js.publish(subject_for(EVENTS[0]), eventlog.encode_body(EVENTS[i % 5]),
+                                headers={"Nats-Msg-Id": f"m{i}", eventlog.TS_HEADER: str(i)})
+        leader = (await lg.js.stream_info(lg.stream)).cluster.leader
+        victim = next(s for i, s in enumerate(servers) if f"rota-n{i + 1}" not in ("rota-n1", leader))
+        name = f"rota-n{servers.index(victim) + 1}"
+        made = lg._ephemeral_consumer
+
+        async def on_the_victim_first(from_seq: int) -> str:
+            while not frozen:
+                consumer = await made(from_seq)
+                if (await lg.js.consumer_info(lg.stream, consumer)).cluster.leader == name:
+                    victim.process.send_signal(signal.SIGSTOP)
+                    frozen.append(victim)
+                    return consumer
+                await lg.js.delete_consumer(lg.stream, consumer)
+            return await made(from_seq)
+
+        monkeypatch.setattr(lg, "_ephemeral_consumer", on_the_victim_first)
+        lg._plain_reads = plain
+        began = time.monotonic()
+
+        async def read() -> list[int]:
+            return [m[0] async for chunk in lg.read_raw(1, 3000, batch=500) for m in chunk]
+
+        got = await asyncio.wait_for(read(), 30)     # the plain reader used to wait for ever: PINGs kept it hoping
+        assert frozen and got == list(range(1, 3001))
+        assert time.monotonic() - began < 9.0       # 14 s and more before the reads asked for heartbeats
+    finally:
+        for s in frozen:
+            s.process.send_signal(signal.SIGCONT)
+        if lg is not None:
+            await lg.close()
+        for s in servers:
+            s.stop()
+
+
 async def _read_with(lg, cls, start, end, batch):
     reader = cls(lg, start, end, batch)
     try:
