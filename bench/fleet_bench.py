@@ -170,7 +170,8 @@ async def _worker(names: list[str], url: str, key_path: str, run_for: float, sta
             wave = nodes[:max(1, len(nodes) // 20)]
             failed = [n.name for n in wave]
             await asyncio.gather(*(n.stop() for n in wave))
-        Path(status).write_text(json.dumps({**counts, "failed": failed, "t": time.time()}))
+        remade = sum(max(0, n.reader.opened - 1) for n in nodes if n.reader is not None)
+        Path(status).write_text(json.dumps({**counts, "remade": remade, "failed": failed, "t": time.time()}))
         try:
             await asyncio.wait_for(stop.wait(), timeout=1.0)
         except asyncio.TimeoutError:
@@ -213,13 +214,13 @@ def _wait(check, timeout: float, what: str, every: float = 0.5) -> float:
 
 
 def _counts(status: list[Path]) -> dict:
-    total = {"heartbeats": 0, "reports": 0, "orders": 0, "failed": []}
+    total = {"heartbeats": 0, "reports": 0, "orders": 0, "remade": 0, "failed": []}
     for p in status:
         try:
             d = json.loads(p.read_text())
         except (OSError, ValueError):
             continue
-        for k in ("heartbeats", "reports", "orders"):
+        for k in ("heartbeats", "reports", "orders", "remade"):
             total[k] += d[k]
         total["failed"] += d["failed"]
     return total
@@ -403,7 +404,10 @@ def _array(jobs: int, pid: int, status: list[Path], how: str, fleet: list[int], 
             Figure(f"fleet{where}: messages through NATS during the array (orders + reports + heartbeats, per second)",
                    ((m2["orders"] - m0["orders"]) + (m2["reports"] - m0["reports"])
                     + (m2["heartbeats"] - m0["heartbeats"])) / done, "msgs/s", "", None, how,
-                   f"{events:,} events appended in {done:.0f} s, submit to the last end")]
+                   f"{events:,} events appended in {done:.0f} s, submit to the last end"),
+            Figure(f"fleet{where}: order consumers made again while the array ran (taken for silent or lost)",
+                   m2["remade"] - m0["remade"], "consumers", "0", m2["remade"] == m0["remade"], how,
+                   "reads with no heartbeat from its consumer's server for 4 s make it again")]
 
 
 def _failure_wave(workers: list[subprocess.Popen], status: list[Path], expected: int, timeout: float,

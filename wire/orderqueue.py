@@ -25,8 +25,9 @@ from .jsqueue import ACK_WAIT, MORE_WAIT, stream_id
 log = logging.getLogger("rota.wire")
 CHECK_IDLE = 10.0       # seconds a reader goes without orders before it checks that its consumer is still there
 FAILING = 2.0           # seconds of failed reads after which the consumer is made again
-HEARTBEAT = 0.45        # seconds between the servers' heartbeats while a read waits for an order
-SILENT = 3              # reads in a row with no word from the consumer's server before it is made again
+PULL = 2.0              # seconds a read waits for an order
+HEARTBEAT = 0.9         # seconds between the servers' heartbeats while it waits (at most half of PULL)
+SILENT = 4.0            # seconds of reads with no word from the consumer's server before it is made again
 MAKE_WAIT = 1.0         # seconds each step of making the consumer may take at first (doubled on each failure)
 MAKE_WAIT_MAX = 10.0
 INACTIVE = 60.0         # seconds a consumer no one reads lives on (an agent that died for good)
@@ -77,8 +78,8 @@ class OrderReader:
         self.name = sj.agent_consumer(node)
         self.sub: Any = None
         self.opened = 0          # how many times the consumer was made
-        self.idle = 0            # reads in a row that found no order though the consumer's server answered
-        self.silent = 0          # reads in a row with no word from it
+        self.idle = 0.0          # seconds of reads that found no order though the consumer's server answered
+        self.silent = 0.0        # seconds of reads in a row with no word from it
 
     async def open(self) -> None:
         """Make the consumer from the mark, waiting while the stream is not there (no controller yet) or the
@@ -143,9 +144,9 @@ class OrderReader:
 
     async def _fetch(self) -> list[Any]:
         """One order as soon as there is one, then whatever else is already there. Raises FetchTimeoutError
-        when none came within a second though the consumer's server answered, and another TimeoutError when
+        when none came within PULL seconds though the consumer's server answered, and another TimeoutError when
         nothing at all came from it."""
-        msgs = await self.sub.fetch(1, timeout=1.0, heartbeat=HEARTBEAT)
+        msgs = await self.sub.fetch(1, timeout=PULL, heartbeat=HEARTBEAT)
         if self.batch > 1:
             try:
                 msgs += await self.sub.fetch(self.batch - 1, timeout=MORE_WAIT)
@@ -156,19 +157,19 @@ class OrderReader:
     async def _waited(self, heard: bool) -> None:
         """A read that brought no order: ``heard`` when the consumer's server answered meanwhile."""
         if heard:
-            self.idle, self.silent = self.idle + 1, 0
+            self.idle, self.silent = self.idle + PULL, 0.0
             if self.idle >= CHECK_IDLE:
-                self.idle = 0
+                self.idle = 0.0
                 if not await self._there():
                     log.warning("the order consumer of %s is gone: made again after sequence %d", self.node,
                                 self.mark.seq)
                     await self.open()
             return
-        self.silent += 1          # not a word from it: its server frozen, cut off, or this connection's away
+        self.silent += PULL       # not a word from it: its server frozen, cut off, or this connection's away
         if self.silent >= SILENT:
             log.warning("the order consumer of %s does not answer (its server frozen or cut off): made again "
                         "after sequence %d", self.node, self.mark.seq)
-            self.silent = 0
+            self.silent = 0.0
             await self.open()
 
     async def batches(self) -> AsyncIterator[list[Any]]:
@@ -196,7 +197,7 @@ class OrderReader:
                 await asyncio.sleep(0.2)
                 continue
             failing = 0.0
-            self.idle = self.silent = 0
+            self.idle = self.silent = 0.0
             fresh = [m for m in msgs if m.metadata.sequence.stream > self.mark.seq]
             for msg in msgs:
                 if msg.metadata.sequence.stream <= self.mark.seq:
