@@ -378,7 +378,7 @@ class JetStreamLog:
 
         cfg = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq,
                              ack_policy=AckPolicy.NONE, inactive_threshold=30.0, mem_storage=True)
-        wait = 1.0
+        wait = 2.0
         for attempt in range(40):   # consumer creation times out while a stream leader is elected
             try:     # placed on a frozen or cut-off server, it is never answered: another try lands elsewhere
                 return (await asyncio.wait_for(self.js.add_consumer(self.stream, cfg), wait)).name
