@@ -179,6 +179,9 @@ class JetStreamLog:
             except Exception as exc:  # noqa: BLE001 - timeouts while servers come and go
                 if attempt == attempts - 1:
                     raise LogUnavailable(f"stream info: {type(exc).__name__}: {exc}") from None
+                if attempt == 3:
+                    log.warning("the log's stream does not say where it ends (%s: %s): still asking",
+                                type(exc).__name__, exc)
                 await asyncio.sleep(0.25)
         raise AssertionError("unreachable")
 
@@ -385,6 +388,9 @@ class JetStreamLog:
             except Exception as exc:  # noqa: BLE001
                 if attempt == 39:
                     raise LogUnavailable(f"cannot read the log: {type(exc).__name__}: {exc}") from None
+                if attempt == 2:
+                    log.warning("a consumer to read the log cannot be made yet (%s: %s): still trying",
+                                type(exc).__name__, exc)
                 wait = min(2 * wait, APPEND_TIMEOUT)
                 await asyncio.sleep(0.25)
         raise AssertionError("unreachable")
