@@ -5,10 +5,10 @@ the node's heartbeats say its agent has acted on (:class:`OrderMark`). Each agen
 one consumer, ``agent-<node>``, kept in one copy in memory: a replicated consumer per node is a Raft group per
 node, which a thousand nodes make too costly for a small cluster of servers. So the consumer can be lost (its
 server dies or restarts, or freezes or is cut off); the agent then makes it again from its mark, wherever the
-servers place it, and drops repeats of what it has already acted on. Its reads ask for the servers' heartbeats,
-so a consumer whose server stopped answering is told from one with no orders within seconds, not after the
-servers' own route pings have given that server up. Its role lets it make, read, acknowledge and remove that one consumer,
-on its own subject only (:func:`rota.wire.natsauth.host_permissions`).
+servers place it, and drops repeats of what it has already acted on. Its reads ask for the servers'
+heartbeats, so a consumer whose server stopped answering is told from one with no orders within seconds, not
+after the servers' own route pings have given that server up. Its role lets it make, read, acknowledge and
+remove that one consumer, on its own subject only (:func:`rota.wire.natsauth.host_permissions`).
 """
 from __future__ import annotations
 
@@ -146,6 +146,8 @@ class OrderReader:
         """One order as soon as there is one, then whatever else is already there. Raises FetchTimeoutError
         when none came within PULL seconds though the consumer's server answered, and another TimeoutError when
         nothing at all came from it."""
+        # a fetch of one: nats-py's fetch of many may send its second request with less than twice the
+        # heartbeat left, which the server refuses
         msgs = await self.sub.fetch(1, timeout=PULL, heartbeat=HEARTBEAT)
         if self.batch > 1:
             try:
