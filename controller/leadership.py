@@ -28,7 +28,7 @@ LEASE_BUCKET = "rota_leader"
 STATUS_BUCKET = "rota_controllers"
 KEY = "leader"
 START_LIMIT = 6           # leases' lives what leading starts may take before leadership is given up and taken afresh
-SLOW_START = 2.0      # seconds: what leading starts taking longer is logged
+SLOW_START = 2.0      # seconds: what leading starts, or a standby's read of the log, taking longer is logged
 LEASE_TTL = 5.0          # seconds a lease lives without renewal: takeover within this plus catching up
 
 
@@ -234,7 +234,11 @@ class Candidacy:
             elif not await self.lease.renew(self.c.state.seq):
                 await self._lose("its lease ran out")
         else:
+            began = time.monotonic()
             await self.c.writer.catch_up()             # stand by: keep the state as the log has it
+            if time.monotonic() - began > SLOW_START:      # the lease is not tried for meanwhile: say why
+                log.warning("standing by: reading the log up to sequence %d took %.1f s", self.c.state.seq,
+                            time.monotonic() - began)
             if await self.lease.acquire(self.c.state.seq):
                 await self.c.writer.catch_up()         # whatever the last leader appended before it died
                 self.leading = True
