@@ -376,25 +376,6 @@ class JetStreamLog:
             finally:
                 await reader.close()
 
-    async def _ephemeral_consumer(self, from_seq: int) -> str:
-        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
-        cfg = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq,
-                             ack_policy=AckPolicy.NONE, inactive_threshold=30.0, mem_storage=True)
-        wait = 2.0
-        for attempt in range(40):   # consumer creation times out while a stream leader is elected
-            try:     # placed on a frozen or cut-off server, it is never answered: another try lands elsewhere
-                return (await asyncio.wait_for(self.js.add_consumer(self.stream, cfg), wait)).name
-            except Exception as exc:  # noqa: BLE001
-                if attempt == 39:
-                    raise LogUnavailable(f"cannot read the log: {type(exc).__name__}: {exc}") from None
-                if attempt == 2:
-                    log.warning("a consumer to read the log cannot be made yet (%s: %s): still trying",
-                                type(exc).__name__, exc)
-                wait = min(2 * wait, APPEND_TIMEOUT)
-                await asyncio.sleep(0.25)
-        raise AssertionError("unreachable")
-
     async def close(self) -> None:
         """Close the connection (every append was acknowledged already: nothing to drain)."""
         try:

@@ -4,16 +4,42 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import time
 from typing import Any, AsyncIterator
 
 from .logerrors import LogUnavailable
 
+log = logging.getLogger("rota.eventlog")
+
 HEARTBEAT = 1.0      # seconds between the server's heartbeats while a request waits
 SILENCE = 3.5        # seconds with not a word from the consumer's server before a read gives it up
 REMOVE_WAIT = 1.0    # seconds a consumer's removal is waited for (it goes by itself when idle anyway)
+MAKE_WAIT, MAKE_WAIT_MAX = 2.0, 4.0   # seconds a try at making a consumer may take at first, and at most
 KEEP = ("100", "404", "408", "409")   # statuses that are no failure: a heartbeat, a request dry or expired
+
+
+async def ephemeral_consumer(lg: Any, from_seq: int) -> str:
+    """An ephemeral consumer of ``lg``'s stream from ``from_seq``, one copy in memory, no acknowledgements. A try
+    placed on a frozen or cut-off server is never answered: another lands elsewhere."""
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    cfg = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq,
+                         ack_policy=AckPolicy.NONE, inactive_threshold=30.0, mem_storage=True)
+    wait = MAKE_WAIT
+    for attempt in range(40):   # consumer creation times out while a stream leader is elected
+        try:
+            return (await asyncio.wait_for(lg.js.add_consumer(lg.stream, cfg), wait)).name
+        except Exception as exc:  # noqa: BLE001
+            if attempt == 39:
+                raise LogUnavailable(f"cannot read the log: {type(exc).__name__}: {exc}") from None
+            if attempt == 2:
+                log.warning("a consumer to read the log cannot be made yet (%s: %s): still trying",
+                            type(exc).__name__, exc)
+            wait = min(2 * wait, MAKE_WAIT_MAX)
+            await asyncio.sleep(0.25)
+    raise AssertionError("unreachable")
 
 
 class PullReader:
@@ -30,7 +56,7 @@ class PullReader:
         self.heard = False          # whether anything came since the last look
 
     async def open(self) -> None:
-        self.consumer = await self.log._ephemeral_consumer(self.start)
+        self.consumer = await ephemeral_consumer(self.log, self.start)
         self.inbox = self.log.nc.new_inbox()
         self.sub = await self.log.nc.subscribe(self.inbox, cb=self._on_msg, pending_msgs_limit=self.batch * 8,
                                                pending_bytes_limit=256 * 1024 * 1024)
@@ -127,7 +153,7 @@ class RawPullReader(PullReader):
         url = self.log.nc.connected_url
         if url is None or url.scheme not in ("nats", ""):
             raise RawUnsupported(f"scheme {getattr(url, 'scheme', None)!r}")
-        self.consumer = await self.log._ephemeral_consumer(self.start)
+        self.consumer = await ephemeral_consumer(self.log, self.start)
         self.reader, self.writer = await asyncio.wait_for(
             asyncio.open_connection(url.hostname, url.port or 4222, limit=1 << 24), timeout=5)
         info = await asyncio.wait_for(self.reader.readline(), timeout=5)

@@ -116,7 +116,7 @@ async def test_a_read_whose_consumer_sits_on_a_frozen_server_goes_on_from_anothe
     import signal
     import time
 
-    from rota.controller import eventlog
+    from rota.controller import eventlog, streamreader
     from rota.controller.natscluster import start_cluster, wait_for_jetstream
 
     servers = start_cluster(tmp_path / "cluster", 3)
@@ -132,19 +132,19 @@ async def test_a_read_whose_consumer_sits_on_a_frozen_server_goes_on_from_anothe
         leader = (await lg.js.stream_info(lg.stream)).cluster.leader
         victim = next(s for i, s in enumerate(servers) if f"rota-n{i + 1}" not in ("rota-n1", leader))
         name = f"rota-n{servers.index(victim) + 1}"
-        made = lg._ephemeral_consumer
+        made = streamreader.ephemeral_consumer
 
-        async def on_the_victim_first(from_seq: int) -> str:
+        async def on_the_victim_first(lg_: object, from_seq: int) -> str:
             while not frozen:
-                consumer = await made(from_seq)
+                consumer = await made(lg, from_seq)
                 if (await lg.js.consumer_info(lg.stream, consumer)).cluster.leader == name:
                     victim.process.send_signal(signal.SIGSTOP)
                     frozen.append(victim)
                     return consumer
                 await lg.js.delete_consumer(lg.stream, consumer)
-            return await made(from_seq)
+            return await made(lg, from_seq)
 
-        monkeypatch.setattr(lg, "_ephemeral_consumer", on_the_victim_first)
+        monkeypatch.setattr(streamreader, "ephemeral_consumer", on_the_victim_first)
         lg._plain_reads = plain
         began = time.monotonic()
 
