@@ -263,7 +263,8 @@ def test_the_logs_lookups_run_warm_in_rota_ups_command_server_and_say_what_they_
     """``rota why``, ``replay`` and ``history`` go to ``rota up``'s command server (rota's imports already loaded
     there): their output and status are what the command run in its own process gives. A ``rota`` whose own process
     cannot run them (rota.programs.main unimportable) still answers: the server ran them."""
-    first = subprocess.run([str(BIN / "sbatch"), "--parsable", "-o", "/dev/null", "--gres=gpu:8", "--wrap", "sleep 1"],
+    # the first still runs when the second is submitted, however long that submit takes
+    first = subprocess.run([str(BIN / "sbatch"), "--parsable", "-o", "/dev/null", "--gres=gpu:8", "--wrap", "sleep 4"],
                            env=up, capture_output=True, text=True, timeout=60).stdout.strip()
     second = subprocess.run([str(BIN / "sbatch"), "--parsable", "-o", "/dev/null", "--gres=gpu:8", "--wrap", "true"],
                             env=up, capture_output=True, text=True, timeout=60).stdout.strip()
