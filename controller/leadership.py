@@ -236,9 +236,9 @@ class Candidacy:
         else:
             began = time.monotonic()
             await self.c.writer.catch_up()             # stand by: keep the state as the log has it
-            if time.monotonic() - began > SLOW_START:      # the lease is not tried for meanwhile: say why
-                log.warning("standing by: reading the log up to sequence %d took %.1f s", self.c.state.seq,
-                            time.monotonic() - began)
+            took = time.monotonic() - began
+            if took > SLOW_START:                      # the lease is not tried for meanwhile: say why
+                log.warning("standing by: reading the log up to sequence %d took %.1f s", self.c.state.seq, took)
             if await self.lease.acquire(self.c.state.seq):
                 await self.c.writer.catch_up()         # whatever the last leader appended before it died
                 self.leading = True

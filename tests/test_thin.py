@@ -243,7 +243,7 @@ def _request(sock, cmd: str, argv, env: dict) -> None:
     try:
         req = json.dumps({"cmd": cmd, "argv": list(argv), "cwd": "/", "env": env, "umask": 0o22}).encode()
         sock.sendmsg([struct.pack("!I", len(req)) + req],
-                      [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [null] * 3))])
+                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [null] * 3))])
     finally:
         os.close(null)
 
